@@ -1,0 +1,160 @@
+/*
+ * CPU bodies of flash_attn_vec and flash_attn_vec_reduce (contracts in
+ * pyfa_params.h). Included by attn_vec_generic.c and attn_vec_avx2.c.
+ *
+ * One threadgroup = (workgroup iwg, KV head, sequence). It converts each K/V
+ * row to f32 once and uses it for all query heads of the GQA group, walking
+ * its share of the visible logical positions in blocks with one online-softmax
+ * update per block. Slots at or past kv_len are never read.
+ */
+#include "cpu_simd.h"
+#include "pyfa_cpu.h"
+
+#define VEC_BLOCK 16
+
+/* Scratch floats one flash_attn_vec threadgroup needs (the CPU plan uses it). */
+#define VEC_SCRATCH_FLOATS(G, D) ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (D) + (size_t)(G) * (VEC_BLOCK + 2))
+
+PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
+                          const int kv_dt, const uint32_t D) {
+    const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
+    const uint32_t G = p->num_heads / p->num_kv_heads;
+    const uint32_t kv_len = ((const uint32_t *)d->args[PYFA_VEC_ARG_KV_LEN])[b];
+    const uint32_t ring = ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
+    const uint32_t cap = p->kv_capacity, nwg = p->nwg;
+    const int q_dt = d->constants[PYFA_VEC_FC_Q_DTYPE];
+    const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
+    const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];
+    const float scale = p->scale, softcap = p->softcap;
+
+    /* This workgroup's logical positions [begin, end). */
+    const uint32_t lo = (p->window && kv_len > p->window) ? kv_len - p->window : 0;
+    const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
+    const uint64_t b0 = (uint64_t)iwg * chunk, b1 = b0 + chunk;
+    const uint32_t begin = lo + (uint32_t)(b0 < n ? b0 : n), end = lo + (uint32_t)(b1 < n ? b1 : n);
+
+    float *qf = scratch, *acc = qf + (size_t)G * D, *kb = acc + (size_t)G * D;
+    float *vb = kb + (size_t)VEC_BLOCK * D, *sc = vb + D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
+
+    const uint32_t esz = dtype_size(kv_dt);
+    const size_t row_bytes = (size_t)D * esz;
+    const size_t head_off = ((size_t)b * p->num_kv_heads + kvh) * cap * row_bytes;
+    const char *kbase = (const char *)d->args[PYFA_VEC_ARG_K] + head_off;
+    const char *vbase = (const char *)d->args[PYFA_VEC_ARG_V] + head_off;
+
+    for (uint32_t g = 0; g < G; g++) {
+        const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
+        const char *qrow = (const char *)d->args[PYFA_VEC_ARG_Q] + row * D * dtype_size(q_dt);
+        float *qg = qf + (size_t)g * D;
+        switch (q_dt) {
+        case PYFA_DTYPE_F16: row_to_f32(qg, qrow, D, PYFA_DTYPE_F16); break;
+        case PYFA_DTYPE_BF16: row_to_f32(qg, qrow, D, PYFA_DTYPE_BF16); break;
+        default: row_to_f32(qg, qrow, D, PYFA_DTYPE_F32); break;
+        }
+        if (!has_softcap) scale_f32(qg, scale, D);
+        memset(acc + (size_t)g * D, 0, (size_t)D * sizeof(float));
+        Ms[g] = -INFINITY;
+        Ss[g] = 0.0f;
+    }
+
+    for (uint32_t pos = begin; pos < end; pos += VEC_BLOCK) {
+        const uint32_t nb = end - pos < VEC_BLOCK ? end - pos : VEC_BLOCK;
+        uint32_t slots[VEC_BLOCK];
+        for (uint32_t j = 0; j < nb; j++) {
+            uint32_t s = pos + j + ring;
+            slots[j] = s >= cap ? s - cap : s;
+            row_to_f32(kb + (size_t)j * D, kbase + slots[j] * row_bytes, D, kv_dt);
+        }
+        for (uint32_t g = 0; g < G; g++) {
+            const float *qg = qf + (size_t)g * D;
+            float *sg = sc + (size_t)g * VEC_BLOCK;
+            float mb = -INFINITY;
+            for (uint32_t j = 0; j < nb; j++) {
+                float s = dot_f32(qg, kb + (size_t)j * D, D);
+                if (has_softcap) s = apply_softcap(s * scale, softcap);
+                sg[j] = s;
+                mb = s > mb ? s : mb;
+            }
+            const float m_new = mb > Ms[g] ? mb : Ms[g];
+            if (m_new == -INFINITY) { /* every score -inf: nothing to add */
+                for (uint32_t j = 0; j < nb; j++) sg[j] = 0.0f;
+                continue;
+            }
+            const float alpha = expf(Ms[g] - m_new);
+            if (alpha != 1.0f) {
+                scale_f32(acc + (size_t)g * D, alpha, D);
+                Ss[g] *= alpha;
+            }
+            float sum = 0.0f;
+            for (uint32_t j = 0; j < nb; j++) {
+                sg[j] = expf(sg[j] - m_new);
+                sum += sg[j];
+            }
+            Ss[g] += sum;
+            Ms[g] = m_new;
+        }
+        for (uint32_t j = 0; j < nb; j++) {
+            row_to_f32(vb, vbase + slots[j] * row_bytes, D, kv_dt);
+            for (uint32_t g = 0; g < G; g++) axpy_f32(acc + (size_t)g * D, sc[(size_t)g * VEC_BLOCK + j], vb, D);
+        }
+    }
+
+    const uint32_t nrows = p->batch * p->num_heads;
+    for (uint32_t g = 0; g < G; g++) {
+        const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
+        const float *ag = acc + (size_t)g * D;
+        if (direct) {
+            float *o = (float *)d->args[PYFA_VEC_ARG_OUT] + row * D;
+            const float inv = Ss[g] > 0.0f ? 1.0f / Ss[g] : 0.0f;
+            for (uint32_t i = 0; i < D; i += 8) vf8_store(o + i, vf8_load(ag + i) * vf8_splat(inv));
+        } else {
+            float *tmp = (float *)d->args[PYFA_VEC_ARG_TMP];
+            memcpy(tmp + (row * nwg + iwg) * D, ag, (size_t)D * sizeof(float));
+            float *sm = tmp + (size_t)nrows * nwg * D + (row * nwg + iwg) * 2;
+            sm[0] = Ss[g];
+            sm[1] = Ms[g];
+        }
+    }
+}
+
+#define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV); return;
+#define VEC_SWITCH_D(DT)                                                                           \
+    switch (d->constants[PYFA_VEC_FC_HEAD_DIM]) {                                                  \
+        VEC_CASE_D(DT, 64) VEC_CASE_D(DT, 80) VEC_CASE_D(DT, 96) VEC_CASE_D(DT, 128)               \
+        VEC_CASE_D(DT, 192) VEC_CASE_D(DT, 256) VEC_CASE_D(DT, 512)                                \
+    default: return;                                                                               \
+    }
+
+void PYFA_ISA(pyfa_cpu_flash_attn_vec)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                       void *scratch) {
+    switch (d->constants[PYFA_VEC_FC_KV_DTYPE]) {
+    case PYFA_DTYPE_F16: VEC_SWITCH_D(PYFA_DTYPE_F16)
+    case PYFA_DTYPE_BF16: VEC_SWITCH_D(PYFA_DTYPE_BF16)
+    default: VEC_SWITCH_D(PYFA_DTYPE_F32)
+    }
+}
+
+/* Merges the nwg partial states of row x. */
+void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                              void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    const pyfa_attn_reduce_params *p = (const pyfa_attn_reduce_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
+    const uint32_t D = p->head_dim, nwg = p->nwg;
+    const float *tmp = (const float *)d->args[PYFA_REDUCE_ARG_TMP];
+    const float *sm = tmp + (size_t)p->nrows * nwg * D + (size_t)x * nwg * 2;
+    const float *part = tmp + (size_t)x * nwg * D;
+    float *o = (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * D;
+    float m = -INFINITY;
+    for (uint32_t w = 0; w < nwg; w++)
+        if (sm[2 * w] > 0.0f && sm[2 * w + 1] > m) m = sm[2 * w + 1];
+    memset(o, 0, (size_t)D * sizeof(float));
+    if (m == -INFINITY) return; /* no workgroup saw a key */
+    float total = 0.0f;
+    for (uint32_t w = 0; w < nwg; w++) {
+        if (!(sm[2 * w] > 0.0f)) continue;
+        const float f = expf(sm[2 * w + 1] - m);
+        total += sm[2 * w] * f;
+        axpy_f32(o, f, part + (size_t)w * D, D);
+    }
+    scale_f32(o, 1.0f / total, D);
+}

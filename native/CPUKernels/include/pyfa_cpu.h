@@ -1,0 +1,43 @@
+/*
+ * The CPU backend's kernel interface. A CPU kernel is a C function called
+ * once per threadgroup of the dispatch grid; threadgroups are spread over a
+ * pool of threads. It reads the same parameter structs and buffers as the GPU
+ * kernels of the same name.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define PYFA_CPU_MAX_ARGS 16
+#define PYFA_CPU_MAX_CONSTANTS 16
+
+typedef struct pyfa_cpu_dispatch {
+    void *args[PYFA_CPU_MAX_ARGS];         /* slot i: buffer contents + offset, or inline bytes */
+    uint64_t arg_bytes[PYFA_CPU_MAX_ARGS]; /* bytes readable from args[i] */
+    int32_t constants[PYFA_CPU_MAX_CONSTANTS]; /* function-constant values by index */
+    uint32_t grid[3];                      /* threadgroups per dimension */
+    uint32_t threads[3];                   /* threads per threadgroup (GPU geometry; informative) */
+    uint64_t threadgroup_memory;           /* scratch bytes each threadgroup gets, 64-byte aligned */
+} pyfa_cpu_dispatch;
+
+/* Runs one threadgroup (x, y, z). `scratch` holds threadgroup_memory bytes. */
+typedef void (*pyfa_cpu_kernel)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                void *scratch);
+
+/* The kernel registered under `name`, or NULL. */
+pyfa_cpu_kernel pyfa_cpu_find_kernel(const char *name);
+
+/* Runs every threadgroup of d->grid and returns when all are done. Thread-safe:
+ * concurrent callers take turns on the pool. Returns 0, or -1 if scratch
+ * memory could not be allocated (nothing ran). */
+int pyfa_cpu_run(const pyfa_cpu_dispatch *d, pyfa_cpu_kernel kernel);
+
+/* Threads the pool uses (PYFA_NUM_THREADS overrides the core count). */
+uint32_t pyfa_cpu_thread_count(void);
+
+/* "avx2" when the AVX2+FMA+F16C kernels are in use, else "generic". */
+const char *pyfa_cpu_isa(void);
+
+/* Scratch bytes one flash_attn_vec threadgroup needs for `group` query heads
+ * per KV head at head_dim `head_dim`. */
+uint64_t pyfa_cpu_vec_scratch_bytes(uint32_t group, uint32_t head_dim);

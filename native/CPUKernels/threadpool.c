@@ -1,0 +1,129 @@
+/* A persistent pthread pool that runs the threadgroups of one dispatch at a
+ * time. The calling thread works too; threadgroups are handed out through an
+ * atomic counter so uneven groups balance themselves. */
+#include "pyfa_cpu.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_THREADS 256
+
+typedef struct job {
+    const pyfa_cpu_dispatch *d;
+    pyfa_cpu_kernel kernel;
+    uint64_t total;
+    _Atomic uint64_t next;
+    _Atomic uint32_t unfinished_workers;
+} job;
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static uint32_t pool_threads = 1;
+static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_ready = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
+static job *current_job;
+static uint64_t job_generation;
+static int pool_failed;
+
+static _Thread_local void *scratch_mem;
+static _Thread_local uint64_t scratch_bytes;
+
+static void *scratch_for(uint64_t bytes) {
+    if (bytes == 0) return NULL;
+    if (bytes > scratch_bytes) {
+        free(scratch_mem);
+        scratch_mem = NULL;
+        scratch_bytes = 0;
+        uint64_t rounded = (bytes + 63) & ~(uint64_t)63;
+        if (posix_memalign(&scratch_mem, 64, rounded) != 0) return NULL;
+        scratch_bytes = rounded;
+    }
+    return scratch_mem;
+}
+
+static void run_share(job *j) {
+    const pyfa_cpu_dispatch *d = j->d;
+    void *scratch = scratch_for(d->threadgroup_memory);
+    uint64_t gx = d->grid[0], gy = d->grid[1];
+    for (;;) {
+        uint64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->total) break;
+        uint32_t x = (uint32_t)(i % gx), y = (uint32_t)((i / gx) % gy), z = (uint32_t)(i / (gx * gy));
+        j->kernel(d, x, y, z, scratch);
+    }
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&state_lock);
+    for (;;) {
+        while (job_generation == seen) pthread_cond_wait(&work_ready, &state_lock);
+        seen = job_generation;
+        job *j = current_job;
+        pthread_mutex_unlock(&state_lock);
+        /* A worker that cannot get scratch memory leaves the groups to others. */
+        if (!(j->d->threadgroup_memory && !scratch_for(j->d->threadgroup_memory))) run_share(j);
+        pthread_mutex_lock(&state_lock);
+        if (atomic_fetch_sub(&j->unfinished_workers, 1) == 1) pthread_cond_broadcast(&work_done);
+    }
+    return NULL;
+}
+
+static void pool_start(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("PYFA_NUM_THREADS");
+    if (env && atoi(env) > 0) n = atoi(env);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pool_threads = (uint32_t)n;
+    for (uint32_t i = 1; i < pool_threads; i++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, worker_main, NULL) != 0) {
+            pool_threads = i; /* run with the threads we got */
+            pool_failed = 1;
+            pthread_attr_destroy(&attr);
+            break;
+        }
+        pthread_attr_destroy(&attr);
+    }
+}
+
+uint32_t pyfa_cpu_thread_count(void) {
+    pthread_once(&pool_once, pool_start);
+    return pool_threads;
+}
+
+int pyfa_cpu_run(const pyfa_cpu_dispatch *d, pyfa_cpu_kernel kernel) {
+    pthread_once(&pool_once, pool_start);
+    uint64_t total = (uint64_t)d->grid[0] * d->grid[1] * d->grid[2];
+    if (total == 0) return 0;
+    if (d->threadgroup_memory && !scratch_for(d->threadgroup_memory)) return -1;
+    job j = {.d = d, .kernel = kernel, .total = total};
+    atomic_init(&j.next, 0);
+    uint32_t helpers = pool_threads - 1;
+    if (total == 1 || helpers == 0) {
+        run_share(&j);
+        return 0;
+    }
+    pthread_mutex_lock(&submit_lock);
+    atomic_init(&j.unfinished_workers, helpers);
+    pthread_mutex_lock(&state_lock);
+    current_job = &j;
+    job_generation++;
+    pthread_cond_broadcast(&work_ready);
+    pthread_mutex_unlock(&state_lock);
+    run_share(&j);
+    pthread_mutex_lock(&state_lock);
+    while (atomic_load(&j.unfinished_workers) != 0) pthread_cond_wait(&work_done, &state_lock);
+    current_job = NULL;
+    pthread_mutex_unlock(&state_lock);
+    pthread_mutex_unlock(&submit_lock);
+    return 0;
+}

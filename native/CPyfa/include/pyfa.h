@@ -1,0 +1,111 @@
+/*
+ * pyfa.h: the C ABI of libpyfa. Python (cffi, ABI mode) and Swift apps call
+ * only what is declared here. Declarations only: the Python loader strips the
+ * preprocessor lines and reads the rest with cffi's cdef.
+ *
+ * Conventions
+ *  - Every call that can fail returns an int status (PYFA_OK = 0). On failure
+ *    pyfa_last_error() returns a message for the calling thread, valid until
+ *    that thread's next pyfa call. Nothing here aborts the process.
+ *  - Handles are opaque; each pyfa_X_new has a pyfa_X_free. Results come back
+ *    through a leading out-pointer.
+ *  - Parameter structs come from pyfa_params.h, shared with the kernels.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include "pyfa_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PYFA_ABI_VERSION 1
+
+/* Status codes. */
+#define PYFA_OK 0
+#define PYFA_ERR_INVALID_ARGUMENT 1 /* an argument breaks a documented rule */
+#define PYFA_ERR_UNSUPPORTED 2      /* valid, but not implemented for this input/backend */
+#define PYFA_ERR_OUT_OF_MEMORY 3    /* an allocation failed */
+#define PYFA_ERR_BACKEND_UNAVAILABLE 4 /* the backend is not compiled in or has no device */
+#define PYFA_ERR_COMPILE 5          /* a kernel failed to compile; the message holds the log */
+#define PYFA_ERR_EXECUTION 6        /* a kernel faulted or the device reported an error */
+#define PYFA_ERR_INTERNAL 7         /* a bug in pyfa */
+
+/* Element types (values from pyfa_params.h). */
+typedef int32_t pyfa_dtype;
+
+/* Buffer storage: shared = CPU-visible contents; private = device-only. */
+#define PYFA_STORAGE_SHARED 0
+#define PYFA_STORAGE_PRIVATE 1
+typedef int32_t pyfa_storage;
+
+#define PYFA_MAX_DIMS 8
+
+typedef struct pyfa_device pyfa_device;
+typedef struct pyfa_buffer pyfa_buffer;
+typedef struct pyfa_encoder pyfa_encoder;
+
+typedef struct pyfa_device_info {
+    char backend[16];                  /* "cpu", "cuda", "metal" */
+    char name[128];                    /* human-readable device name */
+    uint32_t compute_units;            /* CPU threads / SMs / GPU cores */
+    uint32_t max_threads_per_threadgroup;
+    uint64_t max_threadgroup_memory;   /* bytes */
+    uint64_t memory_bytes;             /* device memory (0 if unknown) */
+} pyfa_device_info;
+
+/* ---- library ---- */
+uint32_t pyfa_abi_version(void);
+const char *pyfa_last_error(void);
+/* Comma-separated names of the backends compiled into this library, e.g. "cpu,cuda". */
+const char *pyfa_backends(void);
+/* sizeof of a named parameter struct as the library was compiled, 0 if unknown. */
+size_t pyfa_struct_size(const char *name);
+/* Where the CUDA backend finds NVRTC; NULL restores the default search. */
+int pyfa_set_nvrtc_path(const char *path);
+
+/* ---- devices ---- */
+/* backend: "auto" (best available), "cpu", "cuda", "metal". */
+int pyfa_device_new(pyfa_device **out, const char *backend);
+void pyfa_device_free(pyfa_device *device);
+int pyfa_device_info_get(pyfa_device *device, pyfa_device_info *out);
+
+/* ---- buffers ---- */
+int pyfa_buffer_new(pyfa_buffer **out, pyfa_device *device, pyfa_dtype dtype, uint32_t ndim,
+                    const int64_t *shape, pyfa_storage storage);
+/* Wraps caller memory (host memory on the CPU backend). The memory must stay
+ * valid and unmoved until the buffer is freed and every encoder using it has
+ * finished. nbytes must cover the shape. */
+int pyfa_buffer_wrap(pyfa_buffer **out, pyfa_device *device, void *data, uint64_t nbytes,
+                     pyfa_dtype dtype, uint32_t ndim, const int64_t *shape);
+void pyfa_buffer_free(pyfa_buffer *buffer);
+/* CPU-visible contents of shared storage; NULL for private storage. */
+void *pyfa_buffer_contents(pyfa_buffer *buffer);
+uint64_t pyfa_buffer_nbytes(pyfa_buffer *buffer);
+pyfa_dtype pyfa_buffer_dtype(pyfa_buffer *buffer);
+/* Copies between host memory and a buffer (any storage). */
+int pyfa_buffer_write(pyfa_buffer *buffer, uint64_t offset, const void *src, uint64_t nbytes);
+int pyfa_buffer_read(pyfa_buffer *buffer, uint64_t offset, void *dst, uint64_t nbytes);
+
+/* ---- encoders: record dispatches, commit, wait ---- */
+int pyfa_encoder_new(pyfa_encoder **out, pyfa_device *device);
+void pyfa_encoder_free(pyfa_encoder *encoder);
+/* Submits everything recorded so far. */
+int pyfa_encoder_commit(pyfa_encoder *encoder);
+/* Blocks until submitted work finishes; reports execution errors. */
+int pyfa_encoder_wait(pyfa_encoder *encoder);
+
+/* ---- decode: flash_attn_vec (+ reduce) ----
+ * params->nwg == 0 asks the backend's plan; the chosen value is written back.
+ * tmp may be NULL when the plan picks nwg == 1. */
+int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *params,
+                             uint32_t max_kv_len, uint64_t *tmp_bytes);
+int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
+                        pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
+                        pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,4 @@
+/// GPU backends compiled into this build, best first, and how to open each.
+/// A backend folder adds its entry here; Ops/ never name a backend.
+let gpuBackendOpeners: [String: () throws -> Backend] = [:]
+let gpuBackendNames: [String] = []

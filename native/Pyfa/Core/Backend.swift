@@ -1,0 +1,75 @@
+import CPyfa
+
+/// A compiled kernel specialisation, as a backend holds it.
+public protocol Pipeline: AnyObject {
+    var name: String { get }
+}
+
+/// One kernel argument slot.
+public enum KernelArg {
+    case buffer(Buffer, offset: Int)
+    case bytes([UInt8])
+
+    public static func buffer(_ b: Buffer) -> KernelArg { .buffer(b, offset: 0) }
+
+    /// The bytes of a POD value (a parameter struct), passed inline.
+    public static func value<T>(_ v: T) -> KernelArg {
+        withUnsafeBytes(of: v) { .bytes(Array($0)) }
+    }
+}
+
+/// What an encoded dispatch is, for tools that reorder or profile.
+public enum OpKind: Sendable {
+    case attention, reduce, quantize, transform, other
+}
+
+/// A recorded dispatch: a pipeline, its arguments by slot and its geometry.
+public struct EncodedDispatch {
+    public var pipeline: Pipeline
+    public var args: [(slot: Int, arg: KernelArg)]
+    public var grid: (UInt32, UInt32, UInt32)
+    public var threads: (UInt32, UInt32, UInt32)
+    public var threadgroupMemory: Int
+    public var opKind: OpKind
+}
+
+public enum EncodedCommand {
+    case dispatch(EncodedDispatch)
+    /// Later dispatches see the writes of earlier ones.
+    case barrier
+}
+
+/// Geometry a backend picks for decode: workgroups per sequence and what one
+/// workgroup needs.
+public struct VecGeometry {
+    public var nwg: UInt32
+    public var threads: UInt32
+    public var threadgroupMemory: Int
+}
+
+/// The per-backend choices dispatchers ask for. Dispatchers stay
+/// backend-neutral; a backend answers these from its own limits.
+public protocol BackendPlan {
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry
+    /// Threads and threadgroup memory of the decode reduce pass.
+    func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+}
+
+/// Runs submitted commands in order; one per encoder.
+public protocol CommandQueue: AnyObject {
+    func submit(_ commands: [EncodedCommand]) throws
+    func wait() throws
+}
+
+/// A backend: allocates, compiles and runs. Adding one adds a folder under
+/// Backends/ and a case in Device.open; nothing in Ops/ changes.
+public protocol Backend: AnyObject {
+    var name: String { get }
+    var info: pyfa_device_info { get }
+    var plan: BackendPlan { get }
+    func allocate(bytes: Int, storage: Storage) throws -> BufferMemory
+    /// Memory the caller owns (host memory on the CPU; a device address on a GPU).
+    func wrap(address: UInt64, bytes: Int) throws -> BufferMemory
+    func compile(name: String, constants: [Int32]) throws -> Pipeline
+    func makeQueue() throws -> CommandQueue
+}

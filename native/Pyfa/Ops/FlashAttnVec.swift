@@ -1,0 +1,123 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// Decode attention: one query row per head over a KV cache, split over `nwg`
+/// workgroups per sequence, then a reduce pass merging their (S, M) states.
+/// Contract: pyfa_params.h, `pyfa_flash_attn_vec_params`.
+public enum FlashAttnVec {
+    static let kernel = "flash_attn_vec"
+    static let reduceKernel = "flash_attn_vec_reduce"
+    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+    static let indexTypes: [DType] = [.u32, .i32]
+    static let maxWorkgroups: UInt32 = 1024
+
+    /// Checks the shape fields and fills `nwg` from the backend's plan when 0.
+    /// Returns the geometry and the tmp bytes the dispatch needs (0 if nwg == 1).
+    public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_params,
+                            maxKvLen: UInt32) throws -> (VecGeometry, Int) {
+        try validate(params)
+        try require(maxKvLen <= params.kv_capacity,
+                    "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.kv_capacity))")
+        var geometry = device.backend.plan.flashAttnVec(params, maxKvLen: max(1, maxKvLen))
+        if params.nwg == 0 {
+            params.nwg = geometry.nwg
+        } else {
+            geometry.nwg = params.nwg
+        }
+        return (geometry, tmpBytes(params))
+    }
+
+    static func tmpBytes(_ p: pyfa_flash_attn_vec_params) -> Int {
+        p.nwg <= 1 ? 0 : Int(p.batch) * Int(p.num_heads) * Int(p.nwg) * (Int(p.head_dim) + 2) * 4
+    }
+
+    static func validate(_ p: pyfa_flash_attn_vec_params) throws {
+        try require(p.batch > 0, "batch: must be > 0")
+        try Check.heads(p.num_heads, p.num_kv_heads)
+        try Check.headDim(p.head_dim)
+        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try require(p.nwg <= maxWorkgroups, "nwg: \(p.nwg) exceeds \(maxWorkgroups)")
+        try Check.scale(p.scale)
+        try Check.softcap(p.softcap)
+        _ = try checkedProduct([Int(p.batch), Int(p.num_kv_heads), Int(p.kv_capacity), Int(p.head_dim), 4],
+                               what: "k_cache")
+    }
+
+    /// kv_len and ring_start rules, checked where their values are readable.
+    static func validateLengths(_ kvLen: Buffer, _ ringStart: Buffer, _ p: pyfa_flash_attn_vec_params) throws -> UInt32 {
+        guard let lens = kvLen.contents, let rings = ringStart.contents else {
+            return p.kv_capacity // device-resident lengths: the kernel clamps them
+        }
+        var maxLen: UInt32 = 0
+        for b in 0..<Int(p.batch) {
+            let n = lens.load(fromByteOffset: b * 4, as: Int32.self)
+            let r = rings.load(fromByteOffset: b * 4, as: Int32.self)
+            try require(n > 0 && UInt32(n) <= p.kv_capacity,
+                        "kv_len[\(b)]: \(n) must be in 1...kv_capacity (\(p.kv_capacity))")
+            try require(r >= 0 && UInt32(r) < p.kv_capacity,
+                        "ring_start[\(b)]: \(r) must be in 0..<kv_capacity (\(p.kv_capacity))")
+            try require(r == 0 || UInt32(n) == p.kv_capacity,
+                        "ring_start[\(b)]: \(r) must be 0 unless the ring is full (kv_len == kv_capacity), got kv_len \(n)")
+            maxLen = max(maxLen, UInt32(n))
+        }
+        return maxLen
+    }
+
+    public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
+                              q: Buffer?, k: Buffer?, v: Buffer?, kvLen: Buffer?, ringStart: Buffer?,
+                              tmp: Buffer?, out: Buffer?) throws {
+        var p = paramsIn
+        try validate(p)
+        let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D)
+        let cacheElements = B * Hkv * Int(p.kv_capacity) * D
+        let k = try Check.buffer(k, "k_cache", dtypes: floatTypes, elements: cacheElements)
+        let v = try Check.buffer(v, "v_cache", dtypes: [k.dtype], elements: cacheElements)
+        let kvLen = try Check.buffer(kvLen, "kv_len", dtypes: indexTypes, elements: B)
+        let ringStart = try Check.buffer(ringStart, "ring_start", dtypes: indexTypes, elements: B)
+        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
+        let maxLen = try validateLengths(kvLen, ringStart, p)
+        let (geometry, needTmp) = try plan(encoder.device, &p, maxKvLen: maxLen)
+        var tmpBuffer: Buffer? = nil
+        if needTmp > 0 {
+            tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
+        }
+        try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
+
+        let direct = p.nwg == 1
+        let constants = [q.dtype.rawValue, k.dtype.rawValue, Int32(D), p.softcap > 0 ? 1 : 0, direct ? 1 : 0]
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        var args: [(slot: Int, arg: KernelArg)] = [
+            (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            (Int(PYFA_VEC_ARG_Q), .buffer(q)),
+            (Int(PYFA_VEC_ARG_K), .buffer(k)),
+            (Int(PYFA_VEC_ARG_V), .buffer(v)),
+            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(kvLen)),
+            (Int(PYFA_VEC_ARG_RING_START), .buffer(ringStart)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+        ]
+        if let t = tmpBuffer { args.append((Int(PYFA_VEC_ARG_TMP), .buffer(t))) }
+        encoder.setOpKind(.attention)
+        try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+        guard let t = tmpBuffer else { return }
+
+        encoder.memoryBarrier()
+        try encodeReduce(encoder, tmp: t, out: out, nrows: p.batch * p.num_heads, headDim: p.head_dim, nwg: p.nwg,
+                         kernel: reduceKernel)
+    }
+
+    /// The reduce pass shared by dense and TurboQuant decode.
+    static func encodeReduce(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
+                             nwg: UInt32, kernel: String) throws {
+        let r = pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0)
+        let geometry = encoder.device.backend.plan.attnReduce(headDim: headDim, nwg: nwg)
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: [Int32(headDim)])
+        encoder.setOpKind(.reduce)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),
+            (Int(PYFA_REDUCE_ARG_TMP), .buffer(tmp)),
+            (Int(PYFA_REDUCE_ARG_OUT), .buffer(out)),
+        ], grid: (nrows, 1, 1), threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+    }
+}

@@ -1,0 +1,45 @@
+import PyfaShaderCommon
+
+/// Head dims every attention kernel is built for.
+let supportedHeadDims: Set<UInt32> = [64, 80, 96, 128, 192, 256, 512]
+
+/// Shared argument checks of the attention dispatchers. Each names the
+/// argument and the rule it breaks.
+enum Check {
+    static func headDim(_ d: UInt32) throws {
+        try require(supportedHeadDims.contains(d),
+                    "head_dim: \(d) is not supported (supported: \(supportedHeadDims.sorted().map(String.init).joined(separator: ", ")))")
+    }
+
+    static func heads(_ numHeads: UInt32, _ numKvHeads: UInt32) throws {
+        try require(numHeads > 0, "num_heads: must be > 0")
+        try require(numKvHeads > 0, "num_kv_heads: must be > 0")
+        try require(numHeads % numKvHeads == 0,
+                    "num_heads: \(numHeads) must be a multiple of num_kv_heads (\(numKvHeads))")
+    }
+
+    static func scale(_ s: Float) throws {
+        try require(s.isFinite, "scale: must be finite, got \(s)")
+    }
+
+    static func softcap(_ c: Float) throws {
+        try require(c.isFinite && c >= 0, "softcap: must be finite and >= 0 (0 disables it), got \(c)")
+    }
+
+    /// A buffer argument: present, of an allowed dtype, holding at least `elements`.
+    @discardableResult
+    static func buffer(_ b: Buffer?, _ name: String, dtypes: [DType], elements: Int) throws -> Buffer {
+        guard let b else { throw PyfaError.invalid("\(name): buffer is NULL") }
+        try require(dtypes.contains(b.dtype),
+                    "\(name): dtype \(b.dtype.name) not accepted (expected \(dtypes.map(\.name).joined(separator: " or ")))")
+        try require(b.count >= elements,
+                    "\(name): buffer holds \(b.count) elements, needs \(elements)")
+        return b
+    }
+
+    static func sameDevice(_ buffers: [Buffer?], _ device: Device) throws {
+        for b in buffers.compactMap({ $0 }) {
+            try require(b.device === device, "buffers: every buffer must belong to the encoder's device")
+        }
+    }
+}

@@ -1,0 +1,19 @@
+"""pyfa: flash-attention kernels for LLM inference (decode over a KV cache,
+tiled prefill, TurboQuant-compressed KV decode) in one native library.
+
+>>> import pyfa
+>>> "cpu" in pyfa.backends()
+True
+"""
+from . import reference
+from .decode import decode_attention
+from .device import Buffer, Device, backends, default_device
+from .dtypes import bfloat16
+from .errors import (BackendUnavailableError, CompileError, ExecutionError, InternalError, InvalidArgumentError,
+                     OutOfMemoryError, PyfaError, UnsupportedError)
+
+__all__ = [
+    "Buffer", "Device", "backends", "default_device", "bfloat16", "decode_attention", "reference",
+    "PyfaError", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "BackendUnavailableError",
+    "CompileError", "ExecutionError", "InternalError",
+]

@@ -1,0 +1,85 @@
+"""Decode attention over a dense KV cache (flash_attn_vec + reduce)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _io
+from ._native import ffi, lib
+from .device import Device, default_device
+from .errors import check, invalid
+
+_I32_MAX = 2**31 - 1
+
+
+def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
+                     device: Device | None = None, out=None) -> np.ndarray:
+    """One query row per head against a KV cache.
+
+    Parameters
+    ----------
+    q : array ``[B, H, D]`` (or ``[H, D]`` for one sequence), float32 / float16 / bfloat16
+    k_cache, v_cache : arrays ``[B, H_kv, capacity, D]`` (or ``[H_kv, capacity, D]``), one float
+        dtype for both; ``H % H_kv == 0`` (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
+    kv_len : int or ``[B]`` ints in ``1..capacity``: valid slots per sequence (slot ``s < kv_len``).
+    scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
+    softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores; 0 disables.
+    window : None, or a positive int: only the last ``window`` positions are visible.
+    ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
+        slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
+        full ring (``kv_len == capacity``).
+    out : optional float32 array of the output's shape.
+
+    Returns
+    -------
+    float32 array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``). Non-contiguous inputs are copied.
+
+    >>> import numpy as np, pyfa
+    >>> q = np.ones((4, 64), np.float32); k = np.ones((2, 8, 64), np.float16)
+    >>> pyfa.decode_attention(q, k, k, kv_len=5).shape
+    (4, 64)
+    """
+    device = device or default_device()
+    q = _io.as_array(q, "q", ndims=(2, 3))
+    single = q.ndim == 2
+    k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,))
+    v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,))
+    if single:
+        q, k, v = q[None], k[None], v[None]
+    if k.dtype != v.dtype:
+        raise invalid(f"v_cache: dtype {v.dtype} differs from k_cache's {k.dtype}")
+    if k.shape != v.shape:
+        raise invalid(f"v_cache: shape {v.shape} differs from k_cache's {k.shape}")
+    B, H, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise invalid(f"k_cache: shape {k.shape} does not match q {q.shape} (expected [B={B}, H_kv, capacity, D={D}])")
+    Hkv, capacity = k.shape[1], k.shape[2]
+    if capacity > _I32_MAX:
+        raise invalid(f"k_cache: capacity {capacity} exceeds {_I32_MAX}")
+    if window is not None and (not isinstance(window, (int, np.integer)) or window <= 0):
+        raise invalid(f"window: must be None or a positive int, got {window!r}")
+    lens = _io.index_array(kv_len, "kv_len", B, -_I32_MAX, _I32_MAX)
+    rings = _io.index_array(ring_start, "ring_start", B, -_I32_MAX, _I32_MAX)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    params = ffi.new("pyfa_flash_attn_vec_params *", {
+        "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
+        "nwg": 0, "window": min(int(window or 0), 0xFFFFFFFF),
+        "scale": scale, "softcap": float(softcap),
+    })
+    tmp_bytes = ffi.new("uint64_t *")
+    max_len = int(min(max(lens.max(), 0), 0xFFFFFFFF))
+    check(lib.pyfa_flash_attn_vec_plan(device.handle, params, min(max_len, capacity), tmp_bytes))
+
+    result, out_buf = _io.output(device, (B, H, D), np.float32, None if out is None else
+                                 (out[None] if single and isinstance(out, np.ndarray) else out))
+    bufs = [_io.to_device(device, a) for a in (q, k, v, lens, rings)]
+    tmp = device.buffer((tmp_bytes[0] // 4,), np.float32, storage="private") if tmp_bytes[0] else None
+    enc = device.encoder()
+    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), tmp.handle if tmp else ffi.NULL,
+                                  out_buf.handle))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    _io.finish(device, result, out_buf)
+    return result[0] if single else result

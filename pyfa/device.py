@@ -1,0 +1,152 @@
+"""Devices and buffers: thin owners of the C handles."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import dtypes
+from ._native import ffi, lib
+from .errors import check, invalid
+
+_STORAGE = {"shared": lib.PYFA_STORAGE_SHARED, "private": lib.PYFA_STORAGE_PRIVATE}
+
+
+def backends() -> list[str]:
+    """Backends compiled into the library, best first (e.g. ``['cuda', 'cpu']``)."""
+    return ffi.string(lib.pyfa_backends()).decode().split(",")
+
+
+class Buffer:
+    """A typed, shaped span of device memory.
+
+    ``shared`` storage is CPU-visible and :meth:`numpy` returns a zero-copy
+    view; ``private`` storage lives on the device and is reached through
+    :meth:`read` / :meth:`write` copies.
+    """
+
+    def __init__(self, device: "Device", handle, dtype: np.dtype, shape: tuple, storage: str, keepalive=None):
+        self.device = device
+        self._h = ffi.gc(handle, lib.pyfa_buffer_free)
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        self.storage = storage
+        self._keepalive = keepalive  # caller memory a wrapped buffer points into
+
+    @property
+    def nbytes(self) -> int:
+        return int(lib.pyfa_buffer_nbytes(self._h))
+
+    @property
+    def handle(self):
+        return self._h
+
+    def numpy(self) -> np.ndarray:
+        """Zero-copy view of shared storage; it keeps this buffer alive."""
+        ptr = lib.pyfa_buffer_contents(self._h)
+        if ptr == ffi.NULL:
+            raise invalid("numpy: only shared storage has a CPU view; use read() for private buffers")
+        raw = np.frombuffer(ffi.buffer(ptr, self.nbytes), dtype=np.uint8)
+        view = _Owned(raw, self).view(self.dtype)
+        return view.reshape(self.shape)
+
+    def write(self, array) -> None:
+        a = np.ascontiguousarray(array, dtype=self.dtype)
+        if a.nbytes != self.nbytes:
+            raise invalid(f"write: array has {a.nbytes} bytes, buffer has {self.nbytes}")
+        check(lib.pyfa_buffer_write(self._h, 0, ffi.from_buffer(a), a.nbytes))
+
+    def read(self) -> np.ndarray:
+        a = np.empty(self.shape, dtype=self.dtype)
+        check(lib.pyfa_buffer_read(self._h, 0, ffi.from_buffer(a, require_writable=True), a.nbytes))
+        return a
+
+    def __repr__(self) -> str:
+        return f"Buffer(shape={self.shape}, dtype={self.dtype}, storage={self.storage!r}, device={self.device.backend!r})"
+
+
+class _Owned(np.ndarray):
+    """ndarray subclass that holds a reference to its owner buffer."""
+
+    def __new__(cls, raw: np.ndarray, owner):
+        obj = raw.view(cls)
+        obj._owner = owner
+        return obj
+
+    def __array_finalize__(self, obj):
+        self._owner = getattr(obj, "_owner", None)
+
+
+class Device:
+    """A pyfa device: ``Device("auto")`` takes the best backend that opens
+    (CUDA, Metal), else the CPU."""
+
+    def __init__(self, backend: str = "auto"):
+        out = ffi.new("pyfa_device **")
+        check(lib.pyfa_device_new(out, str(backend).encode()))
+        self._h = ffi.gc(out[0], lib.pyfa_device_free)
+        info = ffi.new("pyfa_device_info *")
+        check(lib.pyfa_device_info_get(self._h, info))
+        self.backend = ffi.string(info.backend).decode()
+        self.name = ffi.string(info.name).decode()
+        self.compute_units = int(info.compute_units)
+        self.memory_bytes = int(info.memory_bytes)
+        self._local = threading.local()
+
+    @property
+    def handle(self):
+        return self._h
+
+    @property
+    def host_visible(self) -> bool:
+        """True when kernels read host memory directly (numpy arrays are wrapped, not copied)."""
+        return self.backend == "cpu"
+
+    def buffer(self, shape, dtype, storage: str = "shared") -> Buffer:
+        """A new buffer of ``shape`` and ``dtype`` (numpy dtype; bf16 as ``ml_dtypes.bfloat16``)."""
+        if storage not in _STORAGE:
+            raise invalid(f"storage: {storage!r} is not 'shared' or 'private'")
+        shape = _shape(shape)
+        out = ffi.new("pyfa_buffer **")
+        check(lib.pyfa_buffer_new(out, self._h, dtypes.code(dtype), len(shape), shape, _STORAGE[storage]))
+        return Buffer(self, out[0], dtype, shape, storage)
+
+    def wrap(self, array: np.ndarray) -> Buffer:
+        """Zero-copy buffer over a C-contiguous numpy array (CPU backend)."""
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise invalid("array: wrap needs a C-contiguous numpy array")
+        shape = _shape(array.shape)
+        out = ffi.new("pyfa_buffer **")
+        ptr = ffi.from_buffer(array, require_writable=False) if array.size else ffi.NULL
+        check(lib.pyfa_buffer_wrap(out, self._h, ptr, array.nbytes, dtypes.code(array.dtype), len(shape), shape))
+        return Buffer(self, out[0], array.dtype, shape, "shared", keepalive=(array, ptr))
+
+    def encoder(self):
+        """A fresh encoder (encoders are per-thread objects)."""
+        out = ffi.new("pyfa_encoder **")
+        check(lib.pyfa_encoder_new(out, self._h))
+        return ffi.gc(out[0], lib.pyfa_encoder_free)
+
+    def __repr__(self) -> str:
+        return f"Device(backend={self.backend!r}, name={self.name!r})"
+
+
+def _shape(shape) -> list[int]:
+    try:
+        dims = [int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,))]
+    except (TypeError, ValueError):
+        raise invalid(f"shape: {shape!r} is not a sequence of ints") from None
+    return dims
+
+
+_default: Device | None = None
+_default_lock = threading.Lock()
+
+
+def default_device() -> Device:
+    """The process-wide ``Device("auto")``, opened on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Device("auto")
+        return _default

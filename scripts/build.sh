@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds libpyfa (release, Swift runtime linked statically so the .so loads on
+# machines without a Swift toolchain) and installs it with its headers into
+# pyfa/_lib/, where the Python package finds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+swift build -c release --product pyfa --static-swift-stdlib -Xswiftc -static-stdlib
+bin=$(swift build -c release --show-bin-path)
+mkdir -p pyfa/_lib/include
+lib=libpyfa.so
+[ -f "$bin/libpyfa.dylib" ] && lib=libpyfa.dylib
+cp "$bin/$lib" pyfa/_lib/$lib.tmp && mv pyfa/_lib/$lib.tmp pyfa/_lib/$lib
+cp shaders/common/*.h native/CPyfa/include/pyfa.h pyfa/_lib/include/
+echo "built pyfa/_lib/$lib"

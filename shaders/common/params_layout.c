@@ -1,0 +1,8 @@
+/* Compile-time pins of every parameter struct's layout; the Swift and Python
+ * suites check the same sizes at run time. */
+#include "pyfa_params.h"
+#include <stddef.h>
+
+_Static_assert(sizeof(pyfa_flash_attn_vec_params) == 40, "pyfa_flash_attn_vec_params layout");
+_Static_assert(offsetof(pyfa_flash_attn_vec_params, scale) == 28, "pyfa_flash_attn_vec_params.scale");
+_Static_assert(sizeof(pyfa_attn_reduce_params) == 16, "pyfa_attn_reduce_params layout");

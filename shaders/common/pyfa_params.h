@@ -1,0 +1,86 @@
+/*
+ * Parameter structs, argument slots and function-constant indices shared by
+ * every kernel language (C CPU kernels, CUDA C++, MSL) and by Swift through
+ * the PyfaShaderCommon module. Each struct is defined here and nowhere else;
+ * tests pin every size (params_layout.c at compile time, the Swift and
+ * Python suites at run time).
+ *
+ * Fixed-width fields only, naturally aligned, no implicit padding.
+ */
+#pragma once
+
+#if !defined(__METAL_VERSION__) && !defined(__CUDACC_RTC__)
+#include <stdint.h>
+#endif
+
+/* Element types, the same codes as pyfa_dtype in pyfa.h. */
+#define PYFA_DTYPE_F32 0
+#define PYFA_DTYPE_F16 1
+#define PYFA_DTYPE_BF16 2
+#define PYFA_DTYPE_U8 3
+#define PYFA_DTYPE_U16 4
+#define PYFA_DTYPE_U32 5
+#define PYFA_DTYPE_I32 6
+
+/* Head dims every attention kernel supports. */
+#define PYFA_MAX_HEAD_DIM 512
+
+/* ---------------------------------------------------------------------------
+ * flash_attn_vec: decode, one query row per head against a KV cache.
+ *   q   [batch, num_heads, head_dim]                 f32 | f16 | bf16
+ *   k,v [batch, num_kv_heads, kv_capacity, head_dim] f32 | f16 | bf16
+ *   kv_len, ring_start [batch]                       u32
+ *   tmp (nwg > 1) partial outputs [batch*num_heads, nwg, head_dim] f32,
+ *       then (S, M) pairs [batch*num_heads, nwg, 2] f32
+ *   out [batch, num_heads, head_dim]                 f32
+ * A slot s of sequence b is valid iff s < kv_len[b]; its logical position is
+ * (s - ring_start[b]) mod kv_capacity. With window > 0 only the last `window`
+ * logical positions are visible.
+ * Grid: (nwg, num_kv_heads, batch); one workgroup serves the
+ * num_heads/num_kv_heads query heads that share a KV head.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_flash_attn_vec_params {
+    uint32_t batch;        /**< sequences in the batch */
+    uint32_t num_heads;    /**< query heads */
+    uint32_t num_kv_heads; /**< KV heads; num_heads % num_kv_heads == 0 */
+    uint32_t head_dim;     /**< one of 64, 80, 96, 128, 192, 256, 512 */
+    uint32_t kv_capacity;  /**< positions per (sequence, KV head): the row stride */
+    uint32_t nwg;          /**< workgroups per sequence; 0 asks the backend's plan */
+    uint32_t window;       /**< 0 = all positions; else the last `window` positions */
+    float scale;           /**< multiplies q.k (natural-log domain) */
+    float softcap;         /**< > 0: s = softcap * tanh(s / softcap); 0 disables */
+    uint32_t reserved;     /**< zero */
+} pyfa_flash_attn_vec_params;
+
+#define PYFA_VEC_ARG_PARAMS 0
+#define PYFA_VEC_ARG_Q 1
+#define PYFA_VEC_ARG_K 2
+#define PYFA_VEC_ARG_V 3
+#define PYFA_VEC_ARG_KV_LEN 4
+#define PYFA_VEC_ARG_RING_START 5
+#define PYFA_VEC_ARG_TMP 6
+#define PYFA_VEC_ARG_OUT 7
+
+/* Function constants of flash_attn_vec. */
+#define PYFA_VEC_FC_Q_DTYPE 0     /**< dtype code of q */
+#define PYFA_VEC_FC_KV_DTYPE 1    /**< dtype code of k and v */
+#define PYFA_VEC_FC_HEAD_DIM 2    /**< head_dim, so loops have a known trip count */
+#define PYFA_VEC_FC_HAS_SOFTCAP 3 /**< bool */
+#define PYFA_VEC_FC_DIRECT_OUT 4  /**< bool: nwg == 1, normalise into out, no reduce */
+#define PYFA_VEC_FC_COUNT 5
+
+/* ---------------------------------------------------------------------------
+ * flash_attn_vec_reduce: merges the nwg partial (o, S, M) states of each row.
+ *   tmp as above; out [nrows, head_dim] f32. Grid: (nrows, 1, 1).
+ * A row whose workgroups all saw no key (S == 0 everywhere) becomes zeros.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_attn_reduce_params {
+    uint32_t nrows;    /**< batch * num_heads */
+    uint32_t head_dim; /**< values per row */
+    uint32_t nwg;      /**< partial states per row */
+    uint32_t reserved; /**< zero */
+} pyfa_attn_reduce_params;
+
+#define PYFA_REDUCE_ARG_PARAMS 0
+#define PYFA_REDUCE_ARG_TMP 1
+#define PYFA_REDUCE_ARG_OUT 2

@@ -1,0 +1,40 @@
+import os
+
+import numpy as np
+import pytest
+
+import pyfa
+
+
+def _available_backends():
+    names = []
+    for b in pyfa.backends():
+        try:
+            pyfa.Device(b)
+            names.append(b)
+        except pyfa.PyfaError:
+            pass
+    return names
+
+
+AVAILABLE = _available_backends()
+# Backends the suite runs on: every backend that opens here, or PYFA_TEST_BACKENDS.
+TEST_BACKENDS = os.environ.get("PYFA_TEST_BACKENDS", ",".join(AVAILABLE)).split(",")
+
+
+@pytest.fixture(params=[b for b in ["cpu", "cuda", "metal"] if b in pyfa.backends()])
+def device(request):
+    if request.param not in AVAILABLE or request.param not in TEST_BACKENDS:
+        pytest.skip(f"backend {request.param} has no device here")
+    return pyfa.Device(request.param)
+
+
+@pytest.fixture
+def cpu():
+    return pyfa.Device("cpu")
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh, reproducible stream per test.
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
