@@ -18,7 +18,7 @@ _REPO = _HERE.parent
 
 # Header search order: the installed copy beside the library, then the source tree.
 _HEADER_DIRS = [_HERE / "_lib" / "include", _REPO / "shaders" / "common", _REPO / "native" / "CPyfa" / "include"]
-_HEADERS = ["pyfa_params.h", "pyfa.h"]
+_ROOT_HEADER = "pyfa.h"
 
 _LIB_CANDIDATES = [
     _HERE / "_lib" / "libpyfa.so",
@@ -28,6 +28,7 @@ _LIB_CANDIDATES = [
 ]
 
 _SKIP_BLOCKS = re.compile(r"__cplusplus|__METAL_VERSION__|__CUDACC_RTC__")
+_LOCAL_INCLUDE = re.compile(r'^#include\s+"([^"]+)"')
 _INT_DEFINE = re.compile(r"^#define\s+([A-Z_][A-Z0-9_]*)\s+(-?\d+)\s*(/\*.*\*/)?\s*$")
 
 
@@ -38,10 +39,15 @@ def _find_header(name: str) -> Path:
     raise ImportError(f"pyfa: header {name} not found in {[str(d) for d in _HEADER_DIRS]}")
 
 
-def header_cdef(text: str) -> str:
-    """Turns a C header into cffi cdef text: drops blocks guarded by
-    __cplusplus / __METAL_VERSION__ / __CUDACC_RTC__, keeps integer #defines,
-    drops every other preprocessor line."""
+def header_cdef(name: str, seen: set | None = None) -> str:
+    """Turns a C header into cffi cdef text: inlines local #include "x.h"
+    headers once, drops blocks guarded by __cplusplus / __METAL_VERSION__ /
+    __CUDACC_RTC__, keeps integer #defines, drops other preprocessor lines."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return ""
+    seen.add(name)
+    text = _find_header(name).read_text()
     out: list[str] = []
     depth_skip = 0  # nesting depth inside a skipped block
     depth = 0
@@ -60,6 +66,10 @@ def header_cdef(text: str) -> str:
         if depth_skip:
             continue
         if s.startswith("#"):
+            inc = _LOCAL_INCLUDE.match(s)
+            if inc:
+                out.append(header_cdef(inc.group(1), seen))
+                continue
             m = _INT_DEFINE.match(s)
             if m:
                 out.append(f"#define {m.group(1)} {m.group(2)}")
@@ -82,7 +92,7 @@ def _library_path() -> Path:
 
 
 ffi = cffi.FFI()
-CDEF = "\n".join(header_cdef(_find_header(h).read_text()) for h in _HEADERS)
+CDEF = header_cdef(_ROOT_HEADER)
 ffi.cdef(CDEF)
 LIBRARY_PATH = _library_path()
 lib = ffi.dlopen(str(LIBRARY_PATH))
