@@ -20,9 +20,17 @@ let package = Package(
             path: "native/CPUKernels",
             cSettings: [.unsafeFlags(["-O3", "-ffp-contract=fast"])]
         ),
+        // CUDA driver + NVRTC prototypes, their dlopen loader and the embedded
+        // kernel sources (C23 #embed of shaders/cuda/*): no CUDA SDK at build time.
+        .target(
+            name: "PyfaCUDADriver",
+            path: "native/CUDADriver",
+            cSettings: [.unsafeFlags(["-Wno-c23-extensions"])],
+            linkerSettings: [.linkedLibrary("dl"), .linkedLibrary("pthread")]
+        ),
         .target(
             name: "Pyfa",
-            dependencies: ["CPyfa", "PyfaShaderCommon", "PyfaCPUKernels"],
+            dependencies: ["CPyfa", "PyfaShaderCommon", "PyfaCPUKernels", "PyfaCUDADriver"],
             path: "native/Pyfa",
             swiftSettings: [.swiftLanguageMode(.v5)]
         ),

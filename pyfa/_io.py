@@ -2,20 +2,33 @@
 
 On host-visible devices (the CPU backend) C-contiguous numpy arrays are used
 in place; anything else (non-contiguous, other array types) is copied into a
-contiguous array first. Device-resident inputs are the GPU backends' business
-(see pyfa/cuda_interop.py).
+contiguous array first. GPU arrays (torch, cupy, ``__cuda_array_interface__`` / ``__dlpack__``) on a
+CUDA device are used in place (pyfa/cuda_interop.py): their buffers wrap the
+producer's memory, temporaries come from the same framework, results are
+arrays of that framework, and work runs on the producer's current stream
+without waiting. numpy inputs on a GPU device are copied to device buffers.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes
+from . import cuda_interop, dtypes
+from ._native import lib
 from .device import Buffer, Device
-from .errors import invalid
+from .errors import check, invalid
+from .cuda_interop import GpuArray
 
 
-def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None) -> np.ndarray:
-    """A C-contiguous numpy array of an allowed dtype (copying only if needed)."""
+def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None):
+    """A C-contiguous numpy array of an allowed dtype (copying only if needed),
+    or a GpuArray for a device array."""
+    if cuda_interop.is_gpu_array(x):
+        g = cuda_interop.describe(x, name)
+        if g.dtype not in allowed:
+            raise invalid(f"{name}: dtype {g.dtype} not accepted (expected {', '.join(str(d) for d in allowed)})")
+        if ndims is not None and g.ndim not in ndims:
+            raise invalid(f"{name}: expected {' or '.join(f'{n}-D' for n in ndims)}, got shape {g.shape}")
+        return g
     try:
         a = np.asarray(x)
     except Exception as e:  # objects numpy cannot read
@@ -27,18 +40,83 @@ def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None) -> np.ndarray
     return np.ascontiguousarray(a)
 
 
-def to_device(device: Device, a: np.ndarray) -> Buffer:
-    """A buffer holding `a`: wrapped in place on host-visible devices, copied otherwise."""
+def gpu_like(device: Device, *arrays) -> GpuArray | None:
+    """The first GpuArray among `arrays` (checking that all of them are, and that
+    the device is a GPU), or None when all are host arrays."""
+    gpu = [a for a in arrays if isinstance(a, GpuArray)]
+    if not gpu:
+        return None
+    if len(gpu) != len(arrays):
+        raise invalid("inputs: mix of device (GPU) and host arrays; pass all of them on one side")
+    if device.host_visible:
+        raise invalid(f"device: GPU arrays need a GPU device, got {device.backend!r}")
+    for a in gpu[1:]:
+        if a.kind != gpu[0].kind or a.device_id != gpu[0].device_id:
+            raise invalid("inputs: GPU arrays must come from one framework and one device")
+    return gpu[0]
+
+
+# Host arrays up to this size go to GPU devices as shared buffers: the library
+# can still read them (kv_len / ring_start checks) and the queue uploads them
+# on the encoder's stream. Larger ones are copied into private buffers.
+_SMALL_HOST_BYTES = 1 << 16
+
+
+def to_device(device: Device, a, like: GpuArray | None = None) -> Buffer:
+    """A buffer holding `a`: GPU arrays wrapped in place; host arrays wrapped on
+    host-visible devices, else copied (small ones into shared storage)."""
+    if isinstance(a, GpuArray):
+        return device.wrap_device(a.ptr, a.nbytes, a.dtype, a.shape, keepalive=a.obj)
     if device.host_visible:
         return device.wrap(a)
+    if a.nbytes <= _SMALL_HOST_BYTES:
+        b = device.buffer(a.shape, a.dtype, storage="shared")
+        b.numpy()[...] = a
+        return b
     b = device.buffer(a.shape, a.dtype, storage="private")
     b.write(a)
     return b
 
 
-def output(device: Device, shape, dtype, out, name: str = "out"):
-    """(array, buffer) for a result: `out` if given (checked), else a new array."""
+def scratch(device: Device, nbytes: int, like: GpuArray | None = None) -> Buffer | None:
+    """Device-only f32 working memory (None for 0 bytes); from `like`'s framework
+    when given, so its allocator orders reuse on the stream."""
+    if not nbytes:
+        return None
+    if like is not None:
+        return to_device(device, cuda_interop.describe(like.empty((nbytes // 4,), np.float32), "tmp"))
+    return device.buffer((nbytes // 4,), np.float32, storage="private")
+
+
+def encoder(device: Device, like: GpuArray | None = None):
+    """An encoder; bound to `like`'s stream when given."""
+    enc = device.encoder()
+    if like is not None:
+        check(lib.pyfa_encoder_set_stream(enc, like.stream))
+    return enc
+
+
+def submit(enc, like: GpuArray | None = None) -> None:
+    """Commits; waits unless the work runs on a caller's stream (GPU arrays)."""
+    check(lib.pyfa_encoder_commit(enc))
+    if like is None:
+        check(lib.pyfa_encoder_wait(enc))
+
+
+def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray | None = None):
+    """(array, buffer) for a result: `out` if given (checked), else a new array
+    (of `like`'s framework for GPU inputs)."""
     dtype = np.dtype(dtype)
+    if like is not None:
+        a = like.empty(shape, dtype) if out is None else out
+        g = cuda_interop.describe(a, name) if cuda_interop.is_gpu_array(a) else None
+        if g is None:
+            raise invalid(f"{name}: must be a GPU array when the inputs are")
+        if g.shape != tuple(shape) or g.dtype != dtype:
+            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {g.shape} {g.dtype}")
+        if g.obj is not a:
+            raise invalid(f"{name}: must be C-contiguous")
+        return a, to_device(device, g)
     if out is None:
         a = np.empty(shape, dtype=dtype)
     else:
@@ -54,9 +132,10 @@ def output(device: Device, shape, dtype, out, name: str = "out"):
     return a, device.buffer(a.shape, a.dtype, storage="private")
 
 
-def finish(device: Device, a: np.ndarray, buffer: Buffer) -> np.ndarray:
-    """Copies a device result into `a` where the device is not host-visible."""
-    if not device.host_visible:
+def finish(device: Device, a, buffer: Buffer):
+    """Copies a device result into `a` where `a` is a host array and the device
+    is not host-visible."""
+    if isinstance(a, np.ndarray) and not device.host_visible:
         a[...] = buffer.read()
     return a
 

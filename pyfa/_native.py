@@ -103,4 +103,22 @@ if lib.pyfa_abi_version() != lib.PYFA_ABI_VERSION:
         f"the headers say {lib.PYFA_ABI_VERSION}; rebuild with `bash scripts/build.sh`"
     )
 
-_nvrtc_lock = threading.Lock()
+
+def _wheel_nvrtc() -> str | None:
+    """libnvrtc from the nvidia-cuda-nvrtc wheel (CUDA 13 layout, then 12), if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12", "cuda_nvrtc/lib/libnvrtc.so.13"):
+            p = Path(root) / rel
+            if p.is_file():
+                return str(p)
+    return None
+
+
+# The CUDA backend tries $PYFA_NVRTC and the system's libnvrtc first; the
+# wheel's copy is its last resort.
+_nvrtc = _wheel_nvrtc()
+if _nvrtc:
+    lib.pyfa_set_nvrtc_path(_nvrtc.encode())

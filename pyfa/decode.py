@@ -29,11 +29,14 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
-    out : optional float32 array of the output's shape.
+    out : optional float32 array of the output's shape (a GPU array when the inputs are).
 
     Returns
     -------
     float32 array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``). Non-contiguous inputs are copied.
+    With GPU arrays (torch / cupy) on the cuda device the inputs are read in place, the result
+    is an array of the same framework, and the work is queued on the caller's current stream
+    without waiting.
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((4, 64), np.float32); k = np.ones((2, 8, 64), np.float16)
@@ -47,6 +50,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,))
     if single:
         q, k, v = q[None], k[None], v[None]
+    like = _io.gpu_like(device, q, k, v)
     if k.dtype != v.dtype:
         raise invalid(f"v_cache: dtype {v.dtype} differs from k_cache's {k.dtype}")
     if k.shape != v.shape:
@@ -73,13 +77,12 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     check(lib.pyfa_flash_attn_vec_plan(device.handle, params, min(max_len, capacity), tmp_bytes))
 
     result, out_buf = _io.output(device, (B, H, D), np.float32, None if out is None else
-                                 (out[None] if single and isinstance(out, np.ndarray) else out))
-    bufs = [_io.to_device(device, a) for a in (q, k, v, lens, rings)]
-    tmp = device.buffer((tmp_bytes[0] // 4,), np.float32, storage="private") if tmp_bytes[0] else None
-    enc = device.encoder()
+                                 (out[None] if single and hasattr(out, "shape") else out), like=like)
+    bufs = [_io.to_device(device, a, like) for a in (q, k, v, lens, rings)]
+    tmp = _io.scratch(device, tmp_bytes[0], like)
+    enc = _io.encoder(device, like)
     check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), tmp.handle if tmp else ffi.NULL,
                                   out_buf.handle))
-    check(lib.pyfa_encoder_commit(enc))
-    check(lib.pyfa_encoder_wait(enc))
+    _io.submit(enc, like)
     _io.finish(device, result, out_buf)
     return result[0] if single else result

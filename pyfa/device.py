@@ -121,6 +121,15 @@ class Device:
         check(lib.pyfa_buffer_wrap(out, self._h, ptr, array.nbytes, dtypes.code(array.dtype), len(shape), shape))
         return Buffer(self, out[0], array.dtype, shape, "shared", keepalive=(array, ptr))
 
+    def wrap_device(self, address: int, nbytes: int, dtype, shape, keepalive=None) -> Buffer:
+        """Zero-copy buffer over device memory (CUDA backend): a torch / cupy
+        tensor's address; ``keepalive`` (the tensor) lives as long as the buffer."""
+        shape = _shape(shape)
+        out = ffi.new("pyfa_buffer **")
+        check(lib.pyfa_buffer_wrap(out, self._h, ffi.cast("void *", int(address)), int(nbytes), dtypes.code(dtype),
+                                   len(shape), shape))
+        return Buffer(self, out[0], dtype, shape, "private", keepalive=keepalive)
+
     def encoder(self):
         """A fresh encoder (encoders are per-thread objects)."""
         out = ffi.new("pyfa_encoder **")

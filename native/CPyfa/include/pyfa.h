@@ -63,7 +63,9 @@ const char *pyfa_last_error(void);
 const char *pyfa_backends(void);
 /* sizeof of a named parameter struct as the library was compiled, 0 if unknown. */
 size_t pyfa_struct_size(const char *name);
-/* Where the CUDA backend finds NVRTC; NULL restores the default search. */
+/* A further place the CUDA backend looks for NVRTC, after $PYFA_NVRTC,
+ * libnvrtc.so.13 and libnvrtc.so.12 (Python passes the nvidia-cuda-nvrtc
+ * wheel's copy); NULL clears it. */
 int pyfa_set_nvrtc_path(const char *path);
 
 /* ---- devices ---- */
@@ -105,6 +107,17 @@ int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *pa
 int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
                         pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+
+/* ---- CUDA ----
+ * Binds an encoder to a caller's CUDA stream (cudaStream_t / CUstream as an
+ * integer; 0 = the encoder's own stream): later commits launch on it, so work
+ * orders with the caller's (torch, cupy). Backends without streams return
+ * PYFA_ERR_UNSUPPORTED. */
+int pyfa_encoder_set_stream(pyfa_encoder *encoder, uint64_t stream);
+/* Compiles every CUDA kernel specialisation the dispatchers can request for
+ * arch ("sm_80", "sm_90a", ...) with NVRTC; needs no GPU or driver. Uses the
+ * disk cache. count receives the number of specialisations (may be NULL). */
+int pyfa_cuda_compile_all(const char *arch, uint32_t *count);
 
 #ifdef __cplusplus
 }

@@ -59,6 +59,7 @@ public protocol BackendPlan {
 public protocol CommandQueue: AnyObject {
     func submit(_ commands: [EncodedCommand]) throws
     func wait() throws
+    func useStream(_ handle: UInt64) throws
 }
 
 /// A backend: allocates, compiles and runs. Adding one adds a folder under
@@ -72,4 +73,12 @@ public protocol Backend: AnyObject {
     func wrap(address: UInt64, bytes: Int) throws -> BufferMemory
     func compile(name: String, constants: [Int32]) throws -> Pipeline
     func makeQueue() throws -> CommandQueue
+}
+
+extension CommandQueue {
+    /// Binds the queue to a caller's stream (a CUDA stream handle; 0 = the
+    /// queue's own). Backends without streams refuse.
+    public func useStream(_ handle: UInt64) throws {
+        throw PyfaError.unsupported("stream: this backend has no streams")
+    }
 }

@@ -42,4 +42,8 @@ public final class CommandEncoder {
 
     /// Dispatches recorded and not yet committed.
     public var pendingCount: Int { recorded.count }
+
+    /// Runs later commits on a caller's stream (a CUDA stream handle; 0 = the
+    /// encoder's own); backends without streams refuse.
+    public func useStream(_ handle: UInt64) throws { try queue.useStream(handle) }
 }

@@ -1,0 +1,65 @@
+/* Kernel sources embedded at build time (C23 #embed): the library carries
+ * its CUDA code, so nothing is copied or looked up at run time. */
+#include "pyfa_cuda_driver.h"
+
+#include <string.h>
+
+#pragma clang diagnostic ignored "-Wc23-extensions"
+
+static const char src_params[] = {
+#embed "../../shaders/common/pyfa_params.h"
+, 0};
+static const char src_args[] = {
+#embed "../../shaders/cuda/pyfa_cuda_args.h"
+, 0};
+static const char src_prelude[] = {
+#embed "../../shaders/cuda/pyfa_cuda.cuh"
+, 0};
+static const char src_attn_vec[] = {
+#embed "../../shaders/cuda/attn_vec.cu"
+, 0};
+
+static const struct {
+    const char *name;
+    const char *text;
+    size_t length;
+} files[] = {
+    {"pyfa_params.h", src_params, sizeof src_params - 1},
+    {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
+    {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
+    {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
+};
+
+const char *pyfa_cuda_source(const char *file, size_t *length) {
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        if (strcmp(files[i].name, file) == 0) {
+            if (length) *length = files[i].length;
+            return files[i].text;
+        }
+    }
+    return NULL;
+}
+
+const char *pyfa_cuda_source_name(size_t i) { return i < sizeof files / sizeof files[0] ? files[i].name : NULL; }
+
+static const struct {
+    const char *name;
+    const char *file;
+    uint32_t max_threads;
+} kernels[] = {
+#define PYFA_CUDA_KERNEL(name, file, threads) {#name, file, threads},
+#include "../../shaders/cuda/kernel_list.h"
+#undef PYFA_CUDA_KERNEL
+};
+
+const char *pyfa_cuda_kernel_file(const char *name, uint32_t *max_threads) {
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
+        if (strcmp(kernels[i].name, name) == 0) {
+            if (max_threads) *max_threads = kernels[i].max_threads;
+            return kernels[i].file;
+        }
+    }
+    return NULL;
+}
+
+const char *pyfa_cuda_kernel_name(size_t i) { return i < sizeof kernels / sizeof kernels[0] ? kernels[i].name : NULL; }

@@ -1,0 +1,129 @@
+import CPyfa
+import PyfaCUDADriver
+import PyfaShaderCommon
+
+/// A compiled specialisation: its module and entry function on one device.
+final class CUDAPipeline: Pipeline {
+    let name: String
+    let module: CUmodule
+    let function: CUfunction
+    let context: CUDAContext
+    /// Dynamic shared memory the function has been allowed (above 48 KB needs opting in).
+    var dynamicSharedLimit = 48 * 1024
+    let lock = Lock()
+
+    init(name: String, module: CUmodule, function: CUfunction, context: CUDAContext) {
+        self.name = name
+        self.module = module
+        self.function = function
+        self.context = context
+    }
+
+    deinit {
+        if (try? context.makeCurrent()) != nil { _ = pyfa_cu.cuModuleUnload(module) }
+    }
+}
+
+/// NVIDIA GPUs through the driver API (primary context of device 0) and
+/// NVRTC, both loaded at run time.
+final class CUDABackend: Backend {
+    let name = "cuda"
+    let context: CUDAContext
+    let compiler: CUDACompiler
+    let plan: BackendPlan
+    let deviceName: String
+    let smCount: UInt32
+    let maxSharedOptin: Int
+    let totalMemory: UInt64
+
+    init() throws {
+        var err = [CChar](repeating: 0, count: 512)
+        if pyfa_cuda_driver_load(&err, err.count) != 0 {
+            throw PyfaError.unavailable("backend 'cuda': \(String(cString: err))")
+        }
+        var count: Int32 = 0
+        try CU.check(pyfa_cu.cuDeviceGetCount(&count), "backend 'cuda': cuDeviceGetCount", PyfaError.unavailable)
+        guard count > 0 else { throw PyfaError.unavailable("backend 'cuda': the driver reports no CUDA device") }
+        var dev: CUdevice = 0
+        try CU.check(pyfa_cu.cuDeviceGet(&dev, 0), "backend 'cuda': cuDeviceGet(0)", PyfaError.unavailable)
+        func attribute(_ a: Int32) throws -> Int32 {
+            var v: Int32 = 0
+            try CU.check(pyfa_cu.cuDeviceGetAttribute(&v, a, dev), "cuDeviceGetAttribute(\(a))", PyfaError.unavailable)
+            return v
+        }
+        let major = try attribute(PYFA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        let minor = try attribute(PYFA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        guard major >= 8 else {
+            throw PyfaError.unavailable("backend 'cuda': compute capability \(major).\(minor) is below the 8.0 pyfa needs")
+        }
+        smCount = UInt32(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
+        maxSharedOptin = Int(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+        var nameBytes = [CChar](repeating: 0, count: 128)
+        _ = pyfa_cu.cuDeviceGetName(&nameBytes, 127, dev)
+        deviceName = String(cString: nameBytes)
+        var mem = 0
+        _ = pyfa_cu.cuDeviceTotalMem(&mem, dev)
+        totalMemory = UInt64(mem)
+        context = try CUDAContext(device: dev)
+        compiler = try CUDACompiler(arch: CUDABackend.arch(major: major, minor: minor),
+                                    extraOptions: CUDAPlan.compileDefines())
+        plan = CUDAPlan(smCount: smCount)
+    }
+
+    /// NVRTC's -arch for a compute capability: the arch-specific "a" target on
+    /// Hopper so wgmma / TMA are available.
+    static func arch(major: Int32, minor: Int32) -> String {
+        major == 9 && minor == 0 ? "sm_90a" : "sm_\(major)\(minor)"
+    }
+
+    var info: pyfa_device_info {
+        var i = pyfa_device_info()
+        copyCString("cuda", into: &i.backend)
+        copyCString("\(deviceName) (\(compiler.arch), \(smCount) SMs)", into: &i.name)
+        i.compute_units = smCount
+        i.max_threads_per_threadgroup = 1024
+        i.max_threadgroup_memory = UInt64(maxSharedOptin)
+        i.memory_bytes = totalMemory
+        return i
+    }
+
+    func allocate(bytes: Int, storage: Storage) throws -> BufferMemory {
+        switch storage {
+        case .private: return try CUDADeviceMemory(context: context, bytes: bytes)
+        case .shared: return try CUDASharedMemory(context: context, bytes: bytes)
+        }
+    }
+
+    /// Wraps a device address (a torch / cupy tensor's memory). Host memory is
+    /// refused: kernels could not read it.
+    func wrap(address: UInt64, bytes: Int) throws -> BufferMemory {
+        try context.makeCurrent()
+        if bytes > 0 {
+            var kind: UInt32 = 0
+            let r = pyfa_cu.cuPointerGetAttribute(&kind, PYFA_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CUdeviceptr(address))
+            try require(r == 0 && (kind == UInt32(PYFA_CU_MEMORYTYPE_DEVICE) || kind == UInt32(PYFA_CU_MEMORYTYPE_UNIFIED)),
+                        "data: 0x\(String(address, radix: 16)) is not CUDA device memory (the cuda backend wraps device pointers only; copy host arrays into a buffer)")
+        }
+        return CUDADeviceMemory(context: context, wrapping: CUdeviceptr(address), bytes: bytes)
+    }
+
+    func compile(name: String, constants: [Int32]) throws -> Pipeline {
+        let image = try compiler.cubin(name: name, specialisations: [constants])
+        try context.makeCurrent()
+        var module: CUmodule? = nil
+        try image.withUnsafeBytes {
+            try CU.check(pyfa_cu.cuModuleLoadData(&module, $0.baseAddress), "kernel '\(name)': cuModuleLoadData", PyfaError.compile)
+        }
+        guard let module else { throw PyfaError.compile("kernel '\(name)': no module") }
+        var function: CUfunction? = nil
+        let entry = CUDACompiler.entryName(name, constants)
+        let r = pyfa_cu.cuModuleGetFunction(&function, module, entry)
+        guard r == 0, let function else {
+            _ = pyfa_cu.cuModuleUnload(module)
+            throw PyfaError.compile("kernel '\(name)': entry \(entry) missing: \(CU.errorText(r))")
+        }
+        return CUDAPipeline(name: name, module: module, function: function, context: context)
+    }
+
+    func makeQueue() throws -> CommandQueue { try CUDAQueue(context: context, maxShared: maxSharedOptin) }
+}

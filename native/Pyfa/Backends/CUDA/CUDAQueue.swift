@@ -1,0 +1,160 @@
+import PyfaCUDADriver
+import PyfaShaderCommon
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An encoder's CUDA stream. Stream order is the barrier between dispatches;
+/// `commit` launches, `wait` synchronises and reports faults. The stream is
+/// the queue's own (blocking, so it orders after synchronous copies) unless
+/// the caller binds one (a torch / cupy stream) with `useStream`.
+final class CUDAQueue: CommandQueue {
+    let context: CUDAContext
+    let maxShared: Int
+    private let ownStream: CUstream
+    private var stream: CUstream?
+    /// Shared buffers used since the last wait: copied back after it.
+    private var touchedShared: [ObjectIdentifier: CUDASharedMemory] = [:]
+
+    init(context: CUDAContext, maxShared: Int) throws {
+        self.context = context
+        self.maxShared = maxShared
+        try context.makeCurrent()
+        var s: CUstream? = nil
+        try CU.check(pyfa_cu.cuStreamCreate(&s, 0), "encoder: cuStreamCreate")
+        guard let s else { throw PyfaError.execution("encoder: cuStreamCreate returned no stream") }
+        ownStream = s
+        stream = s
+    }
+
+    deinit {
+        if (try? context.makeCurrent()) != nil {
+            // Shared buffers still queued on a caller's stream are released here:
+            // let their copies finish first.
+            if !touchedShared.isEmpty { _ = pyfa_cu.cuStreamSynchronize(stream) }
+            _ = pyfa_cu.cuStreamSynchronize(ownStream)
+            _ = pyfa_cu.cuStreamDestroy(ownStream)
+        }
+    }
+
+    func useStream(_ handle: UInt64) throws {
+        stream = handle == 0 ? ownStream : CUstream(bitPattern: UInt(handle))
+    }
+
+    func submit(_ commands: [EncodedCommand]) throws {
+        try context.makeCurrent()
+        var uploaded = Set<ObjectIdentifier>()
+        for command in commands {
+            guard case .dispatch(let d) = command else { continue } // stream order already serialises
+            for (_, arg) in d.args {
+                if case .buffer(let b, _) = arg, let shared = b.memory as? CUDASharedMemory {
+                    let id = ObjectIdentifier(shared)
+                    if uploaded.insert(id).inserted {
+                        try shared.upload(on: stream)
+                        touchedShared[id] = shared
+                    }
+                }
+            }
+            try launch(d)
+        }
+    }
+
+    func wait() throws {
+        try context.makeCurrent()
+        try CU.check(pyfa_cu.cuStreamSynchronize(stream), "encoder wait (a kernel faulted or the device failed)")
+        guard !touchedShared.isEmpty else { return }
+        let pending = touchedShared.values
+        touchedShared.removeAll()
+        for shared in pending { try shared.download(on: stream) }
+        try CU.check(pyfa_cu.cuStreamSynchronize(stream), "encoder wait: copying shared buffers back")
+    }
+
+    private func launch(_ d: EncodedDispatch) throws {
+        guard let p = d.pipeline as? CUDAPipeline else {
+            throw PyfaError.internal("dispatch \(d.pipeline.name): pipeline is not a CUDA pipeline")
+        }
+        var args = pyfa_cuda_args()
+        var cursor = 0
+        try withUnsafeMutableBytes(of: &args) { raw in
+            for (slot, arg) in d.args {
+                guard slot >= 0 && slot < Int(PYFA_CUDA_MAX_ARGS) else {
+                    throw PyfaError.internal("dispatch \(p.name): argument slot \(slot) out of range")
+                }
+                let value: UInt64
+                switch arg {
+                case .buffer(let b, let offset):
+                    value = b.memory.deviceAddress + UInt64(offset)
+                case .bytes(let bytes):
+                    guard cursor + bytes.count <= Int(PYFA_CUDA_INLINE_BYTES) else {
+                        throw PyfaError.internal("dispatch \(p.name): inline arguments exceed \(PYFA_CUDA_INLINE_BYTES) bytes")
+                    }
+                    let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
+                    for (i, byte) in bytes.enumerated() { raw[base + cursor + i] = byte }
+                    value = UInt64(cursor)
+                    cursor += (bytes.count + 15) & ~15
+                }
+                raw.storeBytes(of: value, toByteOffset: slot * 8, as: UInt64.self)
+            }
+        }
+        let smem = d.threadgroupMemory
+        try p.lock.withLock {
+            if smem > p.dynamicSharedLimit {
+                try require(smem <= maxShared, "dispatch \(p.name): \(smem) bytes of shared memory exceed the device's \(maxShared)")
+                try CU.check(pyfa_cu.cuFuncSetAttribute(p.function, PYFA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, Int32(smem)),
+                             "dispatch \(p.name): raising the shared-memory limit")
+                p.dynamicSharedLimit = smem
+            }
+        }
+        try withUnsafeMutablePointer(to: &args) { argsPtr in
+            var params: [UnsafeMutableRawPointer?] = [UnsafeMutableRawPointer(argsPtr)]
+            try params.withUnsafeMutableBufferPointer { pp in
+                try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
+                                                    d.threads.0, d.threads.1, d.threads.2,
+                                                    UInt32(smem), stream, pp.baseAddress, nil),
+                             "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+            }
+        }
+    }
+}
+
+/// CUDA geometry. Decode: enough workgroups to give every SM several blocks
+/// at B=1, never fewer than ~128 positions per workgroup.
+struct CUDAPlan: BackendPlan {
+    let smCount: UInt32
+
+    static let warps: UInt32 = 4
+    static func envInt(_ name: String, _ fallback: Int) -> Int {
+        guard let v = getenv(name), let i = Int(String(cString: v)), i > 0 else { return fallback }
+        return i
+    }
+    /// Floats of q and of the accumulators a lane holds per pass (attn_vec.cu's PYFA_VEC_GT_BUDGET).
+    static let vecHeadBudget = envInt("PYFA_CUDA_VEC_GT_BUDGET", 64)
+    static let vecRowsPerStep = envInt("PYFA_CUDA_VEC_ROWS_PER_STEP", 4)
+    static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 4)
+    static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
+
+    static func compileDefines() -> [String] {
+        ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)"]
+    }
+
+    /// Heads per pass of attn_vec.cu for a head dim and element size.
+    static func headsPerPass(headDim: Int, elementSize: Int) -> Int {
+        let vec = 16 / elementSize, chunks = headDim / vec, perLane = ((chunks + 31) / 32) * vec
+        return max(1, vecHeadBudget / perLane)
+    }
+
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry {
+        let D = Int(p.head_dim)
+        // The params carry no dtype: size shared memory for the larger of f32 and 16-bit caches.
+        let gt = max(CUDAPlan.headsPerPass(headDim: D, elementSize: 4), CUDAPlan.headsPerPass(headDim: D, elementSize: 2))
+        let smem = Int(CUDAPlan.warps) * gt * (D + 2) * 4
+        let groups = max(1, p.batch * p.num_kv_heads)
+        let target = smCount * UInt32(CUDAPlan.vecBlocksPerSM)
+        let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
+        var nwg = (target + groups - 1) / groups
+        nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: smem)
+    }
+
+    func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+}

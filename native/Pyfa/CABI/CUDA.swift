@@ -1,0 +1,21 @@
+import CPyfa
+
+@_cdecl("pyfa_encoder_set_stream")
+public func pyfa_encoder_set_stream_impl(_ encoder: OpaquePointer?, _ stream: UInt64) -> Int32 {
+    abiCall { try (object(encoder, "encoder") as CommandEncoder).useStream(stream) }
+}
+
+@_cdecl("pyfa_cuda_compile_all")
+public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: UnsafeMutablePointer<UInt32>?) -> Int32 {
+    abiCall {
+        let a = try string(arch, "arch")
+        try require(a.hasPrefix("sm_") && a.count >= 5, "arch: expected an NVRTC architecture such as sm_80 or sm_90a, got '\(a)'")
+        let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines())
+        var total: UInt32 = 0
+        for (name, specs) in KernelSpecialisations.all {
+            _ = try compiler.cubin(name: name, specialisations: specs, check: true)
+            total += UInt32(specs.count)
+        }
+        if let count { count.pointee = total }
+    }
+}

@@ -1,0 +1,205 @@
+"""GPU arrays (torch, cupy, anything exposing ``__cuda_array_interface__`` or a
+CUDA ``__dlpack__``) used in place by the CUDA backend.
+
+Element types never come from the CUDA-array-interface typestr alone: torch
+reports bfloat16 as ``<V2`` (and some versions as ``<f2``), so torch tensors
+are read through ``tensor.dtype`` and other producers' 16-bit types through
+the DLPack dtype code (float = 2, bfloat = 4).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import dtypes
+from .errors import invalid
+
+_DLPACK_CUDA = 2
+
+
+class GpuArray:
+    """A foreign device array: its address, shape, dtype and the stream its
+    producer orders work on. ``obj`` (the producer's object) is kept alive."""
+
+    def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream: int, device_id: int):
+        self.obj, self.kind, self.ptr = obj, kind, int(ptr)
+        self.shape, self.dtype, self.stream, self.device_id = tuple(shape), np.dtype(dtype), int(stream), device_id
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __getitem__(self, index):
+        """``a[None]``: the same memory with a leading axis of 1."""
+        if index is not None:
+            raise TypeError("GpuArray supports only [None]")
+        return GpuArray(self.obj, self.kind, self.ptr, (1,) + self.shape, self.dtype, self.stream, self.device_id)
+
+    # -- arrays of the same kind, on the same device and stream ------------------------------------
+    def empty(self, shape, dtype):
+        """A new contiguous array of the producer's kind (torch / cupy) on its device."""
+        dtype = np.dtype(dtype)
+        if self.kind == "torch":
+            import torch
+
+            return torch.empty(tuple(shape), dtype=_TORCH_FROM_NP[dtype](), device=self.obj.device)
+        if self.kind == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                return cupy.empty(tuple(shape), dtype=dtype)
+        raise invalid("out: results for this array type need out= (pyfa creates torch and cupy arrays only)")
+
+
+def _torch_dtypes():
+    import torch
+
+    return {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: dtypes.bfloat16,
+            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
+
+
+def _torch_from_np(name):
+    def get():
+        import torch
+
+        return getattr(torch, name)
+    return get
+
+
+_TORCH_FROM_NP = {np.dtype(np.float32): _torch_from_np("float32"), np.dtype(np.float16): _torch_from_np("float16"),
+                  dtypes.bfloat16: _torch_from_np("bfloat16"), np.dtype(np.int32): _torch_from_np("int32"),
+                  np.dtype(np.uint8): _torch_from_np("uint8")}
+
+
+def is_gpu_array(x) -> bool:
+    if isinstance(x, (np.ndarray, GpuArray)) or np.isscalar(x):
+        return isinstance(x, GpuArray)
+    if type(x).__module__.startswith("torch"):
+        return bool(getattr(x, "is_cuda", False))
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    dev = getattr(x, "__dlpack_device__", None)
+    return dev is not None and _safe(dev) is not None and _safe(dev)[0] == _DLPACK_CUDA
+
+
+def _safe(f):
+    try:
+        return f()
+    except Exception:
+        return None
+
+
+def describe(x, name: str) -> GpuArray:
+    """The GpuArray for a device array, made C-contiguous by its own framework if it is not."""
+    if isinstance(x, GpuArray):
+        return x
+    module = type(x).__module__
+    if module.startswith("torch"):
+        import torch
+
+        if x.requires_grad:
+            x = x.detach()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        dt = _torch_dtypes().get(x.dtype)
+        if dt is None:
+            raise invalid(f"{name}: torch dtype {x.dtype} not supported")
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return GpuArray(x, "torch", x.data_ptr(), tuple(x.shape), dt, stream, x.device.index or 0)
+    if module.startswith("cupy"):
+        import cupy
+
+        if not x.flags.c_contiguous:
+            x = cupy.ascontiguousarray(x)
+        cai = x.__cuda_array_interface__
+        dt = _dtype_from_cai(x, cai, name)
+        return GpuArray(x, "cupy", cai["data"][0], tuple(cai["shape"]), dt, cupy.cuda.get_current_stream().ptr,
+                        x.device.id)
+    if hasattr(x, "__cuda_array_interface__"):
+        cai = x.__cuda_array_interface__
+        strides = cai.get("strides")
+        if strides is not None and tuple(strides) != _c_strides(cai["shape"], np.dtype(cai["typestr"]).itemsize):
+            raise invalid(f"{name}: must be C-contiguous")
+        dt = _dtype_from_cai(x, cai, name)
+        stream = cai.get("stream") or 0
+        return GpuArray(x, "cai", cai["data"][0], tuple(cai["shape"]), dt, stream, 0)
+    info = _dlpack_info(x)
+    if info is None:
+        raise invalid(f"{name}: not a CUDA array")
+    ptr, shape, dt, strides, device_id = info
+    if strides is not None and tuple(strides) != _c_strides(shape, dt.itemsize):
+        raise invalid(f"{name}: must be C-contiguous")
+    return GpuArray(x, "dlpack", ptr, shape, dt, 0, device_id)
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def _dtype_from_cai(x, cai, name):
+    typestr = cai["typestr"]
+    if typestr[1:] in ("f4", "i4", "u1"):
+        return np.dtype(typestr)
+    # 16-bit floats: ask DLPack, whose type codes tell f16 from bf16.
+    info = _dlpack_info(x)
+    if info is not None:
+        return info[2]
+    if typestr[1:] == "f2":
+        return np.dtype(np.float16)
+    raise invalid(f"{name}: element type {typestr!r} is ambiguous (bf16 or f16?) and the array has no __dlpack__")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_DL_TYPES = {(2, 32): np.dtype(np.float32), (2, 16): np.dtype(np.float16), (4, 16): dtypes.bfloat16,
+             (0, 32): np.dtype(np.int32), (1, 8): np.dtype(np.uint8), (1, 32): np.dtype(np.uint32)}
+
+
+def _dlpack_info(x):
+    """(data pointer, shape, dtype, strides in elements or None, device id) from an
+    unversioned DLPack capsule, or None. The capsule is not consumed, so its
+    destructor releases the producer's tensor."""
+    if not hasattr(x, "__dlpack__"):
+        return None
+    try:
+        capsule = x.__dlpack__()
+    except Exception:
+        return None
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    is_valid = ctypes.pythonapi.PyCapsule_IsValid
+    is_valid.restype, is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    if not is_valid(capsule, b"dltensor"):
+        return None
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    if t.device.device_type != _DLPACK_CUDA or t.dtype.lanes != 1:
+        return None
+    dt = _DL_TYPES.get((t.dtype.code, t.dtype.bits))
+    if dt is None:
+        return None
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
+    if strides is not None:
+        strides = tuple(s * dt.itemsize for s in strides)
+    return (t.data or 0) + t.byte_offset, shape, dt, strides, t.device.device_id

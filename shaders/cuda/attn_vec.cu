@@ -1,0 +1,272 @@
+/*
+ * Decode attention (flash_attn_vec) and its reduce pass on CUDA; contracts in
+ * pyfa_params.h. Block = 4 warps = one workgroup (iwg, KV head, sequence).
+ *
+ * Bandwidth plan: a K/V row is split into 16-byte chunks spread over the 32
+ * lanes of a warp (NCH chunks per lane), so every load is 16 bytes and a warp
+ * reads whole rows coalesced. Each warp takes U consecutive positions per
+ * step and issues all their K and V loads before using any, keeping
+ * 2*U*NCH*16 bytes per lane in flight. The query heads of the GQA group are
+ * served from the same loads, GT heads per pass (GT bounds the registers
+ * that hold q and the accumulators; groups larger than GT re-read the rows).
+ * Softmax runs in the log2 domain (q pre-scaled by scale*log2(e)); the tmp
+ * (S, M) pairs are written in the natural-log domain the reduce contract uses.
+ */
+#include "pyfa_cuda.cuh"
+
+constexpr int flash_attn_vec_max_threads = 128;
+constexpr int flash_attn_vec_reduce_max_threads = 128;
+
+/* Tuning knobs (NVRTC -D options may override them; they are part of the cache key):
+ * floats of q and of the accumulators one lane holds per pass, and positions
+ * per warp step. */
+#ifndef PYFA_VEC_GT_BUDGET
+#define PYFA_VEC_GT_BUDGET 64
+#endif
+#ifndef PYFA_VEC_ROWS_PER_STEP
+#define PYFA_VEC_ROWS_PER_STEP 4
+#endif
+
+namespace attn_vec {
+constexpr int NW = 4; /* warps per block */
+constexpr int U = PYFA_VEC_ROWS_PER_STEP; /* positions per warp step */
+
+template <int KVDT, int D>
+struct shape {
+    static constexpr int VEC = pyfa_vec16<KVDT>::elems;
+    static constexpr int C = D / VEC;            /* 16-byte chunks per row */
+    static constexpr int NCH = (C + 31) / 32;    /* chunks per lane */
+    static constexpr int PER_LANE = NCH * VEC;   /* row elements per lane */
+    static constexpr int GT = PYFA_VEC_GT_BUDGET / PER_LANE > 0 ? PYFA_VEC_GT_BUDGET / PER_LANE : 1; /* heads per pass */
+    /* Dynamic shared memory of one block: per warp GT accumulator rows + (m, s). */
+    static constexpr int SMEM_FLOATS = NW * GT * D + NW * GT * 2;
+};
+
+__device__ __forceinline__ float load_q(const char *row, uint32_t i, int dtype) {
+    if (dtype == PYFA_DTYPE_F32) return pyfa_load_f32<PYFA_DTYPE_F32>(row, i);
+    if (dtype == PYFA_DTYPE_BF16) return pyfa_load_f32<PYFA_DTYPE_BF16>(row, i);
+    return pyfa_load_f32<PYFA_DTYPE_F16>(row, i);
+}
+} // namespace attn_vec
+using attn_vec::load_q;
+
+/* The kernel proper. The q dtype, softcap and direct-output constants are
+ * plain arguments: inlined into an entry point they are compile-time
+ * constants again, and a compile check (PYFA_COMPILE_CHECK) can keep one copy
+ * per (KV dtype, head dim) behind a call instead of 12. */
+#ifdef PYFA_COMPILE_CHECK
+#define PYFA_VEC_IMPL_INLINE __noinline__
+#else
+#define PYFA_VEC_IMPL_INLINE __forceinline__
+#endif
+
+template <int KVDT, int D>
+__device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a, const int QDT, const bool SOFTCAP,
+                                                         const bool DIRECT) {
+    using S = attn_vec::shape<KVDT, D>;
+    constexpr int NW = attn_vec::NW, U = attn_vec::U, VEC = S::VEC, C = S::C, NCH = S::NCH, GT = S::GT;
+    constexpr int ESZ = KVDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const pyfa_flash_attn_vec_params &p = pyfa_param<pyfa_flash_attn_vec_params>(a, PYFA_VEC_ARG_PARAMS);
+    const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
+
+    /* Lengths may be device-resident and unchecked: clamp them into range. */
+    uint32_t kv_len = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
+    uint32_t ring = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
+    kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
+    ring = ring < cap ? ring : 0;
+
+    const uint32_t lo = (p.window && kv_len > p.window) ? kv_len - p.window : 0;
+    const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
+    const uint64_t c0 = (uint64_t)iwg * chunk, c1 = c0 + chunk;
+    const uint32_t begin = lo + (uint32_t)(c0 < n ? c0 : n), end = lo + (uint32_t)(c1 < n ? c1 : n);
+
+    const size_t row_bytes = (size_t)D * ESZ;
+    const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off;
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
+    const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
+
+    extern __shared__ float smem[];
+    float *s_acc = smem;                     /* [NW][GT][D] */
+    float *s_ms = smem + NW * GT * D;        /* [NW][GT][2] */
+
+    for (uint32_t g0 = 0; g0 < G; g0 += GT) {
+        const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
+        float q[GT][S::PER_LANE], acc[GT][S::PER_LANE], m[GT], s[GT];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
+            const char *qrow = qbase + row * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2);
+            const uint32_t qslot = (uint32_t)g < gn ? 1u : 0u;
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c = j * 32 + lane;
+#pragma unroll
+                for (int t = 0; t < VEC; t++) {
+                    q[g][j * VEC + t] = (qslot && c < C) ? load_q(qrow, c * VEC + t, QDT) * qscale : 0.0f;
+                    acc[g][j * VEC + t] = 0.0f;
+                }
+            }
+            m[g] = -INFINITY;
+            s[g] = 0.0f;
+        }
+
+        for (uint32_t base = begin + warp * U; base < end; base += NW * U) {
+            uint4 kr[U][NCH], vr[U][NCH];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const uint32_t pos = base + u;
+                uint32_t slot = pos + ring;
+                slot = slot >= cap ? slot - cap : slot;
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    const int c = j * 32 + lane;
+                    if (pos < end && c < C) {
+                        kr[u][j] = pyfa_ld_stream16(kbase + slot * row_bytes + (size_t)c * 16);
+                        vr[u][j] = pyfa_ld_stream16(vbase + slot * row_bytes + (size_t)c * 16);
+                    } else {
+                        kr[u][j] = make_uint4(0, 0, 0, 0);
+                        vr[u][j] = make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+            float sc[U][GT];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float kf[S::PER_LANE];
+#pragma unroll
+                for (int j = 0; j < NCH; j++) pyfa_chunk_to_f32<KVDT>(kr[u][j], kf + j * VEC);
+#pragma unroll
+                for (int g = 0; g < GT; g++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < S::PER_LANE; e++) d = fmaf(q[g][e], kf[e], d);
+                    sc[u][g] = d;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+#pragma unroll
+                for (int g = 0; g < GT; g++) {
+                    float x = pyfa_warp_sum(sc[u][g]);
+                    if (SOFTCAP) x = p.softcap * tanhf(x * p.scale / p.softcap) * PYFA_LOG2E;
+                    sc[u][g] = base + u < end ? x : -INFINITY;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GT; g++) {
+                float mx = sc[0][g];
+#pragma unroll
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, sc[u][g]);
+                const float m_new = fmaxf(m[g], mx);
+                if (m_new == -INFINITY) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) sc[u][g] = 0.0f;
+                    continue;
+                }
+                const float alpha = exp2f(m[g] - m_new);
+                s[g] *= alpha;
+#pragma unroll
+                for (int e = 0; e < S::PER_LANE; e++) acc[g][e] *= alpha;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    sc[u][g] = exp2f(sc[u][g] - m_new);
+                    s[g] += sc[u][g];
+                }
+                m[g] = m_new;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float vf[S::PER_LANE];
+#pragma unroll
+                for (int j = 0; j < NCH; j++) pyfa_chunk_to_f32<KVDT>(vr[u][j], vf + j * VEC);
+#pragma unroll
+                for (int g = 0; g < GT; g++) {
+#pragma unroll
+                    for (int e = 0; e < S::PER_LANE; e++) acc[g][e] = fmaf(sc[u][g], vf[e], acc[g][e]);
+                }
+            }
+        }
+
+        /* Merge the warps' states: each warp publishes, then all threads combine. */
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                const int c = j * 32 + lane;
+                if (c < C) {
+#pragma unroll
+                    for (int t = 0; t < VEC; t++) s_acc[(warp * GT + g) * D + c * VEC + t] = acc[g][j * VEC + t];
+                }
+            }
+            if (lane == 0) {
+                s_ms[(warp * GT + g) * 2] = m[g];
+                s_ms[(warp * GT + g) * 2 + 1] = s[g];
+            }
+        }
+        __syncthreads();
+        const uint32_t nrows = p.batch * p.num_heads;
+        for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
+            const uint32_t g = i / D, e = i % D;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < NW; w++) M = fmaxf(M, s_ms[(w * GT + g) * 2]);
+            float o = 0.0f, total = 0.0f;
+            if (M != -INFINITY) {
+#pragma unroll
+                for (int w = 0; w < NW; w++) {
+                    const float f = exp2f(s_ms[(w * GT + g) * 2] - M);
+                    total += s_ms[(w * GT + g) * 2 + 1] * f;
+                    o += s_acc[(w * GT + g) * D + e] * f;
+                }
+            }
+            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
+            if (DIRECT) {
+                pyfa_ptr<float>(a, PYFA_VEC_ARG_OUT)[row * D + e] = total > 0.0f ? o / total : 0.0f;
+            } else {
+                float *tmp = pyfa_ptr<float>(a, PYFA_VEC_ARG_TMP);
+                tmp[(row * nwg + iwg) * D + e] = o;
+                if (e == 0) {
+                    float *sm = tmp + (size_t)nrows * nwg * D + (row * nwg + iwg) * 2;
+                    sm[0] = total;
+                    sm[1] = M == -INFINITY ? -INFINITY : M * PYFA_LN2;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT>
+__device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
+    flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0);
+}
+
+/* Merges the nwg partial states of row blockIdx.x (contract in pyfa_params.h). */
+template <int D>
+__device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
+    const pyfa_attn_reduce_params &p = pyfa_param<pyfa_attn_reduce_params>(a, PYFA_REDUCE_ARG_PARAMS);
+    const uint32_t row = blockIdx.x, nwg = p.nwg;
+    const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
+    const float *sm = tmp + (size_t)p.nrows * nwg * D + (size_t)row * nwg * 2;
+    const float *part = tmp + (size_t)row * nwg * D;
+    float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
+    float M = -INFINITY;
+    for (uint32_t w = 0; w < nwg; w++)
+        if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
+    for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) {
+        float acc = 0.0f, total = 0.0f;
+        if (M != -INFINITY) {
+            for (uint32_t w = 0; w < nwg; w++) {
+                if (!(sm[2 * w] > 0.0f)) continue;
+                const float f = __expf(sm[2 * w + 1] - M);
+                total += sm[2 * w] * f;
+                acc = fmaf(f, part[(size_t)w * D + e], acc);
+            }
+        }
+        o[e] = total > 0.0f ? acc / total : 0.0f;
+    }
+}

@@ -1,0 +1,10 @@
+/*
+ * CUDA kernels by registry name: PYFA_CUDA_KERNEL(name, source file, max
+ * threads per block). The source defines
+ *   template <int...> __device__ void <name>_body(const pyfa_cuda_args &)
+ * taking the kernel's function constants as template arguments, in order;
+ * the registry generates the extern "C" __global__ entry per specialisation.
+ * Every file named here is embedded into libpyfa (native/CUDADriver/sources.c).
+ */
+PYFA_CUDA_KERNEL(flash_attn_vec, "attn_vec.cu", 128)
+PYFA_CUDA_KERNEL(flash_attn_vec_reduce, "attn_vec.cu", 128)

@@ -1,0 +1,103 @@
+/*
+ * Prelude of every pyfa CUDA kernel, compiled by NVRTC without CUDA headers:
+ * fixed-width integer types, the shared parameter headers, argument access
+ * and 16-bit float conversions done with PTX / bit operations.
+ */
+#pragma once
+
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef unsigned long long uint64_t;
+typedef long long int64_t;
+
+#include "pyfa_params.h"
+#include "pyfa_cuda_args.h"
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+#define PYFA_LOG2E 1.4426950408889634f
+#define PYFA_LN2 0.6931471805599453f
+
+/* An inline argument (parameter struct) of slot `slot`. */
+template <class T>
+__device__ __forceinline__ const T &pyfa_param(const pyfa_cuda_args &a, int slot) {
+    return *reinterpret_cast<const T *>(a.inline_bytes + a.arg[slot]);
+}
+
+/* The device address of buffer slot `slot`. */
+template <class T>
+__device__ __forceinline__ T *pyfa_ptr(const pyfa_cuda_args &a, int slot) {
+    return reinterpret_cast<T *>(a.arg[slot]);
+}
+
+__device__ __forceinline__ float pyfa_f16_to_f32(uint32_t bits16) {
+    float f;
+    unsigned short h = (unsigned short)bits16;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+/* Two packed 16-bit floats of dtype DT (f16 or bf16) as f32, low half first. */
+template <int DT>
+__device__ __forceinline__ void pyfa_unpack2(uint32_t w, float &lo, float &hi) {
+    if constexpr (DT == PYFA_DTYPE_BF16) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    } else {
+        lo = pyfa_f16_to_f32(w & 0xffffu);
+        hi = pyfa_f16_to_f32(w >> 16);
+    }
+}
+
+/* Elements of dtype DT in one 16-byte load. */
+template <int DT>
+struct pyfa_vec16 {
+    static constexpr int elems = DT == PYFA_DTYPE_F32 ? 4 : 8;
+};
+
+/* A 16-byte chunk of dtype DT as f32 values. */
+template <int DT>
+__device__ __forceinline__ void pyfa_chunk_to_f32(const uint4 w, float *x) {
+    if constexpr (DT == PYFA_DTYPE_F32) {
+        x[0] = __uint_as_float(w.x);
+        x[1] = __uint_as_float(w.y);
+        x[2] = __uint_as_float(w.z);
+        x[3] = __uint_as_float(w.w);
+    } else {
+        pyfa_unpack2<DT>(w.x, x[0], x[1]);
+        pyfa_unpack2<DT>(w.y, x[2], x[3]);
+        pyfa_unpack2<DT>(w.z, x[4], x[5]);
+        pyfa_unpack2<DT>(w.w, x[6], x[7]);
+    }
+}
+
+/* One element i of a row of dtype DT as f32. */
+template <int DT>
+__device__ __forceinline__ float pyfa_load_f32(const void *row, uint32_t i) {
+    if constexpr (DT == PYFA_DTYPE_F32) {
+        return reinterpret_cast<const float *>(row)[i];
+    } else if constexpr (DT == PYFA_DTYPE_BF16) {
+        return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(row)[i] << 16);
+    } else {
+        return pyfa_f16_to_f32(reinterpret_cast<const uint16_t *>(row)[i]);
+    }
+}
+
+/* Streaming 16-byte load that does not pollute L1 (each K/V byte is read once). */
+__device__ __forceinline__ uint4 pyfa_ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float pyfa_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}

@@ -1,0 +1,21 @@
+/*
+ * The one kernel parameter every CUDA kernel of pyfa takes: the encoder's
+ * argument slots (CUDA's answer to the CPU backend's pyfa_cpu_dispatch).
+ * arg[slot] is a device address for a buffer argument, or for an inline
+ * argument (a parameter struct) the byte offset of its copy in inline_bytes.
+ * Kernels receive it as a __grid_constant__ parameter, so inline structs are
+ * read straight from parameter space.
+ */
+#pragma once
+
+#if !defined(__CUDACC_RTC__)
+#include <stdint.h>
+#endif
+
+#define PYFA_CUDA_MAX_ARGS 16
+#define PYFA_CUDA_INLINE_BYTES 512
+
+typedef struct pyfa_cuda_args {
+    uint64_t arg[PYFA_CUDA_MAX_ARGS];
+    uint8_t inline_bytes[PYFA_CUDA_INLINE_BYTES];
+} pyfa_cuda_args;
