@@ -1,0 +1,25 @@
+"""A small decode on the CUDA device, for compute-sanitizer (memcheck,
+racecheck): split (nwg > 1, reduce pass) and direct (nwg == 1) paths, GQA,
+a ring buffer, a window, softcap, 16-bit and f32 caches. Exits non-zero on a
+wrong result."""
+import sys
+
+import numpy as np
+
+import pyfa
+from pyfa import reference
+
+dev = pyfa.Device("cuda")
+rng = np.random.default_rng(0)
+worst = 0.0
+for D, dtype, kw in [(128, np.float16, {}), (256, pyfa.bfloat16, {"window": 100, "softcap": 30.0}),
+                     (80, np.float32, {}), (512, np.float16, {})]:
+    q = rng.standard_normal((2, 8, D)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 1024, D)).astype(dtype)
+    v = rng.standard_normal((2, 2, 1024, D)).astype(dtype)
+    for lens, ring in [([1024, 1024], [0, 37]), ([700, 3], 0)]:
+        out = pyfa.decode_attention(q, k, v, lens, ring_start=ring, device=dev, **kw)
+        ref = reference.decode_attention(q, k, v, lens, ring_start=ring, **kw)
+        worst = max(worst, float(np.abs(out - ref).max()))
+print(f"small decode: max |out - ref| = {worst:.3g}")
+sys.exit(0 if worst < 1e-4 else 1)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds a self-contained bundle for a Linux GPU machine that has the NVIDIA
+# driver, NVRTC and Python 3.12 but no Swift toolchain:
+#   <dest>/pyfa/            the package, with _lib/libpyfa.so (Swift runtime linked in) and headers
+#   <dest>/tests/, benchmarks/, scripts/gpu_run.sh
+#   <dest>/wheels/          cffi + pycparser for CPython 3.12 (numpy, ml_dtypes, torch are expected there)
+# Usage: bash scripts/gpu_bundle.sh [dest (default: bundle/)] ; wheels are taken from
+# $PYFA_WHEELS_DIR if set, else downloaded from PyPI.
+# On the GPU machine: bash <dest>/scripts/gpu_run.sh   (results go to $OUT or <dest>/results)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-bundle}
+bash scripts/build.sh
+rm -rf "$dest"
+mkdir -p "$dest/scripts" "$dest/wheels"
+cp -r pyfa tests benchmarks "$dest/"
+cp scripts/gpu_run.sh "$dest/scripts/"
+find "$dest" -name __pycache__ -prune -exec rm -rf {} +
+if [ -n "${PYFA_WHEELS_DIR:-}" ]; then
+    cp "$PYFA_WHEELS_DIR"/cffi-*.whl "$PYFA_WHEELS_DIR"/pycparser-*.whl "$dest/wheels/"
+else
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$dest/wheels" cffi pycparser
+fi
+git rev-parse HEAD > "$dest/COMMIT" 2>/dev/null || true
+du -sh "$dest"

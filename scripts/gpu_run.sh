@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from a bundle made by scripts/gpu_bundle.sh: installs
+# the bundled wheels, then the GPU tests, compute-sanitizer over a small
+# decode, and the decode benchmarks against torch SDPA. Results (at most 8
+# files) go to $OUT (or <bundle>/results):
+#   env.txt  pytest.txt  sanitizer.txt  bench.json  bench.md  decode.png  sweep.jsonl
+# PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer bench sweep").
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$here/results}
+mkdir -p "$out"
+steps=${PYFA_GPU_RUN_STEPS:-tests sanitizer bench sweep}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pyfa-site \
+    "$here"/wheels/*.whl || exit 1
+export PYTHONPATH="$here:/tmp/pyfa-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYFA_CACHE_DIR=/tmp/pyfa-cache PYTHONUNBUFFERED=1
+cd "$here"
+{
+    date -u; cat COMMIT 2>/dev/null; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch, pyfa; print('torch', torch.__version__, torch.version.cuda); print(pyfa.backends(), pyfa.Device('cuda'))"
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+status=0
+if [[ $steps == *tests* ]]; then
+    echo "== pytest"
+    timeout ${PYFA_TEST_TIMEOUT:-170} python3 -m pytest -q -rs -x tests 2>&1 | tee "$out/pytest.txt" | tail -15 || status=1
+fi
+if [[ $steps == *sanitizer* ]]; then
+    echo "== compute-sanitizer"
+    python3 benchmarks/cuda_small_decode.py > /dev/null 2>&1  # fills the kernel cache outside the tool
+    for tool in memcheck racecheck; do
+        echo "-- $tool" >> "$out/sanitizer.txt"
+        timeout ${PYFA_SANITIZER_TIMEOUT:-70} compute-sanitizer --tool $tool --target-processes all python3 benchmarks/cuda_small_decode.py \
+            >> "$out/sanitizer.txt" 2>&1 || { echo "$tool: exit $?" >> "$out/sanitizer.txt"; status=1; }
+    done
+    tail -12 "$out/sanitizer.txt"
+fi
+if [[ $steps == *bench* ]]; then
+    echo "== benchmarks"
+    timeout ${PYFA_BENCH_TIMEOUT:-200} python3 benchmarks/cuda_decode_bench.py --out "$out/bench.json" --md "$out/bench.md" --png "$out/decode.png" \
+        2>&1 | tail -20 || status=1
+fi
+if [[ $steps == *sweep* ]]; then
+    echo "== plan/kernel knob sweep (quick cases)"
+    for knobs in "PYFA_CUDA_VEC_BLOCKS_PER_SM=8" "PYFA_CUDA_VEC_BLOCKS_PER_SM=2" "PYFA_CUDA_VEC_GT_BUDGET=32" \
+                 "PYFA_CUDA_VEC_ROWS_PER_STEP=2" "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_GT_BUDGET=32"; do
+        env $knobs timeout 40 python3 benchmarks/cuda_decode_bench.py --quick --label "$knobs" --out "$out/sweep.jsonl" \
+            --iters 10 --reps 5 2>&1 | grep '^{' || status=1
+    done
+fi
+exit $status
