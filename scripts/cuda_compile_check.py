@@ -6,8 +6,10 @@ A kernel that does not compile fails with NVRTC's log. Uses pyfa's disk cache.
 """
 import sys
 import time
+from pathlib import Path
 
-from pyfa._native import ffi, lib
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pyfa._native import ffi, lib  # noqa: E402
 
 
 def main(archs):

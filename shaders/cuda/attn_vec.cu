@@ -2,13 +2,16 @@
  * Decode attention (flash_attn_vec) and its reduce pass on CUDA; contracts in
  * pyfa_params.h. Block = 4 warps = one workgroup (iwg, KV head, sequence).
  *
- * Bandwidth plan: a K/V row is split into 16-byte chunks spread over the 32
- * lanes of a warp (NCH chunks per lane), so every load is 16 bytes and a warp
- * reads whole rows coalesced. Each warp takes U consecutive positions per
- * step and issues all their K and V loads before using any, keeping
- * 2*U*NCH*16 bytes per lane in flight. The query heads of the GQA group are
- * served from the same loads, GT heads per pass (GT bounds the registers
- * that hold q and the accumulators; groups larger than GT re-read the rows).
+ * Bandwidth plan: a K/V row is split into 16-byte chunks, one per lane, over
+ * WPR warps (1 for rows up to 512 bytes, 2 for 1 KB rows such as D = 512 in
+ * 16 bits), so every load is 16 bytes and rows are read coalesced. The block's
+ * warps form NW / WPR row groups; a group takes U consecutive positions per
+ * step and issues all their K and V loads before using any. The query heads
+ * of the GQA group are served from the same loads, GT heads per pass (GT
+ * bounds the registers holding q and the accumulators; larger groups re-read
+ * the rows); heads past the group's size cost a uniform branch, not work.
+ * Partial dot products of a row split over warps meet in shared memory
+ * (double-buffered, one named barrier per step).
  * Softmax runs in the log2 domain (q pre-scaled by scale*log2(e)); the tmp
  * (S, M) pairs are written in the natural-log domain the reduce contract uses.
  */
@@ -17,35 +20,44 @@
 constexpr int flash_attn_vec_max_threads = 128;
 constexpr int flash_attn_vec_reduce_max_threads = 128;
 
-/* Tuning knobs (NVRTC -D options may override them; they are part of the cache key):
- * floats of q and of the accumulators one lane holds per pass, and positions
- * per warp step. */
+/* Tuning knobs (NVRTC -D options set them from the CUDA plan; part of the
+ * cache key): floats of q and of the accumulators a lane holds per pass for
+ * rows held by one warp / by several warps, and positions per step. */
 #ifndef PYFA_VEC_GT_BUDGET
-#define PYFA_VEC_GT_BUDGET 64
+#define PYFA_VEC_GT_BUDGET 32
+#endif
+#ifndef PYFA_VEC_GT_BUDGET_WIDE
+#define PYFA_VEC_GT_BUDGET_WIDE 64
 #endif
 #ifndef PYFA_VEC_ROWS_PER_STEP
 #define PYFA_VEC_ROWS_PER_STEP 4
 #endif
 
 namespace attn_vec {
-constexpr int NW = 4; /* warps per block */
-constexpr int U = PYFA_VEC_ROWS_PER_STEP; /* positions per warp step */
+constexpr int NW = 4;                     /* warps per block */
+constexpr int U = PYFA_VEC_ROWS_PER_STEP; /* positions per row-group step */
 
 template <int KVDT, int D>
 struct shape {
-    static constexpr int VEC = pyfa_vec16<KVDT>::elems;
-    static constexpr int C = D / VEC;            /* 16-byte chunks per row */
-    static constexpr int NCH = (C + 31) / 32;    /* chunks per lane */
-    static constexpr int PER_LANE = NCH * VEC;   /* row elements per lane */
-    static constexpr int GT = PYFA_VEC_GT_BUDGET / PER_LANE > 0 ? PYFA_VEC_GT_BUDGET / PER_LANE : 1; /* heads per pass */
-    /* Dynamic shared memory of one block: per warp GT accumulator rows + (m, s). */
-    static constexpr int SMEM_FLOATS = NW * GT * D + NW * GT * 2;
+    static constexpr int VEC = pyfa_vec16<KVDT>::elems; /* elements per lane per row */
+    static constexpr int C = D / VEC;                   /* 16-byte chunks per row */
+    static constexpr int WPR = (C + 31) / 32;           /* warps per row */
+    static constexpr int RG = NW / WPR;                 /* row groups per block */
+    static constexpr int BUDGET = WPR > 1 ? PYFA_VEC_GT_BUDGET_WIDE : PYFA_VEC_GT_BUDGET;
+    static constexpr int GT0 = BUDGET / VEC > 0 ? BUDGET / VEC : 1;
+    static constexpr int GT = GT0 < 8 ? GT0 : 8;       /* heads per pass */
+    static_assert(WPR <= NW, "a row must fit in one block");
 };
 
 __device__ __forceinline__ float load_q(const char *row, uint32_t i, int dtype) {
     if (dtype == PYFA_DTYPE_F32) return pyfa_load_f32<PYFA_DTYPE_F32>(row, i);
     if (dtype == PYFA_DTYPE_BF16) return pyfa_load_f32<PYFA_DTYPE_BF16>(row, i);
     return pyfa_load_f32<PYFA_DTYPE_F16>(row, i);
+}
+
+/* Barrier over the WPR warps of row group `group` (ids 1.. leave 0 to __syncthreads). */
+__device__ __forceinline__ void group_barrier(int group, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(threads) : "memory");
 }
 } // namespace attn_vec
 using attn_vec::load_q;
@@ -64,11 +76,14 @@ template <int KVDT, int D>
 __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a, const int QDT, const bool SOFTCAP,
                                                          const bool DIRECT) {
     using S = attn_vec::shape<KVDT, D>;
-    constexpr int NW = attn_vec::NW, U = attn_vec::U, VEC = S::VEC, C = S::C, NCH = S::NCH, GT = S::GT;
+    constexpr int NW = attn_vec::NW, U = attn_vec::U, VEC = S::VEC, C = S::C, WPR = S::WPR, RG = S::RG, GT = S::GT;
     constexpr int ESZ = KVDT == PYFA_DTYPE_F32 ? 4 : 2;
     const pyfa_flash_attn_vec_params &p = pyfa_param<pyfa_flash_attn_vec_params>(a, PYFA_VEC_ARG_PARAMS);
     const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rg = warp / WPR, part = warp % WPR;
+    const int c = part * 32 + lane; /* this lane's chunk of a row */
+    const bool active = c < C;
     const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
 
     /* Lengths may be device-resident and unchecked: clamp them into range. */
@@ -84,80 +99,99 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
 
     const size_t row_bytes = (size_t)D * ESZ;
     const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
-    const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off;
-    const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off + (size_t)c * 16;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off + (size_t)c * 16;
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
 
     extern __shared__ float smem[];
-    float *s_acc = smem;                     /* [NW][GT][D] */
-    float *s_ms = smem + NW * GT * D;        /* [NW][GT][2] */
+    float *s_acc = smem;                 /* [RG][GT][D] */
+    float *s_ms = s_acc + RG * GT * D;   /* [RG][GT][2] */
+    float *s_part = s_ms + RG * GT * 2;  /* [2][NW][U][GT] partial dots of split rows */
 
     for (uint32_t g0 = 0; g0 < G; g0 += GT) {
         const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
-        float q[GT][S::PER_LANE], acc[GT][S::PER_LANE], m[GT], s[GT];
+        float q[GT][VEC], acc[GT][VEC], m[GT], s[GT];
 #pragma unroll
         for (int g = 0; g < GT; g++) {
             const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
             const char *qrow = qbase + row * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2);
-            const uint32_t qslot = (uint32_t)g < gn ? 1u : 0u;
+            const bool live = (uint32_t)g < gn && active;
 #pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c = j * 32 + lane;
-#pragma unroll
-                for (int t = 0; t < VEC; t++) {
-                    q[g][j * VEC + t] = (qslot && c < C) ? load_q(qrow, c * VEC + t, QDT) * qscale : 0.0f;
-                    acc[g][j * VEC + t] = 0.0f;
-                }
+            for (int t = 0; t < VEC; t++) {
+                q[g][t] = live ? load_q(qrow, c * VEC + t, QDT) * qscale : 0.0f;
+                acc[g][t] = 0.0f;
             }
             m[g] = -INFINITY;
             s[g] = 0.0f;
         }
 
-        for (uint32_t base = begin + warp * U; base < end; base += NW * U) {
-            uint4 kr[U][NCH], vr[U][NCH];
+        int parity = 0;
+        for (uint32_t base = begin + rg * U; base - rg * U < end; base += RG * U) {
+            /* Every warp of a group runs the same steps (barriers below); rows past `end` are masked. */
+            uint4 kr[U], vr[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const uint32_t pos = base + u;
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
-#pragma unroll
-                for (int j = 0; j < NCH; j++) {
-                    const int c = j * 32 + lane;
-                    if (pos < end && c < C) {
-                        kr[u][j] = pyfa_ld_stream16(kbase + slot * row_bytes + (size_t)c * 16);
-                        vr[u][j] = pyfa_ld_stream16(vbase + slot * row_bytes + (size_t)c * 16);
-                    } else {
-                        kr[u][j] = make_uint4(0, 0, 0, 0);
-                        vr[u][j] = make_uint4(0, 0, 0, 0);
-                    }
+                if (pos < end && active) {
+                    kr[u] = pyfa_ld_stream16(kbase + slot * row_bytes);
+                    vr[u] = pyfa_ld_stream16(vbase + slot * row_bytes);
+                } else {
+                    kr[u] = make_uint4(0, 0, 0, 0);
+                    vr[u] = make_uint4(0, 0, 0, 0);
                 }
             }
             float sc[U][GT];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                float kf[S::PER_LANE];
-#pragma unroll
-                for (int j = 0; j < NCH; j++) pyfa_chunk_to_f32<KVDT>(kr[u][j], kf + j * VEC);
+                float kf[VEC];
+                pyfa_chunk_to_f32<KVDT>(kr[u], kf);
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
                     float d = 0.0f;
+                    if ((uint32_t)g < gn) {
 #pragma unroll
-                    for (int e = 0; e < S::PER_LANE; e++) d = fmaf(q[g][e], kf[e], d);
+                        for (int e = 0; e < VEC; e++) d = fmaf(q[g][e], kf[e], d);
+                        d = pyfa_warp_sum(d);
+                    }
                     sc[u][g] = d;
                 }
+            }
+            if constexpr (WPR > 1) {
+                float *mine = s_part + ((parity * NW + warp) * U) * GT;
+                if (lane == 0) {
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+#pragma unroll
+                        for (int g = 0; g < GT; g++) mine[u * GT + g] = sc[u][g];
+                }
+                attn_vec::group_barrier(rg, WPR * 32);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int g = 0; g < GT; g++) {
+                        float total = 0.0f;
+#pragma unroll
+                        for (int w = 0; w < WPR; w++)
+                            total += s_part[((parity * NW + rg * WPR + w) * U + u) * GT + g];
+                        sc[u][g] = total;
+                    }
+                parity ^= 1;
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
-                    float x = pyfa_warp_sum(sc[u][g]);
+                    float x = sc[u][g];
                     if (SOFTCAP) x = p.softcap * tanhf(x * p.scale / p.softcap) * PYFA_LOG2E;
                     sc[u][g] = base + u < end ? x : -INFINITY;
                 }
             }
 #pragma unroll
             for (int g = 0; g < GT; g++) {
+                if ((uint32_t)g >= gn) continue;
                 float mx = sc[0][g];
 #pragma unroll
                 for (int u = 1; u < U; u++) mx = fmaxf(mx, sc[u][g]);
@@ -170,7 +204,7 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
                 const float alpha = exp2f(m[g] - m_new);
                 s[g] *= alpha;
 #pragma unroll
-                for (int e = 0; e < S::PER_LANE; e++) acc[g][e] *= alpha;
+                for (int e = 0; e < VEC; e++) acc[g][e] *= alpha;
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     sc[u][g] = exp2f(sc[u][g] - m_new);
@@ -180,31 +214,28 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                float vf[S::PER_LANE];
-#pragma unroll
-                for (int j = 0; j < NCH; j++) pyfa_chunk_to_f32<KVDT>(vr[u][j], vf + j * VEC);
+                float vf[VEC];
+                pyfa_chunk_to_f32<KVDT>(vr[u], vf);
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
+                    if ((uint32_t)g < gn) {
 #pragma unroll
-                    for (int e = 0; e < S::PER_LANE; e++) acc[g][e] = fmaf(sc[u][g], vf[e], acc[g][e]);
+                        for (int e = 0; e < VEC; e++) acc[g][e] = fmaf(sc[u][g], vf[e], acc[g][e]);
+                    }
                 }
             }
         }
 
-        /* Merge the warps' states: each warp publishes, then all threads combine. */
+        /* Merge the row groups' states: each publishes, then all threads combine. */
 #pragma unroll
         for (int g = 0; g < GT; g++) {
+            if (active) {
 #pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                const int c = j * 32 + lane;
-                if (c < C) {
-#pragma unroll
-                    for (int t = 0; t < VEC; t++) s_acc[(warp * GT + g) * D + c * VEC + t] = acc[g][j * VEC + t];
-                }
+                for (int t = 0; t < VEC; t++) s_acc[(rg * GT + g) * D + c * VEC + t] = acc[g][t];
             }
-            if (lane == 0) {
-                s_ms[(warp * GT + g) * 2] = m[g];
-                s_ms[(warp * GT + g) * 2 + 1] = s[g];
+            if (lane == 0 && part == 0) {
+                s_ms[(rg * GT + g) * 2] = m[g];
+                s_ms[(rg * GT + g) * 2 + 1] = s[g];
             }
         }
         __syncthreads();
@@ -213,14 +244,14 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
             const uint32_t g = i / D, e = i % D;
             float M = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < NW; w++) M = fmaxf(M, s_ms[(w * GT + g) * 2]);
+            for (int r = 0; r < RG; r++) M = fmaxf(M, s_ms[(r * GT + g) * 2]);
             float o = 0.0f, total = 0.0f;
             if (M != -INFINITY) {
 #pragma unroll
-                for (int w = 0; w < NW; w++) {
-                    const float f = exp2f(s_ms[(w * GT + g) * 2] - M);
-                    total += s_ms[(w * GT + g) * 2 + 1] * f;
-                    o += s_acc[(w * GT + g) * D + e] * f;
+                for (int r = 0; r < RG; r++) {
+                    const float f = exp2f(s_ms[(r * GT + g) * 2] - M);
+                    total += s_ms[(r * GT + g) * 2 + 1] * f;
+                    o += s_acc[(r * GT + g) * D + e] * f;
                 }
             }
             const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;

@@ -127,33 +127,42 @@ struct CUDAPlan: BackendPlan {
         guard let v = getenv(name), let i = Int(String(cString: v)), i > 0 else { return fallback }
         return i
     }
-    /// Floats of q and of the accumulators a lane holds per pass (attn_vec.cu's PYFA_VEC_GT_BUDGET).
-    static let vecHeadBudget = envInt("PYFA_CUDA_VEC_GT_BUDGET", 64)
+    /// attn_vec.cu's tuning knobs, passed to NVRTC as -D options: floats of q
+    /// and of the accumulators a lane holds per pass (rows in one warp / split
+    /// over warps) and positions per step.
+    static let vecHeadBudget = envInt("PYFA_CUDA_VEC_GT_BUDGET", 32)
+    static let vecHeadBudgetWide = envInt("PYFA_CUDA_VEC_GT_BUDGET_WIDE", 64)
     static let vecRowsPerStep = envInt("PYFA_CUDA_VEC_ROWS_PER_STEP", 4)
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 4)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
 
     static func compileDefines() -> [String] {
-        ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)"]
+        ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
+         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)"]
     }
 
-    /// Heads per pass of attn_vec.cu for a head dim and element size.
-    static func headsPerPass(headDim: Int, elementSize: Int) -> Int {
-        let vec = 16 / elementSize, chunks = headDim / vec, perLane = ((chunks + 31) / 32) * vec
-        return max(1, vecHeadBudget / perLane)
+    /// Shared-memory floats of one attn_vec.cu block (mirrors its `shape`):
+    /// per row group GT accumulator rows and (m, s) pairs, plus the
+    /// double-buffered partial dots of rows split over warps.
+    static func vecSharedFloats(headDim: Int, elementSize: Int) -> Int {
+        let vec = 16 / elementSize, chunks = headDim / vec
+        let wpr = (chunks + 31) / 32, groups = Int(warps) / wpr
+        let budget = wpr > 1 ? vecHeadBudgetWide : vecHeadBudget
+        let gt = min(8, max(1, budget / vec))
+        return groups * gt * (headDim + 2) + 2 * Int(warps) * vecRowsPerStep * gt
     }
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry {
         let D = Int(p.head_dim)
         // The params carry no dtype: size shared memory for the larger of f32 and 16-bit caches.
-        let gt = max(CUDAPlan.headsPerPass(headDim: D, elementSize: 4), CUDAPlan.headsPerPass(headDim: D, elementSize: 2))
-        let smem = Int(CUDAPlan.warps) * gt * (D + 2) * 4
+        let floats = max(CUDAPlan.vecSharedFloats(headDim: D, elementSize: 4),
+                         CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2))
         let groups = max(1, p.batch * p.num_kv_heads)
         let target = smCount * UInt32(CUDAPlan.vecBlocksPerSM)
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
         var nwg = (target + groups - 1) / groups
         nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
-        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: smem)
+        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: floats * 4)
     }
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
