@@ -6,7 +6,10 @@
  * WPR warps (1 for rows up to 512 bytes, 2 for 1 KB rows such as D = 512 in
  * 16 bits), so every load is 16 bytes and rows are read coalesced. The block's
  * warps form NW / WPR row groups; a group takes U consecutive positions per
- * step and issues all their K and V loads before using any. The query heads
+ * step. Loads are cp.async copies into a per-warp ring of STAGES steps in
+ * shared memory (each lane reads back only its own 16-byte chunks, so no
+ * barrier is needed), issued STAGES-1 steps ahead: the bytes in flight do not
+ * cost registers, and compute overlaps the next steps' loads. The query heads
  * of the GQA group are served from the same loads, GT heads per pass (GT
  * bounds the registers holding q and the accumulators; larger groups re-read
  * the rows); heads past the group's size cost a uniform branch, not work.
@@ -32,10 +35,16 @@ constexpr int flash_attn_vec_reduce_max_threads = 128;
 #ifndef PYFA_VEC_ROWS_PER_STEP
 #define PYFA_VEC_ROWS_PER_STEP 4
 #endif
+#ifndef PYFA_VEC_STAGES
+#define PYFA_VEC_STAGES 3
+#endif
 
 namespace attn_vec {
 constexpr int NW = 4;                     /* warps per block */
 constexpr int U = PYFA_VEC_ROWS_PER_STEP; /* positions per row-group step */
+constexpr int STAGES = PYFA_VEC_STAGES;   /* ring depth of the cp.async pipeline */
+/* Ring bytes of one block: [STAGES][U][K, V][NW warps][32 lanes] x 16 bytes. */
+constexpr int RING_BYTES = STAGES * U * 2 * NW * 32 * 16;
 
 template <int KVDT, int D>
 struct shape {
@@ -104,10 +113,32 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
 
+    /* Shared memory: the partial dots of split rows, then the load ring, which
+     * the merge area reuses once a pass's loads are done. */
     extern __shared__ float smem[];
-    float *s_acc = smem;                 /* [RG][GT][D] */
-    float *s_ms = s_acc + RG * GT * D;   /* [RG][GT][2] */
-    float *s_part = s_ms + RG * GT * 2;  /* [2][NW][U][GT] partial dots of split rows */
+    float *s_part = smem;                          /* [2][NW][U][GT] */
+    char *kv_ring = reinterpret_cast<char *>(smem + 2 * NW * U * GT);
+    float *s_acc = reinterpret_cast<float *>(kv_ring); /* [RG][GT][D] */
+    float *s_ms = s_acc + RG * GT * D;              /* [RG][GT][2] */
+    constexpr int STAGES = attn_vec::STAGES;
+    /* This lane's 16-byte slot of (stage, u, k or v) in the ring. */
+    auto ring_at = [&](int stage, int u, int kv) {
+        return kv_ring + ((((stage * U + u) * 2 + kv) * NW + warp) * 32 + lane) * 16;
+    };
+    /* Copies the K/V chunks of positions [base, base + U) into ring stage `stage`. */
+    auto issue = [&](uint32_t base, int stage) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint32_t pos = base + u;
+            uint32_t slot = pos + ring;
+            slot = slot >= cap ? slot - cap : slot;
+            const bool live = pos < end && active;
+            const size_t off = live ? slot * row_bytes : 0;
+            pyfa_cp_async16(ring_at(stage, u, 0), kbase + off, live ? 16u : 0u);
+            pyfa_cp_async16(ring_at(stage, u, 1), vbase + off, live ? 16u : 0u);
+        }
+        pyfa_cp_async_commit();
+    };
 
     for (uint32_t g0 = 0; g0 < G; g0 += GT) {
         const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
@@ -127,22 +158,21 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
         }
 
         int parity = 0;
-        for (uint32_t base = begin + rg * U; base - rg * U < end; base += RG * U) {
+        const uint32_t first = begin + rg * U, stride = RG * U;
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) issue(first + st * stride, st);
+        int stage = 0;
+        for (uint32_t base = first; base - rg * U < end; base += stride) {
             /* Every warp of a group runs the same steps (barriers below); rows past `end` are masked. */
+            issue(base + (STAGES - 1) * stride, (stage + STAGES - 1) % STAGES);
+            pyfa_cp_async_wait<STAGES - 1>();
             uint4 kr[U], vr[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const uint32_t pos = base + u;
-                uint32_t slot = pos + ring;
-                slot = slot >= cap ? slot - cap : slot;
-                if (pos < end && active) {
-                    kr[u] = pyfa_ld_stream16(kbase + slot * row_bytes);
-                    vr[u] = pyfa_ld_stream16(vbase + slot * row_bytes);
-                } else {
-                    kr[u] = make_uint4(0, 0, 0, 0);
-                    vr[u] = make_uint4(0, 0, 0, 0);
-                }
+                kr[u] = pyfa_lds16(ring_at(stage, u, 0));
+                vr[u] = pyfa_lds16(ring_at(stage, u, 1));
             }
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
             float sc[U][GT];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -226,7 +256,10 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
             }
         }
 
-        /* Merge the row groups' states: each publishes, then all threads combine. */
+        /* Merge the row groups' states: each publishes, then all threads combine.
+         * The merge area overlays the ring: drain the (zero-fill) copies first. */
+        pyfa_cp_async_wait<0>();
+        __syncthreads();
 #pragma unroll
         for (int g = 0; g < GT; g++) {
             if (active) {

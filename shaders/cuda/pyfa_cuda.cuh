@@ -101,3 +101,14 @@ __device__ __forceinline__ float pyfa_warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
+
+/* 16-byte asynchronous global -> shared copy (sm_80+), bypassing registers
+ * and L1; bytes == 0 writes zeros without reading. */
+__device__ __forceinline__ void pyfa_cp_async16(void *smem_dst, const void *src, uint32_t bytes) {
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void pyfa_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void pyfa_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint4 pyfa_lds16(const void *p) { return *reinterpret_cast<const uint4 *>(p); }

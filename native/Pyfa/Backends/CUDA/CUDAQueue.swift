@@ -133,23 +133,26 @@ struct CUDAPlan: BackendPlan {
     static let vecHeadBudget = envInt("PYFA_CUDA_VEC_GT_BUDGET", 32)
     static let vecHeadBudgetWide = envInt("PYFA_CUDA_VEC_GT_BUDGET_WIDE", 64)
     static let vecRowsPerStep = envInt("PYFA_CUDA_VEC_ROWS_PER_STEP", 4)
+    static let vecStages = envInt("PYFA_CUDA_VEC_STAGES", 3)
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 4)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
 
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
-         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)"]
+         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)"]
     }
 
-    /// Shared-memory floats of one attn_vec.cu block (mirrors its `shape`):
-    /// per row group GT accumulator rows and (m, s) pairs, plus the
-    /// double-buffered partial dots of rows split over warps.
+    /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
+    /// the double-buffered partial dots of rows split over warps, then the
+    /// larger of the cp.async ring and the merge area (GT accumulator rows and
+    /// (m, s) pairs per row group).
     static func vecSharedFloats(headDim: Int, elementSize: Int) -> Int {
         let vec = 16 / elementSize, chunks = headDim / vec
         let wpr = (chunks + 31) / 32, groups = Int(warps) / wpr
         let budget = wpr > 1 ? vecHeadBudgetWide : vecHeadBudget
         let gt = min(8, max(1, budget / vec))
-        return groups * gt * (headDim + 2) + 2 * Int(warps) * vecRowsPerStep * gt
+        let ringFloats = vecStages * vecRowsPerStep * 2 * Int(warps) * 32 * 4
+        return 2 * Int(warps) * vecRowsPerStep * gt + max(ringFloats, groups * gt * (headDim + 2))
     }
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry {
