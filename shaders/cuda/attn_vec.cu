@@ -64,6 +64,29 @@ __device__ __forceinline__ float load_q(const char *row, uint32_t i, int dtype) 
     return pyfa_load_f32<PYFA_DTYPE_F16>(row, i);
 }
 
+/* Step STEP of a warp reduce-scatter of N values: lanes whose bit (16 >> STEP)
+ * is set keep the upper half, the others the lower half, each adding the
+ * partner's copy. After L = log2(min(N, 32)) steps lane l holds the warp sums
+ * of values [l * N/32, ...) (N >= 32) or of value l >> (5 - L) (N < 32). */
+template <int N, int STEP, int L>
+struct reduce_scatter {
+    static __device__ __forceinline__ void run(float *v, int lane) {
+        constexpr int o = 16 >> STEP, half = N >> (STEP + 1);
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < half; i++) {
+            const float send = upper ? v[i] : v[i + half];
+            const float keep = upper ? v[i + half] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        reduce_scatter<N, STEP + 1, L>::run(v, lane);
+    }
+};
+template <int N, int L>
+struct reduce_scatter<N, L, L> {
+    static __device__ __forceinline__ void run(float *, int) {}
+};
+
 /* Barrier over the WPR warps of row group `group` (ids 1.. leave 0 to __syncthreads). */
 __device__ __forceinline__ void group_barrier(int group, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(threads) : "memory");
@@ -116,7 +139,7 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
     /* Shared memory: the partial dots of split rows, then the load ring, which
      * the merge area reuses once a pass's loads are done. */
     extern __shared__ float smem[];
-    float *s_part = smem;                          /* [2][NW][U][GT] */
+    float *s_part = smem;                          /* [2][NW][U*GT] scores */
     char *kv_ring = reinterpret_cast<char *>(smem + 2 * NW * U * GT);
     float *s_acc = reinterpret_cast<float *>(kv_ring); /* [RG][GT][D] */
     float *s_ms = s_acc + RG * GT * D;              /* [RG][GT][2] */
@@ -173,7 +196,14 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
                 vr[u] = pyfa_lds16(ring_at(stage, u, 1));
             }
             stage = stage + 1 == STAGES ? 0 : stage + 1;
-            float sc[U][GT];
+            /* Scores: per-lane partial dots of the N = U*GT (position, head) pairs,
+             * summed over the warp by a reduce-scatter (N-1 + 5-log2(N) shuffles
+             * instead of 5 per pair), published to shared memory, summed over the
+             * warps of a split row, and read back by every lane. */
+            constexpr int N = U * GT;
+            constexpr int L = N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
+            constexpr int R = N >= 32 ? N / 32 : 1; /* values a lane keeps */
+            float v[N];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float kf[VEC];
@@ -184,32 +214,36 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
                     if ((uint32_t)g < gn) {
 #pragma unroll
                         for (int e = 0; e < VEC; e++) d = fmaf(q[g][e], kf[e], d);
-                        d = pyfa_warp_sum(d);
                     }
-                    sc[u][g] = d;
+                    v[u * GT + g] = d;
                 }
+            }
+            attn_vec::reduce_scatter<N, 0, L>::run(v, lane);
+#pragma unroll
+            for (int o = 16 >> L; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+            float *mine = s_part + (parity * NW + warp) * N;
+            if constexpr (N >= 32) {
+#pragma unroll
+                for (int j = 0; j < R; j++) mine[lane * R + j] = v[j];
+            } else {
+                if ((lane & ((32 >> L) - 1)) == 0) mine[lane >> (5 - L)] = v[0];
             }
             if constexpr (WPR > 1) {
-                float *mine = s_part + ((parity * NW + warp) * U) * GT;
-                if (lane == 0) {
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-#pragma unroll
-                        for (int g = 0; g < GT; g++) mine[u * GT + g] = sc[u][g];
-                }
                 attn_vec::group_barrier(rg, WPR * 32);
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int g = 0; g < GT; g++) {
-                        float total = 0.0f;
-#pragma unroll
-                        for (int w = 0; w < WPR; w++)
-                            total += s_part[((parity * NW + rg * WPR + w) * U + u) * GT + g];
-                        sc[u][g] = total;
-                    }
-                parity ^= 1;
+            } else {
+                __syncwarp();
             }
+            float sc[U][GT];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int g = 0; g < GT; g++) {
+                    float total = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < WPR; w++) total += s_part[(parity * NW + rg * WPR + w) * N + u * GT + g];
+                    sc[u][g] = total;
+                }
+            parity ^= 1;
 #pragma unroll
             for (int u = 0; u < U; u++) {
 #pragma unroll
