@@ -42,9 +42,9 @@ if [[ $steps == *bench* ]]; then
 fi
 if [[ $steps == *sweep* ]]; then
     echo "== plan/kernel knob sweep (quick cases)"
-    for knobs in "PYFA_CUDA_VEC_STAGES=2" "PYFA_CUDA_VEC_BLOCKS_PER_SM=8" "PYFA_CUDA_VEC_GT_BUDGET=64" \
-                 "PYFA_CUDA_VEC_GT_BUDGET_WIDE=32" "PYFA_CUDA_VEC_ROWS_PER_STEP=2 PYFA_CUDA_VEC_STAGES=5" \
-                 "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2"; do
+    for knobs in "PYFA_CUDA_VEC_BLOCKS_PER_SM=2" "PYFA_CUDA_VEC_BLOCKS_PER_SM=6" "PYFA_CUDA_VEC_BLOCKS_PER_SM=9" \
+                 "PYFA_CUDA_VEC_STAGES=2" "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2" \
+                 "PYFA_CUDA_VEC_MIN_ROWS=64"; do
         env $knobs timeout 40 python3 benchmarks/cuda_decode_bench.py --quick --label "$knobs" --out "$out/sweep.jsonl" \
             --iters 10 --reps 5 2>&1 | grep '^{' || status=1
     done

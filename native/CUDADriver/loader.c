@@ -67,6 +67,7 @@ int pyfa_cuda_driver_load(char *err, size_t err_len) {
             BIND(cuStreamCreate, "cuStreamCreate");
             BIND(cuStreamDestroy, "cuStreamDestroy_v2");
             BIND(cuStreamSynchronize, "cuStreamSynchronize");
+            BIND(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
 #undef BIND
             if (!bad) {
                 CUresult r = t.cuInit(0);

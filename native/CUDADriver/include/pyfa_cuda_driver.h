@@ -65,6 +65,8 @@ typedef struct pyfa_cuda_driver_api {
     CUresult (*cuStreamCreate)(CUstream *stream, unsigned int flags);
     CUresult (*cuStreamDestroy)(CUstream stream);
     CUresult (*cuStreamSynchronize)(CUstream stream);
+    CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *blocks, CUfunction fn, int block_size,
+                                                            size_t dynamic_smem);
 } pyfa_cuda_driver_api;
 
 typedef int nvrtcResult;

@@ -67,8 +67,13 @@ final class CUDABackend: Backend {
         context = try CUDAContext(device: dev)
         compiler = try CUDACompiler(arch: CUDABackend.arch(major: major, minor: minor),
                                     extraOptions: CUDAPlan.compileDefines())
-        plan = CUDAPlan(smCount: smCount)
+        let occupancy = VecOccupancy()
+        plan = CUDAPlan(smCount: smCount, vecBlocksPerSMAt: { [unowned occupancy] d in occupancy.blocks(headDim: d) })
+        occupancy.backend = self
+        vecOccupancy = occupancy
     }
+
+    private var vecOccupancy: VecOccupancy? = nil
 
     /// NVRTC's -arch for a compute capability: the arch-specific "a" target on
     /// Hopper so wgmma / TMA are available.
@@ -126,4 +131,40 @@ final class CUDABackend: Backend {
     }
 
     func makeQueue() throws -> CommandQueue { try CUDAQueue(context: context, maxShared: maxSharedOptin) }
+
+    /// Resident blocks per SM of one compiled function at a block size and
+    /// dynamic shared memory (0 if the query fails).
+    func residentBlocks(_ pipeline: Pipeline, threads: Int, sharedBytes: Int) -> UInt32 {
+        guard let p = pipeline as? CUDAPipeline, (try? context.makeCurrent()) != nil else { return 0 }
+        if sharedBytes > p.dynamicSharedLimit {
+            _ = pyfa_cu.cuFuncSetAttribute(p.function, PYFA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, Int32(sharedBytes))
+            p.dynamicSharedLimit = sharedBytes
+        }
+        var blocks: Int32 = 0
+        guard pyfa_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, p.function, Int32(threads), sharedBytes) == 0 else {
+            return 0
+        }
+        return UInt32(max(0, blocks))
+    }
+}
+
+/// Occupancy of the decode kernel per head dim, measured once per process on
+/// its f16-cache specialisation (the common case; bf16 compiles alike).
+final class VecOccupancy {
+    weak var backend: CUDABackend?
+    private let lock = Lock()
+    private var cache: [UInt32: UInt32] = [:]
+
+    func blocks(headDim: UInt32) -> UInt32 {
+        if let b = lock.withLock({ cache[headDim] }) { return b }
+        guard let backend else { return 0 }
+        let f16 = DType.f16.rawValue
+        guard let pipeline = try? backend.compile(name: FlashAttnVec.kernel, constants: [f16, f16, Int32(headDim), 0, 0]) else {
+            return 0
+        }
+        let smem = CUDAPlan.vecSharedFloats(headDim: Int(headDim), elementSize: 2) * 4
+        let b = backend.residentBlocks(pipeline, threads: Int(CUDAPlan.warps) * 32, sharedBytes: smem)
+        lock.withLock { cache[headDim] = b }
+        return b
+    }
 }

@@ -117,10 +117,13 @@ final class CUDAQueue: CommandQueue {
     }
 }
 
-/// CUDA geometry. Decode: enough workgroups to give every SM several blocks
-/// at B=1, never fewer than ~128 positions per workgroup.
+/// CUDA geometry. Decode: one full wave of resident blocks (SMs x blocks
+/// per SM at the kernel's occupancy), so no partial second wave idles most
+/// SMs, and never fewer than ~128 positions per workgroup.
 struct CUDAPlan: BackendPlan {
     let smCount: UInt32
+    /// Resident flash_attn_vec blocks per SM for a head dim (16-bit cache), 0 if unknown.
+    let vecBlocksPerSMAt: (UInt32) -> UInt32
 
     static let warps: UInt32 = 4
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -134,7 +137,8 @@ struct CUDAPlan: BackendPlan {
     static let vecHeadBudgetWide = envInt("PYFA_CUDA_VEC_GT_BUDGET_WIDE", 64)
     static let vecRowsPerStep = envInt("PYFA_CUDA_VEC_ROWS_PER_STEP", 4)
     static let vecStages = envInt("PYFA_CUDA_VEC_STAGES", 3)
-    static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 4)
+    /// Overrides the occupancy query when set.
+    static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 0)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
 
     static func compileDefines() -> [String] {
@@ -161,9 +165,12 @@ struct CUDAPlan: BackendPlan {
         let floats = max(CUDAPlan.vecSharedFloats(headDim: D, elementSize: 4),
                          CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2))
         let groups = max(1, p.batch * p.num_kv_heads)
-        let target = smCount * UInt32(CUDAPlan.vecBlocksPerSM)
+        var perSM = UInt32(CUDAPlan.vecBlocksPerSM)
+        if perSM == 0 { perSM = vecBlocksPerSMAt(p.head_dim) }
+        if perSM == 0 { perSM = 2 }
+        let target = smCount * perSM
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
-        var nwg = (target + groups - 1) / groups
+        var nwg = target / groups
         nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: floats * 4)
     }
