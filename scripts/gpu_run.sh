@@ -3,13 +3,13 @@
 # the bundled wheels, then the GPU tests, compute-sanitizer over a small
 # decode, and the decode benchmarks against torch SDPA. Results (at most 8
 # files) go to $OUT (or <bundle>/results):
-#   env.txt  pytest.txt  sanitizer.txt  bench.json  bench.md  decode.png  sweep.jsonl
-# PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer bench sweep").
+#   env.txt  pytest.txt  sanitizer.txt  bench.json  bench.md  decode.png  pytest_benchmark.json  sweep.jsonl
+# PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer bench pytest-bench sweep").
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
 mkdir -p "$out"
-steps=${PYFA_GPU_RUN_STEPS:-tests sanitizer bench sweep}
+steps=${PYFA_GPU_RUN_STEPS:-tests sanitizer bench pytest-bench sweep}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pyfa-site \
     "$here"/wheels/*.whl || exit 1
 export PYTHONPATH="$here:/tmp/pyfa-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -21,11 +21,12 @@ cd "$here"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 status=0
-if [[ $steps == *tests* ]]; then
+has() { [[ " $steps " == *" $1 "* ]]; }
+if has tests; then
     echo "== pytest"
     timeout ${PYFA_TEST_TIMEOUT:-170} python3 -m pytest -q -rs -x tests 2>&1 | tee "$out/pytest.txt" | tail -15 || status=1
 fi
-if [[ $steps == *sanitizer* ]]; then
+if has sanitizer; then
     echo "== compute-sanitizer"
     python3 benchmarks/cuda_small_decode.py > /dev/null 2>&1  # fills the kernel cache outside the tool
     for tool in memcheck racecheck; do
@@ -35,12 +36,17 @@ if [[ $steps == *sanitizer* ]]; then
     done
     tail -12 "$out/sanitizer.txt"
 fi
-if [[ $steps == *bench* ]]; then
+if has bench; then
     echo "== benchmarks"
     timeout ${PYFA_BENCH_TIMEOUT:-200} python3 benchmarks/cuda_decode_bench.py --out "$out/bench.json" --md "$out/bench.md" --png "$out/decode.png" \
         2>&1 | tail -20 || status=1
 fi
-if [[ $steps == *sweep* ]]; then
+if has pytest-bench; then
+    echo "== pytest-benchmark"
+    timeout 200 python3 -m pytest -q benchmarks/test_cuda_decode.py --benchmark-enable --benchmark-json="$out/pytest_benchmark.json" \
+        2>&1 | tail -15 || status=1
+fi
+if has sweep; then
     echo "== plan/kernel knob sweep (quick cases)"
     for knobs in "PYFA_CUDA_VEC_BLOCKS_PER_SM=2" "PYFA_CUDA_VEC_BLOCKS_PER_SM=6" "PYFA_CUDA_VEC_BLOCKS_PER_SM=9" \
                  "PYFA_CUDA_VEC_STAGES=2" "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2" \
