@@ -21,7 +21,7 @@
 #include "pyfa_cuda.cuh"
 
 constexpr int flash_attn_vec_max_threads = 128;
-constexpr int flash_attn_vec_reduce_max_threads = 128;
+constexpr int flash_attn_vec_reduce_max_threads = 512;
 
 /* Tuning knobs (NVRTC -D options set them from the CUDA plan; part of the
  * cache key): floats of q and of the accumulators a lane holds per pass for
@@ -388,15 +388,17 @@ __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 
     for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) {
-        float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+        /* 8 independent loads in flight per thread. */
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         uint32_t w = 0;
-        for (; w + 4 <= nwg; w += 4) {
-            acc0 = fmaf(weight[w], part[(size_t)w * D + e], acc0);
-            acc1 = fmaf(weight[w + 1], part[(size_t)(w + 1) * D + e], acc1);
-            acc2 = fmaf(weight[w + 2], part[(size_t)(w + 2) * D + e], acc2);
-            acc3 = fmaf(weight[w + 3], part[(size_t)(w + 3) * D + e], acc3);
+        for (; w + 8 <= nwg; w += 8) {
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) x[i] = part[(size_t)(w + i) * D + e];
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = fmaf(weight[w + i], x[i], acc[i]);
         }
-        for (; w < nwg; w++) acc0 = fmaf(weight[w], part[(size_t)w * D + e], acc0);
-        o[e] = ((acc0 + acc1) + (acc2 + acc3)) * inv;
+        for (; w < nwg; w++) acc[0] = fmaf(weight[w], part[(size_t)w * D + e], acc[0]);
+        o[e] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) * inv;
     }
 }

@@ -7,4 +7,4 @@
  * Every file named here is embedded into libpyfa (native/CUDADriver/sources.c).
  */
 PYFA_CUDA_KERNEL(flash_attn_vec, "attn_vec.cu", 128)
-PYFA_CUDA_KERNEL(flash_attn_vec_reduce, "attn_vec.cu", 128)
+PYFA_CUDA_KERNEL(flash_attn_vec_reduce, "attn_vec.cu", 512)

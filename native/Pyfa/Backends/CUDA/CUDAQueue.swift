@@ -175,5 +175,9 @@ struct CUDAPlan: BackendPlan {
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: floats * 4)
     }
 
-    func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+    /// One thread per output element (head dims are 64...512), so each
+    /// thread's sum over the nwg partials is a single unrolled pass.
+    func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
+        (min(512, max(128, (headDim + 31) / 32 * 32)), 0)
+    }
 }
