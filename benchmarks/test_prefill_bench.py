@@ -1,0 +1,85 @@
+"""Prefill throughput: pyfa.attention (bf16 I/O) against a numpy float32 peer
+(chunked matmul + softmax through the BLAS numpy links) measured in the same
+run on the same machine.
+
+GFLOP/s counts 4*B*H*q_len*kv_len*D (two matmuls), halved for causal. The
+gate is a same-run ratio and applies only with --benchmark-enable; without it
+every case runs once as a smoke test (L=2048 cases are skipped then) and
+checks that the two agree.
+
+    python3 -m pytest benchmarks/test_prefill_bench.py --benchmark-enable
+"""
+import time
+
+import numpy as np
+import pytest
+
+import pyfa
+
+B, H = 1, 4
+# pyfa must be at least this many times faster than the numpy peer (same run);
+# measured 5x (D=512) to 80x (D=64, where the peer is bound by its softmax passes).
+MIN_RATIO = 2.0
+PEER_CHUNK = 256  # query rows per numpy matmul, bounding its score matrix
+
+
+def numpy_attention(q, k, v, causal, scale):
+    """float32 peer: per head and chunk of query rows, scores = q kᵀ, masked softmax, @ v."""
+    Bq, Hq, L, D = q.shape
+    out = np.empty_like(q)
+    for b in range(Bq):
+        for h in range(Hq):
+            kt = k[b, h].T
+            for i0 in range(0, L, PEER_CHUNK):
+                i1 = min(L, i0 + PEER_CHUNK)
+                n_keys = i1 if causal else k.shape[2]
+                s = (q[b, h, i0:i1] * scale) @ kt[:, :n_keys]
+                if causal:
+                    s[np.arange(i1 - i0)[:, None] + i0 < np.arange(n_keys)[None, :]] = -np.inf
+                s -= s.max(axis=1, keepdims=True)
+                np.exp(s, out=s)
+                s /= s.sum(axis=1, keepdims=True)
+                out[b, h, i0:i1] = s @ v[b, h, :n_keys]
+    return out
+
+
+def best_time(fn, repeats):
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("L", [512, 2048])
+@pytest.mark.parametrize("D", [64, 128, 256, 512])
+def test_prefill_throughput(benchmark, D, L, causal):
+    enabled = not benchmark.disabled
+    if L > 512 and not enabled:
+        pytest.skip("large case: runs with --benchmark-enable")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, L, D)).astype(pyfa.bfloat16) for _ in range(3))
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    scale = 1.0 / np.sqrt(D)
+    device = pyfa.Device("cpu")
+    out = np.empty_like(q)
+    run = lambda: pyfa.attention(q, k, v, causal=causal, device=device, out=out)  # noqa: E731
+
+    benchmark(run)
+    peer = numpy_attention(q32, k32, v32, causal, scale)
+    # Same rounded inputs; pyfa's output is bf16 (half an ulp: 2^-8 relative).
+    assert np.abs(out.astype(np.float32) - peer).max() <= 2.0**-8 * np.abs(peer).max() + 1e-4
+
+    if not enabled:
+        return
+    flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
+    t_pyfa = best_time(run, 3)
+    t_peer = best_time(lambda: numpy_attention(q32, k32, v32, causal, scale), 3)
+    ratio = t_peer / t_pyfa
+    benchmark.extra_info.update({
+        "gflops": flops / t_pyfa / 1e9, "peer_numpy_f32_gflops": flops / t_peer / 1e9, "ratio_vs_peer": ratio,
+        "shape": f"B={B} H={H} L={L} D={D} bf16 {'causal' if causal else 'full'}",
+    })
+    assert ratio >= MIN_RATIO, benchmark.extra_info
