@@ -353,3 +353,37 @@ def test_struct_sizes():
     from pyfa._native import ffi, lib
     for name in ("pyfa_flash_attn_prefill_params", "pyfa_merge_attn_params"):
         assert lib.pyfa_struct_size(name.encode()) == ffi.sizeof(name)
+
+
+def _random_cases(n, seed=20261122):
+    """Reproducible random combinations of every axis, on top of the tables above."""
+    r = np.random.default_rng(seed)
+    lengths = [1, 7, 31, 33, 48, 65, 127, 129, 200]
+    cases = []
+    for _ in range(n):
+        Hkv = int(r.choice([1, 2]))
+        cases.append(dict(
+            B=int(r.integers(1, 3)), Hkv=Hkv, H=Hkv * int(r.choice([1, 2, 4, 8])), D=int(r.choice(HEAD_DIMS)),
+            qL=int(r.choice(lengths)), kL=int(r.choice(lengths)),
+            dtype=[np.float32, np.float16, BF16][r.integers(3)], layout=["bhsd", "bshd"][r.integers(2)],
+            causal=bool(r.integers(2)), window=[None, None, int(r.integers(1, 80))][r.integers(3)],
+            softcap=[0.0, 0.0, 4.0][r.integers(3)], mask=[None, "additive", "bool"][r.integers(3)],
+            rank=int(r.choice([2, 4])), q_offset=[None, None, int(r.integers(-20, 60))][r.integers(3)]))
+    return cases
+
+
+@pytest.mark.parametrize("case", _random_cases(40), ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_random_combinations(device, rng, case):
+    c = case
+    q, k, v = make(rng, c["B"], c["H"], c["Hkv"], c["qL"], c["kL"], c["D"], c["dtype"], c["layout"])
+    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"], q_offset=c["q_offset"],
+              layout=c["layout"])
+    if c["mask"]:
+        shape = (c["qL"], c["kL"]) if c["rank"] == 2 else (c["B"], c["H"], c["qL"], c["kL"])
+        kw["mask"] = block_mask(rng, shape, c["mask"], c["dtype"], plan_tile(device, c["D"], c["dtype"]))
+        forced = [prefill._attention(q, k, v, scale=None, return_lse=True, device=device, out=None, use_blk=u, **kw)
+                  for u in (True, False)]
+        assert np.array_equal(forced[0][0], forced[1][0]) and np.array_equal(forced[0][1], forced[1][1])
+    out, lse, ref, ref_lse = run_both(q, k, v, device, **kw)
+    check_close(out, ref, c["dtype"])
+    check_lse(lse, ref_lse)
