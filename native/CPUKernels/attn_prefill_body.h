@@ -201,12 +201,20 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
         const int causal_edge = causal && j0 + nk - 1 > p_lo;
         const int window_edge = has_window && j0 <= p_hi - window;
         if (causal_edge || window_edge) {
-            for (uint32_t j = 0; j < nk; j++)
-                for (uint32_t i = 0; i < nq; i++) {
-                    const int64_t pos = p_lo + i, key = j0 + j;
-                    if ((causal && key > pos) || (has_window && pos - key >= window))
-                        st[(size_t)j * PF_BQ + i] = -INFINITY;
+            /* Key j0+j is hidden from rows i < key - p_lo (causal) and from
+             * rows i >= key + window - p_lo (window): two runs of S^T row j. */
+            for (uint32_t j = 0; j < nk; j++) {
+                const int64_t key = j0 + j;
+                float *srow = st + (size_t)j * PF_BQ;
+                if (causal_edge) {
+                    const int64_t a = key - p_lo;
+                    for (uint32_t i = 0; i < (a < (int64_t)nq ? (uint32_t)(a > 0 ? a : 0) : nq); i++) srow[i] = -INFINITY;
                 }
+                if (window_edge) {
+                    const int64_t c = key + window - p_lo;
+                    for (uint32_t i = c > 0 ? (c < (int64_t)nq ? (uint32_t)c : nq) : 0; i < nq; i++) srow[i] = -INFINITY;
+                }
+            }
         }
 
         /* Online softmax over the tile, 8 query rows at a time. */
