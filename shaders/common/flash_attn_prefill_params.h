@@ -34,6 +34,8 @@
  * Grid: (num_q_blocks, num_heads, batch); threadgroup (x, y, z) computes
  * query rows [x*block_q, min((x+1)*block_q, q_len)) of head y, sequence z.
  * Threads per threadgroup and threadgroup memory come from the plan.
+ * ALIGN_Q / ALIGN_K tell a kernel that no tile is ragged (it may drop bound
+ * checks); a kernel may also ignore them (the CPU kernel pads tiles).
  * ------------------------------------------------------------------------- */
 #pragma once
 
@@ -103,7 +105,9 @@ typedef struct pyfa_flash_attn_prefill_params {
  *     PYFA_BLK_SKIP  every entry of the tile blocks (additive -inf / bool 0)
  *     PYFA_BLK_MIXED anything else
  *     PYFA_BLK_ZERO  every entry is additive +-0 / bool non-zero (no-op mask)
- *   Only entries inside [0, q_len) x [0, kv_len) count.
+ *   Only entries inside [0, q_len) x [0, kv_len) count. SKIP means exactly
+ *   -inf (bit pattern), not "very negative": a finite value is a bias, and a
+ *   row made only of large negative biases still has a softmax.
  * flash_attn_prefill with blk skips SKIP tiles and the mask read of ZERO
  * tiles; its result is bit-identical to the run without blk.
  * Grid: (num_q_blocks, mask_heads, mask_batch); threadgroup (x, y, z) writes
