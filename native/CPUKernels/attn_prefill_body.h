@@ -30,12 +30,12 @@
 /* Scratch floats of one flash_attn_prefill threadgroup. */
 #define PF_SCRATCH_FLOATS(D) (2 * (size_t)PF_BQ * (D) + 2 * (size_t)PF_BK * (D) + (size_t)PF_BK * PF_BQ + 3 * (size_t)PF_BQ)
 
-/* st[j][i] = sum_d qt[i][d] * kt[j][d] for j < jn (a multiple of 6). qt is
- * stored as panels [PF_BQ/16][D][16]. */
-PYFA_INLINE void pf_scores(float *st, const float *qt, const float *kt, uint32_t jn, const uint32_t D) {
+/* st[j][i] = sum_d qt[i][d] * kt[j][d] for j < jn (a multiple of 6) and
+ * i < rows (a multiple of 16). qt is stored as panels [PF_BQ/16][D][16]. */
+PYFA_INLINE void pf_scores(float *st, const float *qt, const float *kt, uint32_t jn, uint32_t rows, const uint32_t D) {
     for (uint32_t jb = 0; jb < jn; jb += PF_QK_KEYS) {
         const float *k0 = kt + (size_t)jb * D;
-        for (uint32_t ib = 0; ib < PF_BQ; ib += PF_QK_ROWS) {
+        for (uint32_t ib = 0; ib < rows; ib += PF_QK_ROWS) {
             const float *panel = qt + (size_t)(ib / PF_QK_ROWS) * D * PF_QK_ROWS;
             vf8 a[PF_QK_KEYS][2];
             for (int r = 0; r < PF_QK_KEYS; r++) a[r][0] = a[r][1] = vf8_splat(0.0f);
@@ -112,7 +112,11 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     const uint32_t qtile = p->num_q_blocks - 1 - x;
     const uint32_t i0 = qtile * PF_BQ;
     const uint32_t nq = p->q_len - i0 < PF_BQ ? p->q_len - i0 : PF_BQ;
+    /* Rows each stage covers, nested so every stage reads rows the previous
+     * one wrote: P V in blocks of 6, softmax in 8s, scores in 16s (<= PF_BQ). */
     const uint32_t rows_used = (nq + PF_PV_ROWS - 1) / PF_PV_ROWS * PF_PV_ROWS;
+    const uint32_t rows_softmax = (rows_used + 7) / 8 * 8;
+    const uint32_t rows_scores = (rows_softmax + PF_QK_ROWS - 1) / PF_QK_ROWS * PF_QK_ROWS;
     const uint32_t kvh = h / (p->num_heads / p->num_kv_heads);
     const int64_t window = p->window;
     const float scale = p->scale, softcap = p->softcap;
@@ -172,14 +176,14 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
 
         pf_load_tile(kt, kbase + j0 * p->k_strides[2] * es, p->k_strides[2] * es, nk, dt, D);
         const uint32_t jn = (nk + PF_QK_KEYS - 1) / PF_QK_KEYS * PF_QK_KEYS;
-        pf_scores(st, qt, kt, jn, D);
+        pf_scores(st, qt, kt, jn, rows_scores, D);
         for (uint32_t j = nk; j < PF_BK; j++)
-            for (uint32_t i = 0; i < PF_BQ; i += 8) vf8_store(st + (size_t)j * PF_BQ + i, vf8_splat(-INFINITY));
+            for (uint32_t i = 0; i < rows_scores; i += 8) vf8_store(st + (size_t)j * PF_BQ + i, vf8_splat(-INFINITY));
 
         if (has_softcap) {
             const float inv_cap = scale / softcap, out_scale = softcap * PF_LOG2E;
             for (uint32_t j = 0; j < nk; j++)
-                for (uint32_t i = 0; i < PF_BQ; i++) {
+                for (uint32_t i = 0; i < rows_softmax; i++) {
                     float *s = st + (size_t)j * PF_BQ + i;
                     *s = tanhf(*s * inv_cap) * out_scale;
                 }
@@ -218,7 +222,7 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
         }
 
         /* Online softmax over the tile, 8 query rows at a time. */
-        for (uint32_t i = 0; i < PF_BQ; i += 8) {
+        for (uint32_t i = 0; i < rows_softmax; i += 8) {
             vf8 mx = vf8_splat(-INFINITY);
             for (uint32_t j = 0; j < nk; j++) mx = vf8_max2(mx, vf8_load(st + (size_t)j * PF_BQ + i));
             const vf8 m_old = vf8_load(m + i);
