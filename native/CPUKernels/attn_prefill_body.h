@@ -28,7 +28,7 @@
 #define PF_LN2 0.69314718055994530942f
 
 /* Scratch floats of one flash_attn_prefill threadgroup. */
-#define PF_SCRATCH_FLOATS(D) (2 * (size_t)PF_BQ * (D) + 2 * (size_t)PF_BK * (D) + (size_t)PF_BK * PF_BQ + 3 * (size_t)PF_BQ)
+#define PF_SCRATCH_FLOATS(D) (2 * (size_t)PF_BQ * (D) + 2 * (size_t)PF_BK * (D) + 2 * (size_t)PF_BK * PF_BQ + 3 * (size_t)PF_BQ)
 
 /* st[j][i] = sum_d qt[i][d] * kt[j][d] for j < jn (a multiple of 6) and
  * i < rows (a multiple of 16). qt is stored as panels [PF_BQ/16][D][16]. */
@@ -88,6 +88,48 @@ PYFA_INLINE void pf_accumulate(float *o, const float *st, const float *vt, const
     }
 }
 
+/* Adds the mask tile (query rows [0, nq), keys [j0, j0 + nk)) to S^T in the
+ * base-2 domain: rows are converted to additive form in mt [PF_BQ][PF_BK]
+ * (bool: 0 or -inf; entries outside the tile 0), then added through 8x8
+ * transposes. */
+PYFA_INLINE void pf_add_mask(float *st, float *mt, const char *mbase, int64_t row_stride, int64_t j0, uint32_t nq,
+                             uint32_t nk, uint32_t rows, int bool_mask, const int dt) {
+    const uint32_t es = bool_mask ? 1 : dtype_size(dt);
+    const uint32_t cols = (nk + 7) / 8 * 8;
+    for (uint32_t i = 0; i < rows; i++) {
+        float *dst = mt + (size_t)i * PF_BK;
+        if (i >= nq) {
+            memset(dst, 0, (size_t)cols * sizeof(float));
+            continue;
+        }
+        const char *src = mbase + ((int64_t)i * row_stride + j0) * es;
+        if (bool_mask) {
+            uint32_t j = 0;
+            for (; j + 8 <= nk; j += 8) {
+                vb8 bytes;
+                memcpy(&bytes, src + j, sizeof bytes);
+                const vu8 blocked = (vu8)(__builtin_convertvector(bytes, vu8) == 0u);
+                vf8_store(dst + j, (vf8)(blocked & 0xff800000u));
+            }
+            for (; j < nk; j++) dst[j] = src[j] ? 0.0f : -INFINITY;
+        } else {
+            row_to_f32_n(dst, src, nk, dt);
+        }
+        for (uint32_t j = nk; j < cols; j++) dst[j] = 0.0f;
+    }
+    const vf8 log2e = vf8_splat(PF_LOG2E);
+    for (uint32_t ib = 0; ib < rows; ib += 8)
+        for (uint32_t jb = 0; jb < cols; jb += 8) {
+            vf8 r[8];
+            for (int l = 0; l < 8; l++) r[l] = vf8_load(mt + (size_t)(ib + l) * PF_BK + jb);
+            vf8_transpose8(r);
+            for (int l = 0; l < 8; l++) {
+                float *s = st + (size_t)(jb + l) * PF_BQ + ib;
+                vf8_store(s, vf8_load(s) + r[l] * log2e);
+            }
+        }
+}
+
 /* Converts rows [0, n) of a K or V tile to f32 and zeroes rows [n, PF_BK). */
 PYFA_INLINE void pf_load_tile(float *dst, const char *base, int64_t row_stride_bytes, uint32_t n, const int dt,
                               const uint32_t D) {
@@ -129,6 +171,7 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     float *m = st + (size_t)PF_BK * PF_BQ;      /* [PF_BQ] running max (base 2) */
     float *l = m + PF_BQ;                       /* [PF_BQ] running sum */
     float *alpha = l + PF_BQ;                   /* [PF_BQ] rescale of this tile */
+    float *mt = alpha + PF_BQ;                  /* [PF_BQ][PF_BK] mask tile, additive form */
 
     /* Q tile -> f32 (rows staged in o), scaled, transposed into panels. */
     const float qscale = has_softcap ? 1.0f : scale * PF_LOG2E;
@@ -188,19 +231,8 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
                     *s = tanhf(*s * inv_cap) * out_scale;
                 }
         }
-        if (has_mask && cls != PYFA_BLK_ZERO) {
-            float mrow[PF_BK];
-            for (uint32_t i = 0; i < nq; i++) {
-                const char *src = mbase + ((int64_t)i * p->mask_strides[2] + j0) * (bool_mask ? 1 : es);
-                if (bool_mask) {
-                    for (uint32_t j = 0; j < nk; j++)
-                        if (!((const uint8_t *)src)[j]) st[(size_t)j * PF_BQ + i] = -INFINITY;
-                } else {
-                    row_to_f32_n(mrow, src, nk, dt);
-                    for (uint32_t j = 0; j < nk; j++) st[(size_t)j * PF_BQ + i] += mrow[j] * PF_LOG2E;
-                }
-            }
-        }
+        if (has_mask && cls != PYFA_BLK_ZERO) pf_add_mask(st, mt, mbase, p->mask_strides[2], j0, nq, nk, rows_softmax,
+                                                          bool_mask, dt);
         /* Causal / window edges: only tiles the edge crosses need a per-entry test. */
         const int causal_edge = causal && j0 + nk - 1 > p_lo;
         const int window_edge = has_window && j0 <= p_hi - window;

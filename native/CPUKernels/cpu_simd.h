@@ -24,6 +24,7 @@ typedef float vf8 __attribute__((vector_size(32)));
 typedef uint32_t vu8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 typedef uint16_t vh8 __attribute__((vector_size(16)));
+typedef uint8_t vb8 __attribute__((vector_size(8)));
 
 PYFA_INLINE vf8 vf8_splat(float x) { return (vf8){x, x, x, x, x, x, x, x}; }
 PYFA_INLINE vf8 vf8_load(const float *p) { vf8 v; memcpy(&v, p, sizeof v); return v; }
@@ -193,5 +194,25 @@ PYFA_INLINE void row_to_f32_n(float *dst, const void *row, uint32_t n, int dtype
         memcpy(tail, (const char *)row + (size_t)i * es, (size_t)(n - i) * es);
         vf8 t = vf8_load_as(tail, 0, dtype);
         for (uint32_t l = 0; l < n - i; l++) dst[i + l] = t[l];
+    }
+}
+
+/* In-place transpose of the 8x8 block held by r[0..7] (r[i] = row i). */
+PYFA_INLINE void vf8_transpose8(vf8 r[8]) {
+    vf8 t[8], s[8];
+    for (int p = 0; p < 4; p++) {
+        t[2 * p] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[2 * p + 1] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int p = 0; p < 2; p++) {
+        for (int h = 0; h < 2; h++) {
+            const vf8 a = t[4 * p + h], b = t[4 * p + 2 + h];
+            s[4 * p + 2 * h] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+            s[4 * p + 2 * h + 1] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = __builtin_shufflevector(s[c], s[4 + c], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[c + 4] = __builtin_shufflevector(s[c], s[4 + c], 4, 5, 6, 7, 12, 13, 14, 15);
     }
 }
