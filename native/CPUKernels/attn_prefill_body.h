@@ -224,11 +224,11 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
             for (uint32_t i = 0; i < rows_scores; i += 8) vf8_store(st + (size_t)j * PF_BQ + i, vf8_splat(-INFINITY));
 
         if (has_softcap) {
-            const float inv_cap = scale / softcap, out_scale = softcap * PF_LOG2E;
+            const vf8 inv_cap = vf8_splat(scale / softcap), out_scale = vf8_splat(softcap * PF_LOG2E);
             for (uint32_t j = 0; j < nk; j++)
-                for (uint32_t i = 0; i < rows_softmax; i++) {
+                for (uint32_t i = 0; i < rows_softmax; i += 8) {
                     float *s = st + (size_t)j * PF_BQ + i;
-                    *s = tanhf(*s * inv_cap) * out_scale;
+                    vf8_store(s, vf8_tanh(vf8_load(s) * inv_cap) * out_scale);
                 }
         }
         if (has_mask && cls != PYFA_BLK_ZERO) pf_add_mask(st, mt, mbase, p->mask_strides[2], j0, nq, nk, rows_softmax,
