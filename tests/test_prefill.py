@@ -333,6 +333,16 @@ def test_low_level_rules(device):
     with pytest.raises(pyfa.PyfaError, match="mask: dtype"):
         check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, bad_mask.handle, ffi.NULL,
                                           out.handle, ffi.NULL))
+    mask = _io.to_device(device, np.zeros((8, 8), np.float32))
+    with pytest.raises(pyfa.PyfaError, match="blk: buffer holds"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, mask.handle,
+                                          device.buffer((0,), np.uint8).handle, out.handle, ffi.NULL))
+    with pytest.raises(pyfa.PyfaError, match="mask: dtype f32"):  # additive mask of another dtype than the I/O one
+        check(lib.pyfa_flash_attn_prefill_blk(enc, params, lib.PYFA_DTYPE_BF16, mask.handle, blk.handle))
+    params.mask_strides = [0, 0, 9]  # rows 9 keys apart: the 8x8 mask is too short
+    with pytest.raises(pyfa.PyfaError, match="mask: buffer holds"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, mask.handle, ffi.NULL,
+                                          out.handle, ffi.NULL))
 
 
 def test_merge_bad_input(device):
