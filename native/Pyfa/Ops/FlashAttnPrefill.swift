@@ -76,7 +76,7 @@ public enum FlashAttnPrefill {
                               out: Buffer?, lse: Buffer?) throws {
         var p = paramsIn
         try validate(p)
-        guard let q else { throw PyfaError.invalid("q: buffer is NULL") }
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: 0)
         let (geometry, blkBytes) = try plan(encoder.device, &p, dtype: q.dtype)
         let D = Int(p.head_dim)
         let qRows = (p.batch, p.num_heads, p.q_len), kvRows = (p.batch, p.num_kv_heads, p.kv_len)
