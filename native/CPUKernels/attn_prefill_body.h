@@ -310,27 +310,70 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t 
     }
 }
 
-/* 1 if the mask entry blocks its key, for the additive (dtype dt) or bool kind. */
-PYFA_INLINE int pf_entry_blocks(const char *row, uint32_t j, int dt, int bool_mask) {
-    if (bool_mask) return ((const uint8_t *)row)[j] == 0;
-    if (dt == PYFA_DTYPE_F32) return ((const uint32_t *)row)[j] == 0xff800000u;
-    return ((const uint16_t *)row)[j] == (dt == PYFA_DTYPE_F16 ? 0xfc00u : 0xff80u);
+/* Folds entries [0, n) of one mask row into the tile's flags: *any_open is set
+ * if an entry does not block, *any_active if an entry is not a no-op.
+ * Additive entries are compared as bit patterns (exact -inf, +-0). */
+PYFA_INLINE void pf_blk_row(const char *row, uint32_t n, const int dt, const int bool_mask, int *any_open,
+                            int *any_active) {
+    uint32_t j = 0;
+    if (bool_mask) {
+        vb8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vb8 b;
+            memcpy(&b, row + j, sizeof b);
+            open |= (vb8)(b != 0);
+            active |= (vb8)(b == 0);
+        }
+        uint64_t o, a;
+        memcpy(&o, &open, 8);
+        memcpy(&a, &active, 8);
+        *any_open |= o != 0;
+        *any_active |= a != 0;
+        for (; j < n; j++) {
+            *any_open |= row[j] != 0;
+            *any_active |= row[j] == 0;
+        }
+    } else if (dt == PYFA_DTYPE_F32) {
+        const uint32_t *w = (const uint32_t *)row;
+        vu8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vu8 u;
+            memcpy(&u, w + j, sizeof u);
+            open |= (vu8)(u != 0xff800000u);
+            active |= u & 0x7fffffffu;
+        }
+        for (int l = 0; l < 8; l++) {
+            *any_open |= open[l] != 0;
+            *any_active |= active[l] != 0;
+        }
+        for (; j < n; j++) {
+            *any_open |= w[j] != 0xff800000u;
+            *any_active |= (w[j] & 0x7fffffffu) != 0;
+        }
+    } else {
+        const uint16_t ninf = dt == PYFA_DTYPE_F16 ? 0xfc00u : 0xff80u;
+        const uint16_t *w = (const uint16_t *)row;
+        vh8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vh8 u;
+            memcpy(&u, w + j, sizeof u);
+            open |= (vh8)(u != ninf);
+            active |= u & 0x7fffu;
+        }
+        for (int l = 0; l < 8; l++) {
+            *any_open |= open[l] != 0;
+            *any_active |= active[l] != 0;
+        }
+        for (; j < n; j++) {
+            *any_open |= w[j] != ninf;
+            *any_active |= (w[j] & 0x7fffu) != 0;
+        }
+    }
 }
 
-/* 1 if the entry leaves the score unchanged (additive +-0, bool true). */
-PYFA_INLINE int pf_entry_noop(const char *row, uint32_t j, int dt, int bool_mask) {
-    if (bool_mask) return ((const uint8_t *)row)[j] != 0;
-    if (dt == PYFA_DTYPE_F32) return (((const uint32_t *)row)[j] & 0x7fffffffu) == 0;
-    return (((const uint16_t *)row)[j] & 0x7fffu) == 0;
-}
-
-/* Classifies the key tiles of query tile x of mask plane (z, y). */
-void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
-                                               void *scratch) {
-    (void)scratch;
+PYFA_INLINE void pf_blk_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt,
+                             const int bool_mask) {
     const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
-    const int dt = d->constants[PYFA_PREFILL_FC_DTYPE];
-    const int bool_mask = d->constants[PYFA_PREFILL_FC_MASK_KIND] == PYFA_MASK_BOOL;
     const uint32_t BQ = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_Q], BK = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_K];
     const uint32_t es = bool_mask ? 1 : dtype_size(dt);
     const uint32_t i0 = x * BQ, nq = p->q_len - i0 < BQ ? p->q_len - i0 : BQ;
@@ -341,15 +384,25 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint3
                    (((uint64_t)z * mask_heads + y) * p->num_q_blocks + x) * (uint64_t)p->num_k_blocks;
     for (uint32_t kt = 0; kt < p->num_k_blocks; kt++) {
         const uint32_t j0 = kt * BK, nk = p->kv_len - j0 < BK ? p->kv_len - j0 : BK;
-        int all_block = 1, all_noop = 1;
-        for (uint32_t i = 0; i < nq && (all_block || all_noop); i++) {
-            const char *row = base + ((int64_t)i * p->mask_strides[2] + j0) * es;
-            for (uint32_t j = 0; j < nk; j++) {
-                all_block &= pf_entry_blocks(row, j, dt, bool_mask);
-                all_noop &= pf_entry_noop(row, j, dt, bool_mask);
-            }
-        }
-        out[kt] = all_block ? PYFA_BLK_SKIP : all_noop ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
+        int any_open = 0, any_active = 0;
+        for (uint32_t i = 0; i < nq && !(any_open && any_active); i++)
+            pf_blk_row(base + ((int64_t)i * p->mask_strides[2] + j0) * es, nk, dt, bool_mask, &any_open, &any_active);
+        out[kt] = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
+    }
+}
+
+/* Classifies the key tiles of query tile x of mask plane (z, y). */
+void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                               void *scratch) {
+    (void)scratch;
+    if (d->constants[PYFA_PREFILL_FC_MASK_KIND] == PYFA_MASK_BOOL) {
+        pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 1);
+        return;
+    }
+    switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
+    case PYFA_DTYPE_F16: pf_blk_body(d, x, y, z, PYFA_DTYPE_F16, 0); return;
+    case PYFA_DTYPE_BF16: pf_blk_body(d, x, y, z, PYFA_DTYPE_BF16, 0); return;
+    default: pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 0); return;
     }
 }
 
