@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes
+from ._native import ffi
 from .device import Buffer, Device
 from .errors import invalid
 
@@ -109,5 +110,4 @@ def layout_strides(layout: str, heads: int, seq: int, head_dim: int) -> list[int
 
 def handle(buffer):
     """The C handle of a buffer, or NULL for None."""
-    from ._native import ffi
     return ffi.NULL if buffer is None else buffer.handle
