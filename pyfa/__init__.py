@@ -17,3 +17,7 @@ __all__ = [
     "PyfaError", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "BackendUnavailableError",
     "CompileError", "ExecutionError", "InternalError",
 ]
+
+from .prefill import attention, merge_attention_states  # noqa: E402
+
+__all__ += ["attention", "merge_attention_states"]

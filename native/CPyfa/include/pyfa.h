@@ -106,6 +106,26 @@ int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params 
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
                         pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
 
+/* ---- prefill: flash_attn_prefill (+ blk pre-pass), merge_attention_states ----
+ * Contracts in flash_attn_prefill_params.h.
+ * _plan fills params->block_q/block_k (when both are 0; otherwise checks them),
+ * num_q_blocks and num_k_blocks for I/O dtype `dtype`, and the bytes a blk
+ * buffer needs for params->mask_strides (one byte per tile per mask plane).
+ * _blk encodes the pre-pass for the prefill dispatch of I/O dtype `dtype`,
+ * followed by a barrier; blk requires a mask in pyfa_flash_attn_prefill.
+ * mask, blk and lse may be NULL. */
+int pyfa_flash_attn_prefill_plan(pyfa_device *device, pyfa_flash_attn_prefill_params *params, pyfa_dtype dtype,
+                                 uint64_t *blk_bytes);
+int pyfa_flash_attn_prefill_blk(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
+                                pyfa_dtype dtype, pyfa_buffer *mask, pyfa_buffer *blk);
+int pyfa_flash_attn_prefill(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params, pyfa_buffer *q,
+                            pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *mask, pyfa_buffer *blk, pyfa_buffer *out,
+                            pyfa_buffer *lse);
+/* lse_out may be NULL. */
+int pyfa_merge_attention_states(pyfa_encoder *encoder, const pyfa_merge_attn_params *params, pyfa_buffer *o_a,
+                                pyfa_buffer *lse_a, pyfa_buffer *o_b, pyfa_buffer *lse_b, pyfa_buffer *out,
+                                pyfa_buffer *lse_out);
+
 #ifdef __cplusplus
 }
 #endif

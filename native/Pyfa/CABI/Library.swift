@@ -19,6 +19,8 @@ let structSizes: [String: Int] = [
     "pyfa_device_info": MemoryLayout<pyfa_device_info>.size,
     "pyfa_flash_attn_vec_params": MemoryLayout<pyfa_flash_attn_vec_params>.size,
     "pyfa_attn_reduce_params": MemoryLayout<pyfa_attn_reduce_params>.size,
+    "pyfa_flash_attn_prefill_params": MemoryLayout<pyfa_flash_attn_prefill_params>.size,
+    "pyfa_merge_attn_params": MemoryLayout<pyfa_merge_attn_params>.size,
 ]
 
 @_cdecl("pyfa_struct_size")
