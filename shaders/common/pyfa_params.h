@@ -84,3 +84,5 @@ typedef struct pyfa_attn_reduce_params {
 #define PYFA_REDUCE_ARG_PARAMS 0
 #define PYFA_REDUCE_ARG_TMP 1
 #define PYFA_REDUCE_ARG_OUT 2
+
+#include "turboquant_params.h"
