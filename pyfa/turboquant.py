@@ -5,26 +5,37 @@ and thin wrappers of the library's TurboQuant kernels.
 The codec is specified in ``shaders/common/turboquant_params.h``; codes are a
 pure function of (row, seed, bits, norm_correction) on every backend.
 
-Choice of ``norm_correction`` (default ``True`` = norm-preserving scale):
-measured with ``python scripts/tq_norm_correction.py`` (d=128, 2048 Gaussian
-keys/values, q ~ N(0, I), 48 trials, CPU backend), relative L2 error of the
-attention output, K and V at the same bit width:
+Choice of ``norm_correction`` (default ``True`` = the norm-preserving scale
+``|x| sqrt(D) / |c[idx]|``, so that ``|x~| = |x|``). Measured with
+``python scripts/tq_norm_correction.py --trials 24`` (CPU backend, D=128,
+2048 keys and values ~ N(0, I), 8 query heads, K and V at the same width):
+mean relative L2 error of the attention output (mean cosine).
 
-============  ======  ======  ======  ======
-scale          2-bit   3-bit   4-bit   8-bit
-============  ======  ======  ======  ======
-|x| (none)     0.451   0.250   0.138   0.0093
-preserving     0.424   0.239   0.133   0.0093
-unbiased       0.440   0.246   0.135   0.0093
-============  ======  ======  ======  ======
+q ~ N(0, I):
 
-(exact numbers: see the script's output in the commit that set the default).
-Both corrections beat the plain norm, which shrinks every row by about
-``sqrt(1 - D_mse)`` on average and so flattens the softmax and shrinks the
-output; the norm-preserving scale wins at every width because the unbiased
-scale ``|x|^2 / <x~, x>`` over-corrects: it makes inner products unbiased at
-the price of a larger reconstruction error (its scale is ``1/(1 - D_mse)``
-rather than ``1/sqrt(1 - D_mse)`` times the norm).
+================  ===============  ===============  ===============  ===============
+scale             2-bit            3-bit            4-bit            8-bit
+================  ===============  ===============  ===============  ===============
+|x| (none)        0.4667 (0.8858)  0.2619 (0.9657)  0.1384 (0.9905)  0.0094 (1.0000)
+norm-preserving   0.4792 (0.8865)  0.2591 (0.9668)  0.1352 (0.9909)  0.0090 (1.0000)
+unbiased          0.5425 (0.8812)  0.2672 (0.9665)  0.1363 (0.9909)  0.0090 (1.0000)
+================  ===============  ===============  ===============  ===============
+
+q ~ N(0, 9 I) (sharper attention):
+
+================  ===============  ===============  ===============  ===============
+|x| (none)        0.7426 (0.6932)  0.4297 (0.8963)  0.2255 (0.9701)  0.0176 (0.9998)
+norm-preserving   0.7597 (0.7022)  0.4104 (0.9041)  0.2115 (0.9741)  0.0157 (0.9999)
+unbiased          0.8550 (0.6938)  0.4219 (0.9033)  0.2139 (0.9740)  0.0157 (0.9999)
+================  ===============  ===============  ===============  ===============
+
+The norm-preserving scale has the lowest error at 3, 4 and 8 bits and the best
+cosine at every width. The plain norm shrinks each row by about
+``sqrt(1 - D_mse)``, which flattens the softmax; the unbiased scale
+``|x|^2 / <x~, x>`` over-corrects (about ``1/(1 - D_mse)`` times the norm),
+buying unbiased inner products with a larger reconstruction error. At 2 bits
+the plain norm's shrinkage gives a lower L2 error (0.467 against 0.479) but a
+lower cosine; 2-bit caches are a niche, so one default serves all widths.
 """
 from __future__ import annotations
 
