@@ -82,7 +82,9 @@ class _RingCache:
         return self.capacity, self._total % self.capacity
 
     def _check_query(self, q, scale, softcap):
-        q = _io.as_array(q, "q", ndims=(2,))
+        q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,))
+        if q.dtype == np.float64:
+            q = q.astype(np.float32)
         H, D = q.shape
         if D != self.head_dim or H == 0 or H % self.num_kv_heads:
             raise invalid(f"q: expected shape [H, head_dim={self.head_dim}] with H a multiple of "
