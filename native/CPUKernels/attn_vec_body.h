@@ -29,7 +29,20 @@ typedef struct vec_rows {
     size_t row_bytes;
     const float *scales;  /* TurboQuant: this head's per-slot scales */
     const float *cb;      /* TurboQuant: codebook, padded to TQ_MAX_LEVELS */
+#if defined(PYFA_CPU_AVX2)
+    tq_planes planes;     /* 4-bit rows: decoded in PERM4 order (tq_codec.h) */
+#endif
 } vec_rows;
+
+/* Whether rows of this width arrive in PERM4 order. */
+PYFA_INLINE int vec_perm4(int bits) {
+#if defined(PYFA_CPU_AVX2)
+    return bits == 4;
+#else
+    (void)bits;
+    return 0;
+#endif
+}
 
 /* Row `slot` as f32 in dst; returns the factor its dot products take. */
 PYFA_INLINE float vec_load_row(float *dst, const vec_rows *r, uint32_t slot, int kv_dt, int bits, uint32_t D,
@@ -39,13 +52,47 @@ PYFA_INLINE float vec_load_row(float *dst, const vec_rows *r, uint32_t slot, int
         switch (bits) { /* a constant width per copy, so the unpacking specialises */
         case 2: tq_centroids_row(dst, codes, r->cb, 2, D); break;
         case 3: tq_centroids_row(dst, codes, r->cb, 3, D); break;
+#if defined(PYFA_CPU_AVX2)
+        case 4: tq_centroids_row_perm4(dst, codes, &r->planes, D); break;
+#else
         case 4: tq_centroids_row(dst, codes, r->cb, 4, D); break;
+#endif
         default: tq_centroids_row(dst, codes, r->cb, 8, D); break;
         }
         return r->scales[slot] * inv_sqrt_d;
     }
     row_to_f32(dst, r->base + slot * r->row_bytes, D, kv_dt);
     return 1.0f;
+}
+
+/* acc[i] += sum over j < nb, in order, of w[j] * rows[j][i]; D % 16 == 0. */
+PYFA_INLINE void accumulate_rows(float *acc, const float *w, const float *rows, uint32_t nb, uint32_t D) {
+    uint32_t i = 0;
+    for (; i + 32 <= D; i += 32) {
+        vf8 a0 = vf8_load(acc + i), a1 = vf8_load(acc + i + 8), a2 = vf8_load(acc + i + 16), a3 = vf8_load(acc + i + 24);
+        for (uint32_t j = 0; j < nb; j++) {
+            const float *r = rows + (size_t)j * D + i;
+            const vf8 wj = vf8_splat(w[j]);
+            a0 += wj * vf8_load(r);
+            a1 += wj * vf8_load(r + 8);
+            a2 += wj * vf8_load(r + 16);
+            a3 += wj * vf8_load(r + 24);
+        }
+        vf8_store(acc + i, a0);
+        vf8_store(acc + i + 8, a1);
+        vf8_store(acc + i + 16, a2);
+        vf8_store(acc + i + 24, a3);
+    }
+    for (; i < D; i += 16) {
+        vf8 a0 = vf8_load(acc + i), a1 = vf8_load(acc + i + 8);
+        for (uint32_t j = 0; j < nb; j++) {
+            const vf8 wj = vf8_splat(w[j]);
+            a0 += wj * vf8_load(rows + (size_t)j * D + i);
+            a1 += wj * vf8_load(rows + (size_t)j * D + i + 8);
+        }
+        vf8_store(acc + i, a0);
+        vf8_store(acc + i + 8, a1);
+    }
 }
 
 PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
@@ -85,6 +132,10 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         memcpy(vcb, d->args[PYFA_TQ_VEC_ARG_V_CODEBOOK], sizeof(float) << vbits);
         kr.scales = (const float *)d->args[PYFA_TQ_VEC_ARG_K_SCALES] + head_rows;
         vr.scales = (const float *)d->args[PYFA_TQ_VEC_ARG_V_SCALES] + head_rows;
+#if defined(PYFA_CPU_AVX2)
+        if (kbits == 4) tq_byte_planes(&kr.planes, kcb);
+        if (vbits == 4) tq_byte_planes(&vr.planes, vcb);
+#endif
     }
     const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     float kf[VEC_BLOCK];
@@ -99,6 +150,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         default: row_to_f32(qg, qrow, D, PYFA_DTYPE_F32); break;
         }
         if (!has_softcap) scale_f32(qg, scale, D);
+        if (vec_perm4(kbits)) tq_permute4(qg, D, 1); /* K rows arrive permuted */
         memset(acc + (size_t)g * D, 0, (size_t)D * sizeof(float));
         Ms[g] = -INFINITY;
         Ss[g] = 0.0f;
@@ -133,21 +185,30 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
                 scale_f32(acc + (size_t)g * D, alpha, D);
                 Ss[g] *= alpha;
             }
+            /* sg has VEC_BLOCK (a multiple of 8) slots; lanes past nb are not summed. */
             float sum = 0.0f;
-            for (uint32_t j = 0; j < nb; j++) {
-                sg[j] = expf(sg[j] - m_new);
-                sum += sg[j];
+            for (uint32_t j = 0; j < nb; j += 8) {
+                vf8 e = vf8_exp_nonpos(vf8_load(sg + j) - vf8_splat(m_new));
+                vf8_store(sg + j, e);
             }
+            for (uint32_t j = 0; j < nb; j++) sum += sg[j];
             Ss[g] += sum;
             Ms[g] = m_new;
         }
-        for (uint32_t j = 0; j < nb; j++) {
-            const float vf = vec_load_row(vb, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
-            for (uint32_t g = 0; g < G; g++) axpy_f32(acc + (size_t)g * D, sc[(size_t)g * VEC_BLOCK + j] * vf, vb, D);
+        /* V rows into kb (the block's K rows are done with), then each head's
+         * accumulator takes the whole block per register chunk, rows in order. */
+        float vf[VEC_BLOCK];
+        for (uint32_t j = 0; j < nb; j++) vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
+        for (uint32_t g = 0; g < G; g++) {
+            float w[VEC_BLOCK];
+            for (uint32_t j = 0; j < nb; j++) w[j] = sc[(size_t)g * VEC_BLOCK + j] * vf[j];
+            accumulate_rows(acc + (size_t)g * D, w, kb, nb, D);
         }
     }
 
     const uint32_t nrows = p->batch * p->num_heads;
+    if (vec_perm4(vbits)) /* V rows arrived permuted */
+        for (uint32_t g = 0; g < G; g++) tq_permute4(acc + (size_t)g * D, D, 0);
     for (uint32_t g = 0; g < G; g++) {
         const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
         const float *ag = acc + (size_t)g * D;

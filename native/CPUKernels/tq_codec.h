@@ -146,6 +146,62 @@ PYFA_INLINE void tq_centroids_row(float *dst, const uint8_t *codes, const float 
 #endif
 }
 
+/*
+ * 4-bit centroids in the order PERM4 (AVX2 only): within each aligned group of
+ * 8 coordinates, position r holds coordinate TQ_PERM4(r) = 2*(r%4) + r/4.
+ * Dot products do not care about the order when the other operand is permuted
+ * alike, and the values are the same floats as tq_centroids_row's. Each float
+ * is assembled from four byte-plane lookups (one vpshufb per byte); `planes`
+ * comes from tq_byte_planes. D % 32 == 0.
+ */
+#define TQ_PERM4(r) (2 * ((r) % 4) + (r) / 4)
+
+#if defined(PYFA_CPU_AVX2)
+typedef struct tq_planes {
+    __m256i b[4];
+} tq_planes;
+
+PYFA_INLINE void tq_byte_planes(tq_planes *planes, const float *cb16) {
+    uint8_t t[4][16];
+    for (int i = 0; i < 16; i++) {
+        uint32_t u;
+        memcpy(&u, cb16 + i, 4);
+        for (int k = 0; k < 4; k++) t[k][i] = (uint8_t)(u >> (8 * k));
+    }
+    for (int k = 0; k < 4; k++) planes->b[k] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t[k]));
+}
+
+PYFA_INLINE void tq_centroids_row_perm4(float *dst, const uint8_t *codes, const tq_planes *planes, uint32_t D) {
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    for (uint32_t t = 0; t < D / 32; t++) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)(codes + 16 * t));
+        const __m128i lo = _mm_and_si128(x, nib), hi = _mm_and_si128(_mm_srli_epi16(x, 4), nib);
+        const __m256i idx = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        const __m256i p0 = _mm256_shuffle_epi8(planes->b[0], idx), p1 = _mm256_shuffle_epi8(planes->b[1], idx);
+        const __m256i p2 = _mm256_shuffle_epi8(planes->b[2], idx), p3 = _mm256_shuffle_epi8(planes->b[3], idx);
+        const __m256i a = _mm256_unpacklo_epi8(p0, p1), b = _mm256_unpackhi_epi8(p0, p1);
+        const __m256i c = _mm256_unpacklo_epi8(p2, p3), e = _mm256_unpackhi_epi8(p2, p3);
+        float *o = dst + 32 * t;
+        _mm256_storeu_si256((__m256i *)o, _mm256_unpacklo_epi16(a, c));
+        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_unpackhi_epi16(a, c));
+        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_unpacklo_epi16(b, e));
+        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_unpackhi_epi16(b, e));
+    }
+}
+#endif
+
+/* x in natural order -> PERM4 order (forward = 1), or back (forward = 0). */
+PYFA_INLINE void tq_permute4(float *x, uint32_t D, int forward) {
+    float g[8];
+    for (uint32_t i = 0; i < D; i += 8) {
+        memcpy(g, x + i, sizeof g);
+        for (uint32_t r = 0; r < 8; r++) {
+            if (forward) x[i + r] = g[TQ_PERM4(r)];
+            else x[i + TQ_PERM4(r)] = g[r];
+        }
+    }
+}
+
 /* Original-domain row: x~ = s . FWHT(c[idx]) * (scale / D). */
 PYFA_INLINE void tq_decode_row(float *dst, const uint8_t *codes, float scale, const float *cb, int bits, uint32_t D,
                                uint64_t seed, uint32_t stream) {
