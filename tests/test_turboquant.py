@@ -465,3 +465,44 @@ def test_bad_kernel_params(cpu):
         tq.fwht(np.zeros((1, 64), np.float32), "rotate")
     with pytest.raises(pyfa.PyfaError, match="head_dim: 96"):
         tq.fwht(np.zeros((1, 96), np.float32))
+
+
+def test_batched_kernels_match_single_sequence_caches(cpu, rng):
+    """The kernel contract's batch dimension: hadamard_quantize_kv writes sequence b of a
+    [B, Hkv, capacity, ...] cache, flash_attn_vec_tq reads per-sequence kv_len."""
+    B, Hkv, D, cap, H = 2, 2, 64, 40, 4
+    lens = [40, 23]
+    caches = [pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=3, v_bits=4, seed=5, device=cpu) for _ in range(B)]
+    codes = [cpu.buffer((B, Hkv, cap, D * b // 8), np.uint8) for b in (3, 4)]
+    scales = [cpu.buffer((B, Hkv, cap), np.float32) for _ in range(2)]
+    for b in range(B):
+        kv = [rng.standard_normal((lens[b], Hkv, D)).astype(np.float32) for _ in range(2)]
+        caches[b].append(*kv)
+        for stream, bits in ((0, 3), (1, 4)):
+            p = ffi.new("pyfa_tq_quantize_params *", dict(
+                num_tokens=lens[b], num_kv_heads=Hkv, head_dim=D, kv_capacity=cap, write_pos=0, bits=bits,
+                stream=stream, norm_correction=caches[b].norm_correction, seed_lo=5, sequence=b))
+            enc = cpu.encoder()
+            assert lib.pyfa_hadamard_quantize_kv(enc, p, cpu.wrap(kv[stream]).handle, codes[stream].handle,
+                                                 scales[stream].handle) == 0
+            assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
+    for stream in range(2):  # the same bytes as each single-sequence cache
+        for b in range(B):
+            np.testing.assert_array_equal(codes[stream].numpy()[b, :, :lens[b]],
+                                          caches[b].codes()[2 * stream][:, :lens[b]])
+    q = rng.standard_normal((B, H, D)).astype(np.float32)
+    params = ffi.new("pyfa_flash_attn_vec_tq_params *", {
+        "attn": dict(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D, kv_capacity=cap, nwg=0, scale=0.125),
+        "k_bits": 3, "v_bits": 4, "seed_lo": 5, "fused": 1})
+    tmp_bytes = ffi.new("uint64_t *")
+    assert lib.pyfa_flash_attn_vec_tq_plan(cpu.handle, params, max(lens), tmp_bytes) == 0
+    tmp = cpu.buffer((tmp_bytes[0] // 4,), np.float32)
+    out = np.zeros((B, H, D), np.float32)
+    kv_len, ring = np.array(lens, np.int32), np.zeros(B, np.int32)
+    enc = cpu.encoder()
+    assert lib.pyfa_flash_attn_vec_tq(enc, params, cpu.wrap(q).handle, codes[0].handle, scales[0].handle,
+                                      codes[1].handle, scales[1].handle, cpu.wrap(kv_len).handle,
+                                      cpu.wrap(ring).handle, tmp.handle, cpu.wrap(out).handle) == 0
+    assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
+    for b in range(B):
+        np.testing.assert_allclose(out[b], caches[b].attend(q[b]), atol=2e-6, rtol=0)
