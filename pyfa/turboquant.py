@@ -154,16 +154,25 @@ def reference_encode(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, nor
     t = rotate(x, seed, stream) * math.sqrt(D) * inv[..., None]
     thresholds = (c[1:] + c[:-1]) / 2
     idx = np.searchsorted(thresholds, t, side="left")
-    cv = c[idx]
+    return idx, reference_scale(x, idx, bits, seed=seed, stream=stream, norm_correction=norm_correction)
+
+
+def reference_scale(x, idx, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correction=False):
+    """Float64 scale of rows ``x [..., D]`` encoded as ``idx [..., D]`` (turboquant_params.h)."""
+    x = np.asarray(x, np.float64)
+    D = x.shape[-1]
+    cv = codebook(bits).astype(np.float64)[np.asarray(idx)]
+    norm = np.linalg.norm(x, axis=-1)
+    inv = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0)
     mode = norm_mode(norm_correction)
-    scale = norm.copy()
     if mode == NORM_MODES["norm_preserving"]:
         q2 = (cv * cv).sum(-1)
-        scale = np.where(q2 > 0, norm * np.sqrt(D / np.where(q2 > 0, q2, 1)), norm)
-    elif mode == NORM_MODES["unbiased"]:
+        return np.where(q2 > 0, norm * np.sqrt(D / np.where(q2 > 0, q2, 1)), norm)
+    if mode == NORM_MODES["unbiased"]:
+        t = rotate(x, seed, stream) * math.sqrt(D) * inv[..., None]
         ct = (cv * t).sum(-1)
-        scale = np.where(ct > 0, norm * D / np.where(ct > 0, ct, 1), norm)
-    return idx, scale
+        return np.where(ct > 0, norm * D / np.where(ct > 0, ct, 1), norm)
+    return norm
 
 
 def reference_decode(idx, scale, bits: int, *, seed: int = 0, stream: int = STREAM_K) -> np.ndarray:

@@ -20,7 +20,7 @@
 
 /* Scratch floats one flash_attn_vec threadgroup needs (the CPU plan uses it). */
 #define VEC_SCRATCH_FLOATS(G, D) \
-    ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (D) + (size_t)(G) * (VEC_BLOCK + 2) + 2 * (size_t)TQ_MAX_LEVELS)
+    ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (size_t)(G) * (VEC_BLOCK + 2) + 2 * (size_t)TQ_MAX_LEVELS)
 
 /* Where a K or V row comes from: a dense cache row of kv_dt, or (bits > 0)
  * TurboQuant codes with a per-slot scale. */
@@ -114,7 +114,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     const uint32_t begin = lo + (uint32_t)(b0 < n ? b0 : n), end = lo + (uint32_t)(b1 < n ? b1 : n);
 
     float *qf = scratch, *acc = qf + (size_t)G * D, *kb = acc + (size_t)G * D;
-    float *vb = kb + (size_t)VEC_BLOCK * D, *sc = vb + D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
+    float *sc = kb + (size_t)VEC_BLOCK * D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
     float *kcb = Ss + G, *vcb = kcb + TQ_MAX_LEVELS;
 
     const size_t head_rows = ((size_t)b * p->num_kv_heads + kvh) * cap;
