@@ -53,12 +53,19 @@ PYFA_INLINE float tq_dot(const float *a, const float *b, uint32_t D) {
     return vf8_sum(acc);
 }
 
-/* Index of the cell of t: #{k in 1..L-1 : th[k] < t}, th[k] = (c[k-1]+c[k])/2. */
+/* Index of the cell of t: #{k in 1..L-1 : th[k] < t}, th[k] = (c[k-1]+c[k])/2,
+ * by a branch-free binary search over the sorted thresholds. */
 PYFA_INLINE uint32_t tq_cell(const float *th, uint32_t levels, float t) {
     uint32_t lo = 0;
-    for (uint32_t step = levels / 2; step > 0; step /= 2)
-        if (th[lo + step] < t) lo += step;
+    for (uint32_t step = levels / 2; step > 0; step /= 2) lo += step & (0u - (uint32_t)(th[lo + step] < t));
     return lo;
+}
+
+/* tq_cell of 8 values at once (the same count, by comparing against every threshold). */
+PYFA_INLINE vi8 tq_cells8(const float *th, uint32_t levels, vf8 t) {
+    vi8 count = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (uint32_t k = 1; k < levels; k++) count -= (vi8)(t > vf8_splat(th[k]));
+    return count;
 }
 
 PYFA_INLINE void tq_thresholds(float *th, const float *cb, uint32_t levels) {
@@ -91,11 +98,16 @@ PYFA_INLINE float tq_encode_row(const float *x, float *work, uint8_t *codes, con
     tq_fwht(work, D);
     const float norm = sqrtf(tq_dot(x, x, D));
     const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
-    for (uint32_t i = 0; i < D; i++) {
-        work[i] = work[i] * inv;
-        idx[i] = (uint8_t)tq_cell(th, levels, work[i]);
-        cval[i] = cb[idx[i]];
+    for (uint32_t i = 0; i < D; i++) work[i] = work[i] * inv;
+    if (levels <= 16) {
+        for (uint32_t i = 0; i < D; i += 8) {
+            const vi8 c = tq_cells8(th, levels, vf8_load(work + i));
+            for (uint32_t j = 0; j < 8; j++) idx[i + j] = (uint8_t)c[j];
+        }
+    } else {
+        for (uint32_t i = 0; i < D; i++) idx[i] = (uint8_t)tq_cell(th, levels, work[i]);
     }
+    for (uint32_t i = 0; i < D; i++) cval[i] = cb[idx[i]];
     tq_pack(codes, idx, bits, D);
     float scale = norm;
     if (norm_correction == PYFA_TQ_NORM_PRESERVING) {
