@@ -19,10 +19,31 @@ PYFA_INLINE int tq_sign_negative(uint64_t seed, uint32_t stream, uint32_t i) {
     return (int)(z >> 63);
 }
 
+/* The +-1.0f vector of (seed, stream), remembered per thread for the last
+ * (seed, stream, D) asked: a dispatch encodes many rows with one vector. */
+typedef struct tq_sign_cache {
+    uint64_t seed;
+    uint32_t stream, D;
+    float s[PYFA_MAX_HEAD_DIM];
+} tq_sign_cache;
+
+static _Thread_local tq_sign_cache tq_signs_memo;
+
+PYFA_INLINE const float *tq_sign_vector(uint64_t seed, uint32_t stream, uint32_t D) {
+    tq_sign_cache *m = &tq_signs_memo;
+    if (m->D != D || m->seed != seed || m->stream != stream) {
+        for (uint32_t i = 0; i < D; i++) m->s[i] = tq_sign_negative(seed, stream, i) ? -1.0f : 1.0f;
+        m->seed = seed;
+        m->stream = stream;
+        m->D = D;
+    }
+    return m->s;
+}
+
 /* x[i] *= s[i] (exact: a sign flip). */
 PYFA_INLINE void tq_apply_signs(float *x, uint64_t seed, uint32_t stream, uint32_t D) {
-    for (uint32_t i = 0; i < D; i++)
-        if (tq_sign_negative(seed, stream, i)) x[i] = -x[i];
+    const float *s = tq_sign_vector(seed, stream, D);
+    for (uint32_t i = 0; i < D; i += 8) vf8_store(x + i, vf8_load(x + i) * vf8_load(s + i));
 }
 
 /* Unnormalised in-place FWHT, natural order. Every output is the same tree
