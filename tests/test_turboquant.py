@@ -509,3 +509,13 @@ def test_batched_kernels_match_single_sequence_caches(cpu, rng):
     assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
     for b in range(B):
         np.testing.assert_allclose(out[b], caches[b].attend(q[b]), atol=2e-6, rtol=0)
+
+
+def test_query_dtypes(rng):
+    """q as float16 / bfloat16 equals the same rounded values given as float32."""
+    c = pyfa.TurboQuantKVCache(2, 128, 300)
+    c.append(rng.standard_normal((300, 2, 128)), rng.standard_normal((300, 2, 128)))
+    q = rng.standard_normal((4, 128))
+    for dt in (np.float16, pyfa.bfloat16):
+        qd = q.astype(dt)
+        np.testing.assert_array_equal(c.attend(qd), c.attend(qd.astype(np.float32)))
