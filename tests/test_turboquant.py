@@ -519,3 +519,44 @@ def test_query_dtypes(rng):
     for dt in (np.float16, pyfa.bfloat16):
         qd = q.astype(dt)
         np.testing.assert_array_equal(c.attend(qd), c.attend(qd.astype(np.float32)))
+
+
+def _abi_error(status):
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT
+    return ffi.string(lib.pyfa_last_error()).decode()
+
+
+def test_bad_decode_and_dequantize_params(cpu):
+    codes, scales = cpu.buffer((1, 8, 32), np.uint8), cpu.buffer((1, 8), np.float32)
+    out = cpu.buffer((8, 1, 64), np.float32)
+    base = dict(num_tokens=8, num_kv_heads=1, head_dim=64, kv_capacity=8, first_slot=0, bits=4, stream=0)
+    for change, match in [(dict(num_tokens=9), "num_tokens: 9"), (dict(first_slot=8), "first_slot"),
+                          (dict(bits=1), "bits: 1"), (dict(head_dim=96), "head_dim: 96"), (dict(stream=3), "stream")]:
+        p = ffi.new("pyfa_tq_dequantize_params *", {**base, **change})
+        assert match in _abi_error(lib.pyfa_tq_dequantize_kv(cpu.encoder(), p, codes.handle, scales.handle,
+                                                            out.handle))
+    q = cpu.buffer((1, 2, 64), np.float32)
+    lens, ring = cpu.wrap(np.array([8], np.int32)), cpu.wrap(np.zeros(1, np.int32))
+    tmp = cpu.buffer((4096,), np.float32)
+    attn = dict(batch=1, num_heads=2, num_kv_heads=1, head_dim=64, kv_capacity=8, nwg=0, scale=0.125)
+    for change, match in [(dict(fused=2), "fused: 2"), (dict(k_bits=6), "k_bits: 6"), (dict(v_bits=0), "v_bits: 0"),
+                          (dict(attn={**attn, "head_dim": 80}), "head_dim: 80"),
+                          (dict(attn={**attn, "num_heads": 0}), "num_heads: must be > 0")]:
+        p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4, **change})
+        assert match in _abi_error(lib.pyfa_flash_attn_vec_tq(cpu.encoder(), p, q.handle, codes.handle, scales.handle,
+                                                             codes.handle, scales.handle, lens.handle, ring.handle,
+                                                             tmp.handle, out.handle))
+    p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 8, "v_bits": 4})
+    assert "k_codes" in _abi_error(lib.pyfa_flash_attn_vec_tq(  # 8-bit rows need 64 B, the buffer has 32
+        cpu.encoder(), p, q.handle, codes.handle, scales.handle, codes.handle, scales.handle, lens.handle,
+        ring.handle, tmp.handle, out.handle))
+    small_tmp = cpu.buffer((4,), np.float32)
+    p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4})
+    assert "tmp" in _abi_error(lib.pyfa_flash_attn_vec_tq(
+        cpu.encoder(), p, q.handle, codes.handle, scales.handle, codes.handle, scales.handle, lens.handle,
+        ring.handle, small_tmp.handle, out.handle))
+    fp = ffi.new("pyfa_tq_fwht_params *", dict(nrows=0, head_dim=64, transform=0))
+    assert "nrows" in _abi_error(lib.pyfa_fwht(cpu.encoder(), fp, q.handle, q.handle))
+    fp = ffi.new("pyfa_tq_fwht_params *", dict(nrows=2, head_dim=64, transform=0))
+    half = cpu.buffer((2, 64), np.float16)
+    assert "dst: dtype f16" in _abi_error(lib.pyfa_fwht(cpu.encoder(), fp, q.handle, half.handle))
