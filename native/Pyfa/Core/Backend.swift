@@ -67,6 +67,11 @@ public protocol BackendPlan {
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry
     /// Threads and threadgroup memory of the blk pre-pass and of merge_attention_states.
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Threads and threadgroup memory of the TurboQuant one-row-per-workgroup
+    /// kernels (hadamard_quantize_kv, tq_dequantize_kv, the fwht family).
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Threads and threadgroup memory of flash_attn_vec_reduce_tq_hb_undo.
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
 }
 
 /// Runs submitted commands in order; one per encoder.

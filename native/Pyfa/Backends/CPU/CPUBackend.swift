@@ -196,6 +196,10 @@ struct CPUPlan: BackendPlan {
     }
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
+    /// Row kernels keep their rows on the stack.
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
+
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
 }
 
 /// Copies a Swift string into a fixed C char array, NUL-terminated.
