@@ -33,9 +33,9 @@ typedef struct entry {
 } entry;
 
 #if defined(__x86_64__) && defined(__clang__)
-#define PYFA_CPU_KERNEL(name) {#name + sizeof("pyfa_cpu_") - 1, name##_generic, name##_avx2},
+#define PYFA_CPU_KERNEL(name) {&#name[sizeof("pyfa_cpu_") - 1], name##_generic, name##_avx2},
 #else
-#define PYFA_CPU_KERNEL(name) {#name + sizeof("pyfa_cpu_") - 1, name##_generic, name##_generic},
+#define PYFA_CPU_KERNEL(name) {&#name[sizeof("pyfa_cpu_") - 1], name##_generic, name##_generic},
 #endif
 static const entry table[] = {
 #include "kernel_list.h"
