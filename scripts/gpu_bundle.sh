@@ -14,6 +14,7 @@ bash scripts/build.sh
 rm -rf "$dest"
 mkdir -p "$dest/scripts" "$dest/wheels"
 cp -r pyfa tests benchmarks "$dest/"
+mkdir -p "$dest/shaders" && cp -r shaders/common "$dest/shaders/"  # tests read the param headers
 cp scripts/gpu_run.sh "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 if [ -n "${PYFA_WHEELS_DIR:-}" ]; then
