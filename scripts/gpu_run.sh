@@ -24,7 +24,7 @@ status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 if has tests; then
     echo "== pytest"
-    timeout ${PYFA_TEST_TIMEOUT:-170} python3 -m pytest -q -rs -x tests 2>&1 | tee "$out/pytest.txt" | tail -15 || status=1
+    timeout ${PYFA_TEST_TIMEOUT:-170} python3 -m pytest -q -rs tests 2>&1 | tee "$out/pytest.txt" | tail -15 || status=1
 fi
 if has sanitizer; then
     echo "== compute-sanitizer"

@@ -183,10 +183,12 @@ def _golden_rows():
 
 
 def _golden_now():
+    # The CPU backend's codes (what "auto" opens would be a GPU on a GPU machine).
     x = _golden_rows()
     out = {}
+    cpu = pyfa.Device("cpu")
     for (bits, nc) in GOLDEN:
-        codes, scales = tq.quantize(x, bits, seed=GOLDEN_SEED, stream=1, norm_correction=nc)
+        codes, scales = tq.quantize(x, bits, seed=GOLDEN_SEED, stream=1, norm_correction=nc, device=cpu)
         out[(bits, nc)] = [(c.tobytes().hex(), f"{s.view(np.uint32).item():08x}") for c, s in zip(codes, scales)]
     return out
 
