@@ -18,7 +18,10 @@ let package = Package(
             name: "PyfaCPUKernels",
             dependencies: ["PyfaShaderCommon", "CPyfa"],
             path: "native/CPUKernels",
-            cSettings: [.unsafeFlags(["-O3", "-ffp-contract=fast"])]
+            // fast contraction everywhere except where a kernel turns it off with
+            // `#pragma clang fp contract(off)` (the TurboQuant codec must round alike
+            // in the generic and AVX2 builds; plain "fast" ignores the pragma).
+            cSettings: [.unsafeFlags(["-O3", "-ffp-contract=fast-honor-pragmas", "-Wno-psabi"])]
         ),
         // CUDA driver + NVRTC prototypes, their dlopen loader and the embedded
         // kernel sources (C23 #embed of shaders/cuda/*): no CUDA SDK at build time.

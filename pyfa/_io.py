@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import cuda_interop, dtypes
-from ._native import lib
+from ._native import ffi, lib
 from .device import Buffer, Device
 from .errors import check, invalid
 from .cuda_interop import GpuArray
@@ -153,3 +153,39 @@ def index_array(value, name: str, batch: int, lo: int, hi: int) -> np.ndarray:
         i = int(np.argmax(bad))
         raise invalid(f"{name}[{i}]: {int(v[i])} must be in {lo}..{hi}")
     return np.ascontiguousarray(v.astype(np.int32))
+
+
+def int_arg(value, name: str, lo: int, hi: int) -> int:
+    """A Python int in [lo, hi] (bools and non-integers are rejected)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise invalid(f"{name}: expected an int, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise invalid(f"{name}: {int(value)} must be in {lo}..{hi}")
+    return int(value)
+
+
+LAYOUTS = ("bhsd", "bshd")
+
+
+def layout_dims(shape, layout: str):
+    """(batch, heads, seq, head_dim) of a 4-D ``shape`` in ``layout``."""
+    if layout == "bhsd":
+        b, h, s, d = shape
+    else:
+        b, s, h, d = shape
+    return b, h, s, d
+
+
+def layout_strides(layout: str, heads: int, seq: int, head_dim: int) -> list[int]:
+    """Element strides (batch, head, row) of a contiguous ``[B, H, L, D]`` ("bhsd")
+    or ``[B, L, H, D]`` ("bshd") array."""
+    if layout not in LAYOUTS:
+        raise invalid(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout == "bhsd":
+        return [heads * seq * head_dim, seq * head_dim, head_dim]
+    return [seq * heads * head_dim, head_dim, heads * head_dim]
+
+
+def handle(buffer):
+    """The C handle of a buffer, or NULL for None."""
+    return ffi.NULL if buffer is None else buffer.handle

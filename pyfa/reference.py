@@ -53,3 +53,54 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
             w, _ = softmax_rows(s[None], visible[None])
             out[b, h] = w[0] @ v[b, kv, :n]
     return out[0] if single else out
+
+
+def _to_bhsd(x: np.ndarray, layout: str) -> np.ndarray:
+    return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
+
+
+def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, window=None, softcap=0.0,
+              layout="bhsd", return_lse=False):
+    """Reference of :func:`pyfa.attention`: float64 output in q's layout (and the
+    float64 natural-log LSE ``[B, H, q_len]`` when ``return_lse``)."""
+    q, k, v = (_to_bhsd(_f64(x), layout) for x in (q, k, v))
+    B, H, qL, D = q.shape
+    Hkv, kL = k.shape[1], k.shape[2]
+    k = np.repeat(k, H // Hkv, axis=1)
+    v = np.repeat(v, H // Hkv, axis=1)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = capped(np.einsum("bhid,bhjd->bhij", q, k) * scale, softcap)
+    visible = np.ones((B, H, qL, kL), bool)
+    if mask is not None:
+        m = np.asarray(mask)
+        m = m if m.ndim == 4 else m[None, None]
+        if m.dtype == bool:
+            visible &= m
+        else:
+            m = m.astype(np.float64)
+            visible &= m != -np.inf
+            s = s + np.where(np.isfinite(m), m, 0.0)
+    pos = (kL - qL if q_offset is None else q_offset) + np.arange(qL)[:, None]
+    key = np.arange(kL)[None, :]
+    if causal:
+        visible &= key <= pos
+    if window:
+        visible &= pos - key < window
+    w, lse = softmax_rows(s, visible)
+    out = _to_bhsd(w @ v, layout)
+    return (out, lse) if return_lse else out
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd"):
+    """Reference of :func:`pyfa.merge_attention_states`: float64 ``(o, lse)``."""
+    la, lb = _f64(lse_a), _f64(lse_b)
+    m = np.maximum(la, lb)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    wa, wb = np.exp(la - m_safe), np.exp(lb - m_safe)
+    total = wa + wb
+    fa = np.divide(wa, total, out=np.zeros_like(wa), where=total > 0)[..., None]
+    fb = np.divide(wb, total, out=np.zeros_like(wb), where=total > 0)[..., None]
+    o = _to_bhsd(_to_bhsd(_f64(o_a), layout) * fa + _to_bhsd(_f64(o_b), layout) * fb, layout)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, np.log(np.where(total > 0, total, 1.0)) + m_safe, -np.inf)
+    return o, lse

@@ -9,9 +9,8 @@ import pyfa
 from pyfa import reference
 from pyfa._native import ffi, lib
 
-from conftest import AVAILABLE
 
-HAS_GPU = "cuda" in AVAILABLE
+HAS_GPU = "cuda" in pyfa.available_backends()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA device here")
 
 # Tolerance on max |out - ref| for 16-bit caches: the reference reads the same

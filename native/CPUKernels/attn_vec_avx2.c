@@ -3,5 +3,6 @@
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #define PYFA_CPU_AVX2 1
 #include "attn_vec_body.h"
+#include "turboquant_body.h"
 #pragma clang attribute pop
 #endif

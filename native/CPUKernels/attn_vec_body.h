@@ -1,28 +1,108 @@
 /*
- * CPU bodies of flash_attn_vec and flash_attn_vec_reduce (contracts in
- * pyfa_params.h). Included by attn_vec_generic.c and attn_vec_avx2.c.
+ * CPU bodies of flash_attn_vec, flash_attn_vec_tq and flash_attn_vec_reduce
+ * (contracts in pyfa_params.h, turboquant_params.h). Included by
+ * attn_vec_generic.c and attn_vec_avx2.c.
  *
  * One threadgroup = (workgroup iwg, KV head, sequence). It converts each K/V
  * row to f32 once and uses it for all query heads of the GQA group, walking
  * its share of the visible logical positions in blocks with one online-softmax
  * update per block. Slots at or past kv_len are never read.
+ *
+ * flash_attn_vec_tq runs the same body with kbits/vbits > 0: a row is then
+ * the codebook centroids of its codes (rotated domain), and its scale
+ * (scale / sqrt(D)) multiplies the score (K) or the softmax weight (V).
  */
 #include "cpu_simd.h"
 #include "pyfa_cpu.h"
+#include "tq_codec.h"
 
 #define VEC_BLOCK 16
 
 /* Scratch floats one flash_attn_vec threadgroup needs (the CPU plan uses it). */
-#define VEC_SCRATCH_FLOATS(G, D) ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (D) + (size_t)(G) * (VEC_BLOCK + 2))
+#define VEC_SCRATCH_FLOATS(G, D) \
+    ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (size_t)(G) * (VEC_BLOCK + 2) + 2 * (size_t)TQ_MAX_LEVELS)
+
+/* Where a K or V row comes from: a dense cache row of kv_dt, or (bits > 0)
+ * TurboQuant codes with a per-slot scale. */
+typedef struct vec_rows {
+    const char *base;     /* this (sequence, KV head)'s slot 0 */
+    size_t row_bytes;
+    const float *scales;  /* TurboQuant: this head's per-slot scales */
+    const float *cb;      /* TurboQuant: codebook, padded to TQ_MAX_LEVELS */
+#if defined(PYFA_CPU_AVX2)
+    tq_planes planes;     /* 4-bit rows: decoded in PERM4 order (tq_codec.h) */
+#endif
+} vec_rows;
+
+/* Whether rows of this width arrive in PERM4 order. */
+PYFA_INLINE int vec_perm4(int bits) {
+#if defined(PYFA_CPU_AVX2)
+    return bits == 4;
+#else
+    (void)bits;
+    return 0;
+#endif
+}
+
+/* Row `slot` as f32 in dst; returns the factor its dot products take. */
+PYFA_INLINE float vec_load_row(float *dst, const vec_rows *r, uint32_t slot, int kv_dt, int bits, uint32_t D,
+                               float inv_sqrt_d) {
+    if (bits) {
+        const uint8_t *codes = (const uint8_t *)r->base + slot * r->row_bytes;
+        switch (bits) { /* a constant width per copy, so the unpacking specialises */
+        case 2: tq_centroids_row(dst, codes, r->cb, 2, D); break;
+        case 3: tq_centroids_row(dst, codes, r->cb, 3, D); break;
+#if defined(PYFA_CPU_AVX2)
+        case 4: tq_centroids_row_perm4(dst, codes, &r->planes, D); break;
+#else
+        case 4: tq_centroids_row(dst, codes, r->cb, 4, D); break;
+#endif
+        default: tq_centroids_row(dst, codes, r->cb, 8, D); break;
+        }
+        return r->scales[slot] * inv_sqrt_d;
+    }
+    row_to_f32(dst, r->base + slot * r->row_bytes, D, kv_dt);
+    return 1.0f;
+}
+
+/* acc[i] += sum over j < nb, in order, of w[j] * rows[j][i]; D % 16 == 0. */
+PYFA_INLINE void accumulate_rows(float *acc, const float *w, const float *rows, uint32_t nb, uint32_t D) {
+    uint32_t i = 0;
+    for (; i + 32 <= D; i += 32) {
+        vf8 a0 = vf8_load(acc + i), a1 = vf8_load(acc + i + 8), a2 = vf8_load(acc + i + 16), a3 = vf8_load(acc + i + 24);
+        for (uint32_t j = 0; j < nb; j++) {
+            const float *r = rows + (size_t)j * D + i;
+            const vf8 wj = vf8_splat(w[j]);
+            a0 += wj * vf8_load(r);
+            a1 += wj * vf8_load(r + 8);
+            a2 += wj * vf8_load(r + 16);
+            a3 += wj * vf8_load(r + 24);
+        }
+        vf8_store(acc + i, a0);
+        vf8_store(acc + i + 8, a1);
+        vf8_store(acc + i + 16, a2);
+        vf8_store(acc + i + 24, a3);
+    }
+    for (; i < D; i += 16) {
+        vf8 a0 = vf8_load(acc + i), a1 = vf8_load(acc + i + 8);
+        for (uint32_t j = 0; j < nb; j++) {
+            const vf8 wj = vf8_splat(w[j]);
+            a0 += wj * vf8_load(rows + (size_t)j * D + i);
+            a1 += wj * vf8_load(rows + (size_t)j * D + i + 8);
+        }
+        vf8_store(acc + i, a0);
+        vf8_store(acc + i + 8, a1);
+    }
+}
 
 PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
-                          const int kv_dt, const uint32_t D) {
+                          const int kv_dt, const uint32_t D, const int kbits, const int vbits) {
     const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
     const uint32_t G = p->num_heads / p->num_kv_heads;
     const uint32_t kv_len = ((const uint32_t *)d->args[PYFA_VEC_ARG_KV_LEN])[b];
     const uint32_t ring = ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
     const uint32_t cap = p->kv_capacity, nwg = p->nwg;
-    const int q_dt = d->constants[PYFA_VEC_FC_Q_DTYPE];
+    const int q_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_Q_DTYPE];
     const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
     const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];
     const float scale = p->scale, softcap = p->softcap;
@@ -34,13 +114,31 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     const uint32_t begin = lo + (uint32_t)(b0 < n ? b0 : n), end = lo + (uint32_t)(b1 < n ? b1 : n);
 
     float *qf = scratch, *acc = qf + (size_t)G * D, *kb = acc + (size_t)G * D;
-    float *vb = kb + (size_t)VEC_BLOCK * D, *sc = vb + D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
+    float *sc = kb + (size_t)VEC_BLOCK * D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
+    float *kcb = Ss + G, *vcb = kcb + TQ_MAX_LEVELS;
 
-    const uint32_t esz = dtype_size(kv_dt);
-    const size_t row_bytes = (size_t)D * esz;
-    const size_t head_off = ((size_t)b * p->num_kv_heads + kvh) * cap * row_bytes;
-    const char *kbase = (const char *)d->args[PYFA_VEC_ARG_K] + head_off;
-    const char *vbase = (const char *)d->args[PYFA_VEC_ARG_V] + head_off;
+    const size_t head_rows = ((size_t)b * p->num_kv_heads + kvh) * cap;
+    vec_rows kr, vr;
+    kr.row_bytes = kbits ? PYFA_TQ_ROW_BYTES((size_t)D, kbits) : (size_t)D * dtype_size(kv_dt);
+    vr.row_bytes = vbits ? PYFA_TQ_ROW_BYTES((size_t)D, vbits) : (size_t)D * dtype_size(kv_dt);
+    kr.base = (const char *)d->args[PYFA_VEC_ARG_K] + head_rows * kr.row_bytes;
+    vr.base = (const char *)d->args[PYFA_VEC_ARG_V] + head_rows * vr.row_bytes;
+    kr.scales = vr.scales = NULL;
+    kr.cb = kcb;
+    vr.cb = vcb;
+    if (kbits) { /* codebooks copied into zero-padded tables the vector lookups may over-read */
+        memset(kcb, 0, 2 * TQ_MAX_LEVELS * sizeof(float));
+        memcpy(kcb, d->args[PYFA_TQ_VEC_ARG_K_CODEBOOK], sizeof(float) << kbits);
+        memcpy(vcb, d->args[PYFA_TQ_VEC_ARG_V_CODEBOOK], sizeof(float) << vbits);
+        kr.scales = (const float *)d->args[PYFA_TQ_VEC_ARG_K_SCALES] + head_rows;
+        vr.scales = (const float *)d->args[PYFA_TQ_VEC_ARG_V_SCALES] + head_rows;
+#if defined(PYFA_CPU_AVX2)
+        if (kbits == 4) tq_byte_planes(&kr.planes, kcb);
+        if (vbits == 4) tq_byte_planes(&vr.planes, vcb);
+#endif
+    }
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    float kf[VEC_BLOCK];
 
     for (uint32_t g = 0; g < G; g++) {
         const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
@@ -52,6 +150,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         default: row_to_f32(qg, qrow, D, PYFA_DTYPE_F32); break;
         }
         if (!has_softcap) scale_f32(qg, scale, D);
+        if (vec_perm4(kbits)) tq_permute4(qg, D, 1); /* K rows arrive permuted */
         memset(acc + (size_t)g * D, 0, (size_t)D * sizeof(float));
         Ms[g] = -INFINITY;
         Ss[g] = 0.0f;
@@ -63,7 +162,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         for (uint32_t j = 0; j < nb; j++) {
             uint32_t s = pos + j + ring;
             slots[j] = s >= cap ? s - cap : s;
-            row_to_f32(kb + (size_t)j * D, kbase + slots[j] * row_bytes, D, kv_dt);
+            kf[j] = vec_load_row(kb + (size_t)j * D, &kr, slots[j], kv_dt, kbits, D, inv_sqrt_d);
         }
         for (uint32_t g = 0; g < G; g++) {
             const float *qg = qf + (size_t)g * D;
@@ -71,6 +170,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
             float mb = -INFINITY;
             for (uint32_t j = 0; j < nb; j++) {
                 float s = dot_f32(qg, kb + (size_t)j * D, D);
+                if (kbits) s *= kf[j];
                 if (has_softcap) s = apply_softcap(s * scale, softcap);
                 sg[j] = s;
                 mb = s > mb ? s : mb;
@@ -85,21 +185,30 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
                 scale_f32(acc + (size_t)g * D, alpha, D);
                 Ss[g] *= alpha;
             }
+            /* sg has VEC_BLOCK (a multiple of 8) slots; lanes past nb are not summed. */
             float sum = 0.0f;
-            for (uint32_t j = 0; j < nb; j++) {
-                sg[j] = expf(sg[j] - m_new);
-                sum += sg[j];
+            for (uint32_t j = 0; j < nb; j += 8) {
+                vf8 e = vf8_exp_nonpos(vf8_load(sg + j) - vf8_splat(m_new));
+                vf8_store(sg + j, e);
             }
+            for (uint32_t j = 0; j < nb; j++) sum += sg[j];
             Ss[g] += sum;
             Ms[g] = m_new;
         }
-        for (uint32_t j = 0; j < nb; j++) {
-            row_to_f32(vb, vbase + slots[j] * row_bytes, D, kv_dt);
-            for (uint32_t g = 0; g < G; g++) axpy_f32(acc + (size_t)g * D, sc[(size_t)g * VEC_BLOCK + j], vb, D);
+        /* V rows into kb (the block's K rows are done with), then each head's
+         * accumulator takes the whole block per register chunk, rows in order. */
+        float vf[VEC_BLOCK];
+        for (uint32_t j = 0; j < nb; j++) vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
+        for (uint32_t g = 0; g < G; g++) {
+            float w[VEC_BLOCK];
+            for (uint32_t j = 0; j < nb; j++) w[j] = sc[(size_t)g * VEC_BLOCK + j] * vf[j];
+            accumulate_rows(acc + (size_t)g * D, w, kb, nb, D);
         }
     }
 
     const uint32_t nrows = p->batch * p->num_heads;
+    if (vec_perm4(vbits)) /* V rows arrived permuted */
+        for (uint32_t g = 0; g < G; g++) tq_permute4(acc + (size_t)g * D, D, 0);
     for (uint32_t g = 0; g < G; g++) {
         const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
         const float *ag = acc + (size_t)g * D;
@@ -117,7 +226,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     }
 }
 
-#define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV); return;
+#define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0); return;
 #define VEC_SWITCH_D(DT)                                                                           \
     switch (d->constants[PYFA_VEC_FC_HEAD_DIM]) {                                                  \
         VEC_CASE_D(DT, 64) VEC_CASE_D(DT, 80) VEC_CASE_D(DT, 96) VEC_CASE_D(DT, 128)               \
@@ -134,16 +243,14 @@ void PYFA_ISA(pyfa_cpu_flash_attn_vec)(const pyfa_cpu_dispatch *d, uint32_t x, u
     }
 }
 
-/* Merges the nwg partial states of row x. */
-void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
-                                              void *scratch) {
-    (void)y, (void)z, (void)scratch;
-    const pyfa_attn_reduce_params *p = (const pyfa_attn_reduce_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
+/* Merges the nwg partial states of row x into o. One out-of-line copy serves
+ * both flash_attn_vec_reduce and the fused TurboQuant reduce + undo, so the
+ * two run the same instructions. */
+__attribute__((noinline)) static void vec_reduce_row(const pyfa_attn_reduce_params *p, const float *tmp, uint32_t x,
+                                                     float *o) {
     const uint32_t D = p->head_dim, nwg = p->nwg;
-    const float *tmp = (const float *)d->args[PYFA_REDUCE_ARG_TMP];
     const float *sm = tmp + (size_t)p->nrows * nwg * D + (size_t)x * nwg * 2;
     const float *part = tmp + (size_t)x * nwg * D;
-    float *o = (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * D;
     float m = -INFINITY;
     for (uint32_t w = 0; w < nwg; w++)
         if (sm[2 * w] > 0.0f && sm[2 * w + 1] > m) m = sm[2 * w + 1];
@@ -157,4 +264,12 @@ void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce)(const pyfa_cpu_dispatch *d, uint32
         axpy_f32(o, f, part + (size_t)w * D, D);
     }
     scale_f32(o, 1.0f / total, D);
+}
+
+void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                              void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    const pyfa_attn_reduce_params *p = (const pyfa_attn_reduce_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
+    vec_reduce_row(p, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x,
+                   (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * p->head_dim);
 }

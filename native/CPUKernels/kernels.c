@@ -1,5 +1,6 @@
 /* Name -> CPU kernel table, with the ISA chosen once per process. */
 #include "pyfa_cpu.h"
+#include <stdlib.h>
 #include <string.h>
 
 #define PYFA_CPU_KERNEL(name)                                                                      \
@@ -13,8 +14,10 @@ static int use_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                 __builtin_cpu_supports("f16c");
+        /* PYFA_CPU_ISA=generic forces the baseline build (tests compare the two). */
+        const char *force = getenv("PYFA_CPU_ISA");
+        cached = !(force && strcmp(force, "generic") == 0) && __builtin_cpu_supports("avx2") &&
+                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }
     return cached;
 #else
@@ -30,9 +33,9 @@ typedef struct entry {
 } entry;
 
 #if defined(__x86_64__) && defined(__clang__)
-#define PYFA_CPU_KERNEL(name) {#name + sizeof("pyfa_cpu_") - 1, name##_generic, name##_avx2},
+#define PYFA_CPU_KERNEL(name) {&#name[sizeof("pyfa_cpu_") - 1], name##_generic, name##_avx2},
 #else
-#define PYFA_CPU_KERNEL(name) {#name + sizeof("pyfa_cpu_") - 1, name##_generic, name##_generic},
+#define PYFA_CPU_KERNEL(name) {&#name[sizeof("pyfa_cpu_") - 1], name##_generic, name##_generic},
 #endif
 static const entry table[] = {
 #include "kernel_list.h"

@@ -6,3 +6,13 @@
 _Static_assert(sizeof(pyfa_flash_attn_vec_params) == 40, "pyfa_flash_attn_vec_params layout");
 _Static_assert(offsetof(pyfa_flash_attn_vec_params, scale) == 28, "pyfa_flash_attn_vec_params.scale");
 _Static_assert(sizeof(pyfa_attn_reduce_params) == 16, "pyfa_attn_reduce_params layout");
+_Static_assert(sizeof(pyfa_flash_attn_prefill_params) == 184, "pyfa_flash_attn_prefill_params layout");
+_Static_assert(offsetof(pyfa_flash_attn_prefill_params, q_strides) == 64, "pyfa_flash_attn_prefill_params.q_strides");
+_Static_assert(offsetof(pyfa_flash_attn_prefill_params, mask_strides) == 160, "pyfa_flash_attn_prefill_params.mask_strides");
+_Static_assert(sizeof(pyfa_merge_attn_params) == 40, "pyfa_merge_attn_params layout");
+_Static_assert(sizeof(pyfa_tq_quantize_params) == 48, "pyfa_tq_quantize_params layout");
+_Static_assert(sizeof(pyfa_tq_dequantize_params) == 40, "pyfa_tq_dequantize_params layout");
+_Static_assert(sizeof(pyfa_tq_fwht_params) == 24, "pyfa_tq_fwht_params layout");
+_Static_assert(sizeof(pyfa_flash_attn_vec_tq_params) == 64, "pyfa_flash_attn_vec_tq_params layout");
+_Static_assert(offsetof(pyfa_flash_attn_vec_tq_params, k_bits) == 40, "pyfa_flash_attn_vec_tq_params.k_bits");
+_Static_assert(sizeof(pyfa_tq_reduce_undo_params) == 32, "pyfa_tq_reduce_undo_params layout");

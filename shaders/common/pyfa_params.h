@@ -84,3 +84,6 @@ typedef struct pyfa_attn_reduce_params {
 #define PYFA_REDUCE_ARG_PARAMS 0
 #define PYFA_REDUCE_ARG_TMP 1
 #define PYFA_REDUCE_ARG_OUT 2
+
+#include "flash_attn_prefill_params.h"
+#include "turboquant_params.h"

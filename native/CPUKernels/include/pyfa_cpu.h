@@ -41,3 +41,9 @@ const char *pyfa_cpu_isa(void);
 /* Scratch bytes one flash_attn_vec threadgroup needs for `group` query heads
  * per KV head at head_dim `head_dim`. */
 uint64_t pyfa_cpu_vec_scratch_bytes(uint32_t group, uint32_t head_dim);
+
+/* Scratch bytes one flash_attn_prefill threadgroup needs at head_dim. */
+uint64_t pyfa_cpu_prefill_scratch_bytes(uint32_t head_dim);
+
+/* The (block_q, block_k) tile the CPU prefill kernel is built for. */
+void pyfa_cpu_prefill_tile(uint32_t *block_q, uint32_t *block_k);

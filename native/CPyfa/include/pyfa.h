@@ -118,6 +118,48 @@ int pyfa_encoder_set_stream(pyfa_encoder *encoder, uint64_t stream);
  * arch ("sm_80", "sm_90a", ...) with NVRTC; needs no GPU or driver. Uses the
  * disk cache. count receives the number of specialisations (may be NULL). */
 int pyfa_cuda_compile_all(const char *arch, uint32_t *count);
+/* ---- prefill: flash_attn_prefill (+ blk pre-pass), merge_attention_states ----
+ * Contracts in flash_attn_prefill_params.h.
+ * _plan fills params->block_q/block_k (when both are 0; otherwise checks them),
+ * num_q_blocks and num_k_blocks for I/O dtype `dtype`, and the bytes a blk
+ * buffer needs for params->mask_strides (one byte per tile per mask plane).
+ * _blk encodes the pre-pass for the prefill dispatch of I/O dtype `dtype`,
+ * followed by a barrier; blk requires a mask in pyfa_flash_attn_prefill.
+ * mask, blk and lse may be NULL. */
+int pyfa_flash_attn_prefill_plan(pyfa_device *device, pyfa_flash_attn_prefill_params *params, pyfa_dtype dtype,
+                                 uint64_t *blk_bytes);
+int pyfa_flash_attn_prefill_blk(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
+                                pyfa_dtype dtype, pyfa_buffer *mask, pyfa_buffer *blk);
+int pyfa_flash_attn_prefill(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params, pyfa_buffer *q,
+                            pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *mask, pyfa_buffer *blk, pyfa_buffer *out,
+                            pyfa_buffer *lse);
+/* lse_out may be NULL. */
+int pyfa_merge_attention_states(pyfa_encoder *encoder, const pyfa_merge_attn_params *params, pyfa_buffer *o_a,
+                                pyfa_buffer *lse_a, pyfa_buffer *o_b, pyfa_buffer *lse_b, pyfa_buffer *out,
+                                pyfa_buffer *lse_out);
+/* ---- TurboQuant compressed KV cache (codec and contracts: turboquant_params.h) ----
+ * Every encode call records dispatches on the encoder; commit + wait run them. */
+/* The f32 Lloyd-Max codebook of N(0,1) at bits in {2, 3, 4, 8}: count = 2^bits
+ * sorted centroids, computed by the library (Newton-accelerated Lloyd). */
+int pyfa_turboquant_codebook(uint32_t bits, float *centroids, uint32_t count);
+/* Encodes src [num_tokens, num_kv_heads, head_dim] into codes/scales slots
+ * (write_pos + i) mod kv_capacity, in one dispatch. */
+int pyfa_hadamard_quantize_kv(pyfa_encoder *encoder, const pyfa_tq_quantize_params *params, pyfa_buffer *src,
+                              pyfa_buffer *codes, pyfa_buffer *scales);
+/* Decodes num_tokens slots from first_slot (ring order) into out [num_tokens, num_kv_heads, head_dim] f32,
+ * original domain. */
+int pyfa_tq_dequantize_kv(pyfa_encoder *encoder, const pyfa_tq_dequantize_params *params, pyfa_buffer *codes,
+                          pyfa_buffer *scales, pyfa_buffer *out);
+/* fwht / fwht_sign_premult / fwht_sign_undo by params->transform; dst may equal an f32 src. */
+int pyfa_fwht(pyfa_encoder *encoder, const pyfa_tq_fwht_params *params, pyfa_buffer *src, pyfa_buffer *dst);
+/* Like pyfa_flash_attn_vec_plan; tmp_bytes is never 0 (tmp also holds the rotated q). */
+int pyfa_flash_attn_vec_tq_plan(pyfa_device *device, pyfa_flash_attn_vec_tq_params *params, uint32_t max_kv_len,
+                                uint64_t *tmp_bytes);
+/* Decode over codes: q [batch, num_heads, head_dim] (f32/f16/bf16, original domain) -> out f32, original
+ * domain. Runs premult -> flash_attn_vec_tq -> reduce (+) undo, fused when params->fused. */
+int pyfa_flash_attn_vec_tq(pyfa_encoder *encoder, const pyfa_flash_attn_vec_tq_params *params, pyfa_buffer *q,
+                           pyfa_buffer *k_codes, pyfa_buffer *k_scales, pyfa_buffer *v_codes, pyfa_buffer *v_scales,
+                           pyfa_buffer *kv_len, pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
 
 #ifdef __cplusplus
 }

@@ -47,12 +47,31 @@ public struct VecGeometry {
     public var threadgroupMemory: Int
 }
 
+/// Geometry a backend picks for prefill: the (block_q, block_k) tile, which
+/// also fixes the blk layout, and what one threadgroup needs.
+public struct PrefillGeometry {
+    public var blockQ: UInt32
+    public var blockK: UInt32
+    public var threads: UInt32
+    public var threadgroupMemory: Int
+}
+
 /// The per-backend choices dispatchers ask for. Dispatchers stay
 /// backend-neutral; a backend answers these from its own limits.
 public protocol BackendPlan {
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry
     /// Threads and threadgroup memory of the decode reduce pass.
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Prefill tile shape and threadgroup needs; depends on head_dim and the
+    /// I/O dtype only, so a blk buffer built from it matches every dispatch.
+    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry
+    /// Threads and threadgroup memory of the blk pre-pass and of merge_attention_states.
+    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Threads and threadgroup memory of the TurboQuant one-row-per-workgroup
+    /// kernels (hadamard_quantize_kv, tq_dequantize_kv, the fwht family).
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Threads and threadgroup memory of flash_attn_vec_reduce_tq_hb_undo.
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
 }
 
 /// Runs submitted commands in order; one per encoder.

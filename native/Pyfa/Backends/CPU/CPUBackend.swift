@@ -186,6 +186,20 @@ struct CPUPlan: BackendPlan {
     }
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
+
+    /// The CPU prefill kernel is built for one tile shape (pyfa_cpu_prefill_tile).
+    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+        var bq: UInt32 = 0, bk: UInt32 = 0
+        pyfa_cpu_prefill_tile(&bq, &bk)
+        return PrefillGeometry(blockQ: bq, blockK: bk, threads: 1,
+                               threadgroupMemory: Int(pyfa_cpu_prefill_scratch_bytes(headDim)))
+    }
+
+    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
+    /// Row kernels keep their rows on the stack.
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
+
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
 }
 
 /// Copies a Swift string into a fixed C char array, NUL-terminated.

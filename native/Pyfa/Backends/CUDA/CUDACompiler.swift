@@ -49,7 +49,7 @@ final class CUDACompiler {
         let options = self.options + (check ? CUDACompiler.checkOptions : [])
         var maxThreads: UInt32 = 0
         guard let file = pyfa_cuda_kernel_file(name, &maxThreads) else {
-            throw PyfaError.internal("kernel '\(name)': no CUDA implementation (shaders/cuda/kernel_list.h)")
+            throw PyfaError.unsupported("kernel '\(name)': no CUDA implementation (shaders/cuda/kernel_list.h)")
         }
         var source = try CUDACompiler.embedded(String(cString: file)) + "\n"
         for c in specialisations {

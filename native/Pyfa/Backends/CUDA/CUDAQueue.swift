@@ -169,4 +169,18 @@ struct CUDAPlan: BackendPlan {
     }
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+
+    /// Prefill tile and block shape (shaders/cuda/attn_prefill.cu).
+    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+        PrefillGeometry(blockQ: 64, blockK: 64, threads: 128, threadgroupMemory: 0)
+    }
+
+    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+
+    /// One block per row of the TurboQuant row kernels.
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, Int(headDim) * 4) }
+
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
+        (128, Int(headDim) * 4)
+    }
 }

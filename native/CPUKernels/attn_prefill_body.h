@@ -1,0 +1,442 @@
+/*
+ * CPU bodies of flash_attn_prefill, flash_attn_prefill_blk and
+ * merge_attention_states (contracts in flash_attn_prefill_params.h).
+ * Included by attn_prefill_generic.c and attn_prefill_avx2.c.
+ *
+ * flash_attn_prefill: one threadgroup = one tile of PF_BQ query rows of one
+ * head. Q is converted to f32 once, pre-scaled (by scale*log2(e) without
+ * softcap) and stored transposed in 16-row panels; each K/V tile of PF_BK
+ * keys is converted to f32 once into scratch. Scores are computed by a 16x6
+ * register-blocked micro-kernel into S^T [PF_BK][PF_BQ] (keys major), so the
+ * online-softmax statistics are vector operations over query rows; P V uses
+ * a 6x16 register-blocked micro-kernel that also applies the rescale factor.
+ * Softmax runs in base 2 (exp2); statistics are f32. No [q_len, kv_len]
+ * score matrix ever exists.
+ */
+#include "cpu_simd.h"
+#include "pyfa_cpu.h"
+
+/* Tile shape of the CPU plan (pyfa_cpu_prefill_tile reports it). The
+ * micro-kernels need PF_BQ % 48 == 0 and PF_BK % 6 == 0. */
+#define PF_BQ 48
+#define PF_BK 48
+#define PF_QK_ROWS 16 /* query rows per Q panel / score micro-kernel */
+#define PF_QK_KEYS 6  /* keys per score micro-kernel */
+#define PF_PV_ROWS 6  /* query rows per P V micro-kernel */
+
+#define PF_LOG2E 1.44269504088896340736f
+#define PF_LN2 0.69314718055994530942f
+
+/* Scratch floats of one flash_attn_prefill threadgroup. */
+#define PF_SCRATCH_FLOATS(D) (2 * (size_t)PF_BQ * (D) + 2 * (size_t)PF_BK * (D) + 2 * (size_t)PF_BK * PF_BQ + 3 * (size_t)PF_BQ)
+
+/* st[j][i] = sum_d qt[i][d] * kt[j][d] for j < jn (a multiple of 6) and
+ * i < rows (a multiple of 16). qt is stored as panels [PF_BQ/16][D][16]. */
+PYFA_INLINE void pf_scores(float *st, const float *qt, const float *kt, uint32_t jn, uint32_t rows, const uint32_t D) {
+    for (uint32_t jb = 0; jb < jn; jb += PF_QK_KEYS) {
+        const float *k0 = kt + (size_t)jb * D;
+        for (uint32_t ib = 0; ib < rows; ib += PF_QK_ROWS) {
+            const float *panel = qt + (size_t)(ib / PF_QK_ROWS) * D * PF_QK_ROWS;
+            vf8 a[PF_QK_KEYS][2];
+            for (int r = 0; r < PF_QK_KEYS; r++) a[r][0] = a[r][1] = vf8_splat(0.0f);
+            for (uint32_t dd = 0; dd < D; dd++) {
+                const vf8 q0 = vf8_load(panel + (size_t)dd * PF_QK_ROWS);
+                const vf8 q1 = vf8_load(panel + (size_t)dd * PF_QK_ROWS + 8);
+                for (int r = 0; r < PF_QK_KEYS; r++) {
+                    const vf8 kk = vf8_splat(k0[(size_t)r * D + dd]);
+                    a[r][0] += q0 * kk;
+                    a[r][1] += q1 * kk;
+                }
+            }
+            for (int r = 0; r < PF_QK_KEYS; r++) {
+                vf8_store(st + (size_t)(jb + r) * PF_BQ + ib, a[r][0]);
+                vf8_store(st + (size_t)(jb + r) * PF_BQ + ib + 8, a[r][1]);
+            }
+        }
+    }
+}
+
+/* o[i][:] = o[i][:] * alpha[i] + sum_{j < nk} st[j][i] * vt[j][:] for the
+ * first rows_used rows (rounded up to a multiple of 6). */
+PYFA_INLINE void pf_accumulate(float *o, const float *st, const float *vt, const float *alpha, uint32_t nk,
+                               uint32_t rows_used, const uint32_t D) {
+    for (uint32_t rb = 0; rb < rows_used; rb += PF_PV_ROWS) {
+        for (uint32_t db = 0; db < D; db += 16) {
+            vf8 a[PF_PV_ROWS][2];
+            for (int r = 0; r < PF_PV_ROWS; r++) {
+                const vf8 s = vf8_splat(alpha[rb + r]);
+                const float *orow = o + (size_t)(rb + r) * D + db;
+                a[r][0] = vf8_load(orow) * s;
+                a[r][1] = vf8_load(orow + 8) * s;
+            }
+            for (uint32_t j = 0; j < nk; j++) {
+                const float *vr = vt + (size_t)j * D + db;
+                const vf8 v0 = vf8_load(vr), v1 = vf8_load(vr + 8);
+                const float *pr = st + (size_t)j * PF_BQ + rb;
+                for (int r = 0; r < PF_PV_ROWS; r++) {
+                    const vf8 pp = vf8_splat(pr[r]);
+                    a[r][0] += pp * v0;
+                    a[r][1] += pp * v1;
+                }
+            }
+            for (int r = 0; r < PF_PV_ROWS; r++) {
+                float *orow = o + (size_t)(rb + r) * D + db;
+                vf8_store(orow, a[r][0]);
+                vf8_store(orow + 8, a[r][1]);
+            }
+        }
+    }
+}
+
+/* Adds the mask tile (query rows [0, nq), keys [j0, j0 + nk)) to S^T in the
+ * base-2 domain: rows are converted to additive form in mt [PF_BQ][PF_BK]
+ * (bool: 0 or -inf; entries outside the tile 0), then added through 8x8
+ * transposes. */
+PYFA_INLINE void pf_add_mask(float *st, float *mt, const char *mbase, int64_t row_stride, int64_t j0, uint32_t nq,
+                             uint32_t nk, uint32_t rows, int bool_mask, const int dt) {
+    const uint32_t es = bool_mask ? 1 : dtype_size(dt);
+    const uint32_t cols = (nk + 7) / 8 * 8;
+    for (uint32_t i = 0; i < rows; i++) {
+        float *dst = mt + (size_t)i * PF_BK;
+        if (i >= nq) {
+            memset(dst, 0, (size_t)cols * sizeof(float));
+            continue;
+        }
+        const char *src = mbase + ((int64_t)i * row_stride + j0) * es;
+        if (bool_mask) {
+            uint32_t j = 0;
+            for (; j + 8 <= nk; j += 8) {
+                vb8 bytes;
+                memcpy(&bytes, src + j, sizeof bytes);
+                const vu8 blocked = (vu8)(__builtin_convertvector(bytes, vu8) == 0u);
+                vf8_store(dst + j, (vf8)(blocked & 0xff800000u));
+            }
+            for (; j < nk; j++) dst[j] = src[j] ? 0.0f : -INFINITY;
+        } else {
+            row_to_f32_n(dst, src, nk, dt);
+        }
+        for (uint32_t j = nk; j < cols; j++) dst[j] = 0.0f;
+    }
+    const vf8 log2e = vf8_splat(PF_LOG2E);
+    for (uint32_t ib = 0; ib < rows; ib += 8)
+        for (uint32_t jb = 0; jb < cols; jb += 8) {
+            vf8 r[8];
+            for (int l = 0; l < 8; l++) r[l] = vf8_load(mt + (size_t)(ib + l) * PF_BK + jb);
+            vf8_transpose8(r);
+            for (int l = 0; l < 8; l++) {
+                float *s = st + (size_t)(jb + l) * PF_BQ + ib;
+                vf8_store(s, vf8_load(s) + r[l] * log2e);
+            }
+        }
+}
+
+/* Converts rows [0, n) of a K or V tile to f32 and zeroes rows [n, PF_BK). */
+PYFA_INLINE void pf_load_tile(float *dst, const char *base, int64_t row_stride_bytes, uint32_t n, const int dt,
+                              const uint32_t D) {
+    for (uint32_t j = 0; j < n; j++) row_to_f32(dst + (size_t)j * D, base + (int64_t)j * row_stride_bytes, D, dt);
+    if (n < PF_BK) memset(dst + (size_t)n * D, 0, (size_t)(PF_BK - n) * D * sizeof(float));
+}
+
+PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h, uint32_t b, float *scratch,
+                              const int dt, const uint32_t D) {
+    const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
+    const int has_mask = d->constants[PYFA_PREFILL_FC_HAS_MASK];
+    const int bool_mask = d->constants[PYFA_PREFILL_FC_MASK_KIND] == PYFA_MASK_BOOL;
+    const int causal = d->constants[PYFA_PREFILL_FC_DO_CAUSAL];
+    const int has_window = d->constants[PYFA_PREFILL_FC_HAS_WINDOW];
+    const int has_softcap = d->constants[PYFA_PREFILL_FC_HAS_SOFTCAP];
+    const int has_blk = d->constants[PYFA_PREFILL_FC_HAS_BLK];
+    const int has_lse = d->constants[PYFA_PREFILL_FC_HAS_LSE];
+    const uint32_t es = dtype_size(dt);
+
+    /* Highest query tiles first: under causal masking they carry the most
+     * keys, so the pool's tail is made of short tiles. */
+    const uint32_t qtile = p->num_q_blocks - 1 - x;
+    const uint32_t i0 = qtile * PF_BQ;
+    const uint32_t nq = p->q_len - i0 < PF_BQ ? p->q_len - i0 : PF_BQ;
+    /* Rows each stage covers, nested so every stage reads rows the previous
+     * one wrote: P V in blocks of 6, softmax in 8s, scores in 16s (<= PF_BQ). */
+    const uint32_t rows_used = (nq + PF_PV_ROWS - 1) / PF_PV_ROWS * PF_PV_ROWS;
+    const uint32_t rows_softmax = (rows_used + 7) / 8 * 8;
+    const uint32_t rows_scores = (rows_softmax + PF_QK_ROWS - 1) / PF_QK_ROWS * PF_QK_ROWS;
+    const uint32_t kvh = h / (p->num_heads / p->num_kv_heads);
+    const int64_t window = p->window;
+    const float scale = p->scale, softcap = p->softcap;
+
+    float *qt = scratch;                        /* [PF_BQ/16][D][16] */
+    float *o = qt + (size_t)PF_BQ * D;          /* [PF_BQ][D] */
+    float *kt = o + (size_t)PF_BQ * D;          /* [PF_BK][D] */
+    float *vt = kt + (size_t)PF_BK * D;         /* [PF_BK][D] */
+    float *st = vt + (size_t)PF_BK * D;         /* [PF_BK][PF_BQ] */
+    float *m = st + (size_t)PF_BK * PF_BQ;      /* [PF_BQ] running max (base 2) */
+    float *l = m + PF_BQ;                       /* [PF_BQ] running sum */
+    float *alpha = l + PF_BQ;                   /* [PF_BQ] rescale of this tile */
+    float *mt = alpha + PF_BQ;                  /* [PF_BQ][PF_BK] mask tile, additive form */
+
+    /* Q tile -> f32 (rows staged in o), scaled, transposed into panels. */
+    const float qscale = has_softcap ? 1.0f : scale * PF_LOG2E;
+    const char *qbase = (const char *)d->args[PYFA_PREFILL_ARG_Q] +
+                        (b * p->q_strides[0] + h * p->q_strides[1] + (int64_t)i0 * p->q_strides[2]) * es;
+    for (uint32_t i = 0; i < PF_BQ; i++) {
+        float *row = o + (size_t)i * D;
+        if (i < nq) row_to_f32(row, qbase + (int64_t)i * p->q_strides[2] * es, D, dt);
+        else memset(row, 0, (size_t)D * sizeof(float));
+        float *panel = qt + (size_t)(i / PF_QK_ROWS) * D * PF_QK_ROWS + i % PF_QK_ROWS;
+        for (uint32_t dd = 0; dd < D; dd++) panel[(size_t)dd * PF_QK_ROWS] = row[dd] * qscale;
+    }
+    memset(o, 0, (size_t)PF_BQ * D * sizeof(float));
+    for (uint32_t i = 0; i < PF_BQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+
+    /* Keys any row of this tile can see. */
+    const int64_t p_lo = (int64_t)p->q_offset + i0, p_hi = p_lo + nq - 1;
+    int64_t k_begin = 0, k_end = p->kv_len;
+    if (causal && p_hi + 1 < k_end) k_end = p_hi + 1;
+    if (has_window && p_lo - window + 1 > k_begin) k_begin = p_lo - window + 1;
+
+    const char *kbase = (const char *)d->args[PYFA_PREFILL_ARG_K] + (b * p->k_strides[0] + kvh * p->k_strides[1]) * es;
+    const char *vbase = (const char *)d->args[PYFA_PREFILL_ARG_V] + (b * p->v_strides[0] + kvh * p->v_strides[1]) * es;
+    const char *mbase = NULL;
+    const uint8_t *blk_row = NULL;
+    if (has_mask) {
+        const uint32_t mask_es = bool_mask ? 1 : es;
+        mbase = (const char *)d->args[PYFA_PREFILL_ARG_MASK] +
+                (b * p->mask_strides[0] + h * p->mask_strides[1] + (int64_t)i0 * p->mask_strides[2]) * mask_es;
+        if (has_blk) {
+            const uint32_t mask_heads = p->mask_strides[1] ? p->num_heads : 1;
+            const uint64_t plane = (uint64_t)(p->mask_strides[0] ? b : 0) * mask_heads + (p->mask_strides[1] ? h : 0);
+            blk_row = (const uint8_t *)d->args[PYFA_PREFILL_ARG_BLK] +
+                      (plane * p->num_q_blocks + qtile) * (uint64_t)p->num_k_blocks;
+        }
+    }
+
+    for (int64_t j0 = k_end > k_begin ? k_begin / PF_BK * PF_BK : k_end; j0 < k_end; j0 += PF_BK) {
+        const uint32_t nk = p->kv_len - j0 < PF_BK ? (uint32_t)(p->kv_len - j0) : PF_BK;
+        const uint8_t cls = blk_row ? blk_row[j0 / PF_BK] : PYFA_BLK_MIXED;
+        if (cls == PYFA_BLK_SKIP) continue;
+
+        pf_load_tile(kt, kbase + j0 * p->k_strides[2] * es, p->k_strides[2] * es, nk, dt, D);
+        const uint32_t jn = (nk + PF_QK_KEYS - 1) / PF_QK_KEYS * PF_QK_KEYS;
+        pf_scores(st, qt, kt, jn, rows_scores, D);
+        for (uint32_t j = nk; j < PF_BK; j++)
+            for (uint32_t i = 0; i < rows_scores; i += 8) vf8_store(st + (size_t)j * PF_BQ + i, vf8_splat(-INFINITY));
+
+        if (has_softcap) {
+            const vf8 inv_cap = vf8_splat(scale / softcap), out_scale = vf8_splat(softcap * PF_LOG2E);
+            for (uint32_t j = 0; j < nk; j++)
+                for (uint32_t i = 0; i < rows_softmax; i += 8) {
+                    float *s = st + (size_t)j * PF_BQ + i;
+                    vf8_store(s, vf8_tanh(vf8_load(s) * inv_cap) * out_scale);
+                }
+        }
+        if (has_mask && cls != PYFA_BLK_ZERO) pf_add_mask(st, mt, mbase, p->mask_strides[2], j0, nq, nk, rows_softmax,
+                                                          bool_mask, dt);
+        /* Causal / window edges: only tiles the edge crosses need a per-entry test. */
+        const int causal_edge = causal && j0 + nk - 1 > p_lo;
+        const int window_edge = has_window && j0 <= p_hi - window;
+        if (causal_edge || window_edge) {
+            /* Key j0+j is hidden from rows i < key - p_lo (causal) and from
+             * rows i >= key + window - p_lo (window): two runs of S^T row j. */
+            for (uint32_t j = 0; j < nk; j++) {
+                const int64_t key = j0 + j;
+                float *srow = st + (size_t)j * PF_BQ;
+                if (causal_edge) {
+                    const int64_t a = key - p_lo;
+                    for (uint32_t i = 0; i < (a < (int64_t)nq ? (uint32_t)(a > 0 ? a : 0) : nq); i++) srow[i] = -INFINITY;
+                }
+                if (window_edge) {
+                    const int64_t c = key + window - p_lo;
+                    for (uint32_t i = c > 0 ? (c < (int64_t)nq ? (uint32_t)c : nq) : 0; i < nq; i++) srow[i] = -INFINITY;
+                }
+            }
+        }
+
+        /* Online softmax over the tile, 8 query rows at a time. */
+        for (uint32_t i = 0; i < rows_softmax; i += 8) {
+            vf8 mx = vf8_splat(-INFINITY);
+            for (uint32_t j = 0; j < nk; j++) mx = vf8_max2(mx, vf8_load(st + (size_t)j * PF_BQ + i));
+            const vf8 m_old = vf8_load(m + i);
+            const vf8 m_new = vf8_max2(m_old, mx);
+            /* A row with nothing visible yet keeps m = -inf; subtracting 0
+             * instead keeps exp2 away from -inf - -inf. */
+            const vu8 none = (vu8)(m_new == vf8_splat(-INFINITY));
+            const vf8 m_use = (vf8)((vu8)m_new & ~none);
+            const vf8 a = vf8_exp2(m_old - m_use);
+            vf8 sum = vf8_splat(0.0f);
+            for (uint32_t j = 0; j < nk; j++) {
+                float *s = st + (size_t)j * PF_BQ + i;
+                const vf8 e = vf8_exp2(vf8_load(s) - m_use);
+                vf8_store(s, e);
+                sum += e;
+            }
+            vf8_store(l + i, vf8_load(l + i) * a + sum);
+            vf8_store(m + i, m_new);
+            vf8_store(alpha + i, a);
+        }
+
+        pf_load_tile(vt, vbase + j0 * p->v_strides[2] * es, p->v_strides[2] * es, nk, dt, D);
+        pf_accumulate(o, st, vt, alpha, nk, rows_used, D);
+    }
+
+    char *obase = (char *)d->args[PYFA_PREFILL_ARG_OUT] +
+                  (b * p->out_strides[0] + h * p->out_strides[1] + (int64_t)i0 * p->out_strides[2]) * es;
+    float *lse = has_lse ? (float *)d->args[PYFA_PREFILL_ARG_LSE] + ((size_t)b * p->num_heads + h) * p->q_len + i0 : NULL;
+    for (uint32_t i = 0; i < nq; i++) {
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        const vf8 vinv = vf8_splat(inv);
+        char *orow = obase + (int64_t)i * p->out_strides[2] * es;
+        const float *src = o + (size_t)i * D;
+        for (uint32_t dd = 0; dd < D; dd += 8) vf8_store_as(orow, dd, vf8_load(src + dd) * vinv, dt);
+        if (lse) lse[i] = l[i] > 0.0f ? (m[i] + log2f(l[i])) * PF_LN2 : -INFINITY;
+    }
+}
+
+#define PF_CASE_D(DT, DV) case DV: prefill_body(d, x, y, z, (float *)scratch, DT, DV); return;
+#define PF_SWITCH_D(DT)                                                                            \
+    switch (d->constants[PYFA_PREFILL_FC_HEAD_DIM]) {                                              \
+        PF_CASE_D(DT, 64) PF_CASE_D(DT, 80) PF_CASE_D(DT, 96) PF_CASE_D(DT, 128)                   \
+        PF_CASE_D(DT, 192) PF_CASE_D(DT, 256) PF_CASE_D(DT, 512)                                   \
+    default: return;                                                                               \
+    }
+
+void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                           void *scratch) {
+    switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
+    case PYFA_DTYPE_F16: PF_SWITCH_D(PYFA_DTYPE_F16)
+    case PYFA_DTYPE_BF16: PF_SWITCH_D(PYFA_DTYPE_BF16)
+    default: PF_SWITCH_D(PYFA_DTYPE_F32)
+    }
+}
+
+/* Folds entries [0, n) of one mask row into the tile's flags: *any_open is set
+ * if an entry does not block, *any_active if an entry is not a no-op.
+ * Additive entries are compared as bit patterns (exact -inf, +-0). */
+PYFA_INLINE void pf_blk_row(const char *row, uint32_t n, const int dt, const int bool_mask, int *any_open,
+                            int *any_active) {
+    uint32_t j = 0;
+    if (bool_mask) {
+        vb8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vb8 b;
+            memcpy(&b, row + j, sizeof b);
+            open |= (vb8)(b != 0);
+            active |= (vb8)(b == 0);
+        }
+        uint64_t o, a;
+        memcpy(&o, &open, 8);
+        memcpy(&a, &active, 8);
+        *any_open |= o != 0;
+        *any_active |= a != 0;
+        for (; j < n; j++) {
+            *any_open |= row[j] != 0;
+            *any_active |= row[j] == 0;
+        }
+    } else if (dt == PYFA_DTYPE_F32) {
+        const uint32_t *w = (const uint32_t *)row;
+        vu8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vu8 u;
+            memcpy(&u, w + j, sizeof u);
+            open |= (vu8)(u != 0xff800000u);
+            active |= u & 0x7fffffffu;
+        }
+        for (int l = 0; l < 8; l++) {
+            *any_open |= open[l] != 0;
+            *any_active |= active[l] != 0;
+        }
+        for (; j < n; j++) {
+            *any_open |= w[j] != 0xff800000u;
+            *any_active |= (w[j] & 0x7fffffffu) != 0;
+        }
+    } else {
+        const uint16_t ninf = dt == PYFA_DTYPE_F16 ? 0xfc00u : 0xff80u;
+        const uint16_t *w = (const uint16_t *)row;
+        vh8 open = {0}, active = {0};
+        for (; j + 8 <= n; j += 8) {
+            vh8 u;
+            memcpy(&u, w + j, sizeof u);
+            open |= (vh8)(u != ninf);
+            active |= u & 0x7fffu;
+        }
+        for (int l = 0; l < 8; l++) {
+            *any_open |= open[l] != 0;
+            *any_active |= active[l] != 0;
+        }
+        for (; j < n; j++) {
+            *any_open |= w[j] != ninf;
+            *any_active |= (w[j] & 0x7fffu) != 0;
+        }
+    }
+}
+
+PYFA_INLINE void pf_blk_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt,
+                             const int bool_mask) {
+    const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
+    const uint32_t BQ = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_Q], BK = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_K];
+    const uint32_t es = bool_mask ? 1 : dtype_size(dt);
+    const uint32_t i0 = x * BQ, nq = p->q_len - i0 < BQ ? p->q_len - i0 : BQ;
+    const uint32_t mask_heads = p->mask_strides[1] ? p->num_heads : 1;
+    const char *base = (const char *)d->args[PYFA_PREFILL_ARG_MASK] +
+                       ((int64_t)z * p->mask_strides[0] + (int64_t)y * p->mask_strides[1] + (int64_t)i0 * p->mask_strides[2]) * es;
+    uint8_t *out = (uint8_t *)d->args[PYFA_PREFILL_ARG_BLK] +
+                   (((uint64_t)z * mask_heads + y) * p->num_q_blocks + x) * (uint64_t)p->num_k_blocks;
+    for (uint32_t kt = 0; kt < p->num_k_blocks; kt++) {
+        const uint32_t j0 = kt * BK, nk = p->kv_len - j0 < BK ? p->kv_len - j0 : BK;
+        int any_open = 0, any_active = 0;
+        for (uint32_t i = 0; i < nq && !(any_open && any_active); i++)
+            pf_blk_row(base + ((int64_t)i * p->mask_strides[2] + j0) * es, nk, dt, bool_mask, &any_open, &any_active);
+        out[kt] = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
+    }
+}
+
+/* Classifies the key tiles of query tile x of mask plane (z, y). */
+void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                               void *scratch) {
+    (void)scratch;
+    if (d->constants[PYFA_PREFILL_FC_MASK_KIND] == PYFA_MASK_BOOL) {
+        pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 1);
+        return;
+    }
+    switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
+    case PYFA_DTYPE_F16: pf_blk_body(d, x, y, z, PYFA_DTYPE_F16, 0); return;
+    case PYFA_DTYPE_BF16: pf_blk_body(d, x, y, z, PYFA_DTYPE_BF16, 0); return;
+    default: pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 0); return;
+    }
+}
+
+/* Merges row (z, y, x) of two partial attentions. */
+PYFA_INLINE void merge_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt) {
+    const pyfa_merge_attn_params *p = (const pyfa_merge_attn_params *)d->args[PYFA_MERGE_ARG_PARAMS];
+    const uint32_t D = p->head_dim, es = dtype_size(dt);
+    const size_t idx = ((size_t)z * p->num_heads + y) * p->seq_len + x;
+    const int64_t off = ((int64_t)z * p->o_strides[0] + (int64_t)y * p->o_strides[1] + (int64_t)x * p->o_strides[2]) * es;
+    const char *oa = (const char *)d->args[PYFA_MERGE_ARG_O_A] + off;
+    const char *ob = (const char *)d->args[PYFA_MERGE_ARG_O_B] + off;
+    char *out = (char *)d->args[PYFA_MERGE_ARG_OUT] + off;
+    float *lse_out = d->constants[PYFA_MERGE_FC_HAS_LSE] ? (float *)d->args[PYFA_MERGE_ARG_LSE_OUT] + idx : NULL;
+    const float la = ((const float *)d->args[PYFA_MERGE_ARG_LSE_A])[idx];
+    const float lb = ((const float *)d->args[PYFA_MERGE_ARG_LSE_B])[idx];
+    const float mx = la > lb ? la : lb;
+    if (!(mx > -INFINITY)) { /* neither side saw a key */
+        for (uint32_t i = 0; i < D; i += 8) vf8_store_as(out, i, vf8_splat(0.0f), dt);
+        if (lse_out) *lse_out = -INFINITY;
+        return;
+    }
+    const float wa = expf(la - mx), wb = expf(lb - mx), total = wa + wb;
+    const vf8 fa = vf8_splat(wa / total), fb = vf8_splat(wb / total);
+    for (uint32_t i = 0; i < D; i += 8)
+        vf8_store_as(out, i, fa * vf8_load_as(oa, i, dt) + fb * vf8_load_as(ob, i, dt), dt);
+    if (lse_out) *lse_out = mx + logf(total);
+}
+
+void PYFA_ISA(pyfa_cpu_merge_attention_states)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                               void *scratch) {
+    (void)scratch;
+    switch (d->constants[PYFA_MERGE_FC_DTYPE]) {
+    case PYFA_DTYPE_F16: merge_body(d, x, y, z, PYFA_DTYPE_F16); return;
+    case PYFA_DTYPE_BF16: merge_body(d, x, y, z, PYFA_DTYPE_BF16); return;
+    default: merge_body(d, x, y, z, PYFA_DTYPE_F32); return;
+    }
+}

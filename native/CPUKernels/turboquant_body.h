@@ -1,0 +1,119 @@
+/*
+ * CPU bodies of the TurboQuant kernels (contracts in turboquant_params.h):
+ * hadamard_quantize_kv, tq_dequantize_kv, fwht / fwht_sign_premult /
+ * fwht_sign_undo, flash_attn_vec_tq and flash_attn_vec_reduce_tq_hb_undo.
+ * Included after attn_vec_body.h, whose decode body and reduce they reuse.
+ */
+#include "tq_codec.h"
+
+/* The three FWHT transforms of one f32 row, src -> dst (may alias). One
+ * out-of-line copy serves fwht_sign_undo and the fused reduce + undo, so the
+ * two run the same instructions. */
+__attribute__((noinline)) static void tq_transform_row(float *dst, const float *src, uint32_t transform, uint32_t D,
+                                                       uint64_t seed, uint32_t stream) {
+    float u[PYFA_MAX_HEAD_DIM];
+    memcpy(u, src, (size_t)D * sizeof(float));
+    if (transform == PYFA_TQ_FWHT_SIGN_PREMULT) tq_apply_signs(u, seed, stream, D);
+    tq_fwht(u, D);
+    scale_f32(u, 1.0f / sqrtf((float)D), D);
+    if (transform == PYFA_TQ_FWHT_SIGN_UNDO) tq_apply_signs(u, seed, stream, D);
+    memcpy(dst, u, (size_t)D * sizeof(float));
+}
+
+PYFA_INLINE void tq_fwht_kernel(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t transform) {
+    const pyfa_tq_fwht_params *p = (const pyfa_tq_fwht_params *)d->args[PYFA_TQ_FWHT_ARG_PARAMS];
+    const int dt = d->constants[PYFA_TQ_FWHT_FC_SRC_DTYPE];
+    const uint32_t D = p->head_dim;
+    float row[PYFA_MAX_HEAD_DIM];
+    const char *src = (const char *)d->args[PYFA_TQ_FWHT_ARG_SRC] + (size_t)x * D * dtype_size(dt);
+    switch (dt) {
+    case PYFA_DTYPE_F16: row_to_f32(row, src, D, PYFA_DTYPE_F16); break;
+    case PYFA_DTYPE_BF16: row_to_f32(row, src, D, PYFA_DTYPE_BF16); break;
+    default: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    }
+    tq_transform_row((float *)d->args[PYFA_TQ_FWHT_ARG_DST] + (size_t)x * D, row, transform, D,
+                     tq_seed(p->seed_lo, p->seed_hi), p->stream);
+}
+
+void PYFA_ISA(pyfa_cpu_fwht)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    tq_fwht_kernel(d, x, PYFA_TQ_FWHT_PLAIN);
+}
+
+void PYFA_ISA(pyfa_cpu_fwht_sign_premult)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                          void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    tq_fwht_kernel(d, x, PYFA_TQ_FWHT_SIGN_PREMULT);
+}
+
+void PYFA_ISA(pyfa_cpu_fwht_sign_undo)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                       void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    tq_fwht_kernel(d, x, PYFA_TQ_FWHT_SIGN_UNDO);
+}
+
+/* Reduce of row x, then the undo, through the same two out-of-line functions
+ * as flash_attn_vec_reduce followed by fwht_sign_undo. */
+void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce_tq_hb_undo)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y,
+                                                         uint32_t z, void *scratch) {
+    (void)y, (void)z, (void)scratch;
+    const pyfa_tq_reduce_undo_params *p = (const pyfa_tq_reduce_undo_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
+    const uint32_t D = p->reduce.head_dim;
+    float *o = (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * D;
+    vec_reduce_row(&p->reduce, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x, o);
+    tq_transform_row(o, o, PYFA_TQ_FWHT_SIGN_UNDO, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
+}
+
+/* Token x of KV head y. */
+void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                             void *scratch) {
+    (void)z, (void)scratch;
+    const pyfa_tq_quantize_params *p = (const pyfa_tq_quantize_params *)d->args[PYFA_TQ_QUANT_ARG_PARAMS];
+    const int dt = d->constants[PYFA_TQ_QUANT_FC_SRC_DTYPE];
+    const uint32_t D = p->head_dim, bits = p->bits, levels = 1u << bits;
+    float row[PYFA_MAX_HEAD_DIM], work[PYFA_MAX_HEAD_DIM], th[TQ_MAX_LEVELS];
+    const float *cb = (const float *)d->args[PYFA_TQ_QUANT_ARG_CODEBOOK];
+    tq_thresholds(th, cb, levels);
+    const char *src = (const char *)d->args[PYFA_TQ_QUANT_ARG_SRC] +
+                      ((size_t)x * p->num_kv_heads + y) * D * dtype_size(dt);
+    switch (dt) {
+    case PYFA_DTYPE_F16: row_to_f32(row, src, D, PYFA_DTYPE_F16); break;
+    case PYFA_DTYPE_BF16: row_to_f32(row, src, D, PYFA_DTYPE_BF16); break;
+    default: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    }
+    uint32_t slot = p->write_pos + x;
+    if (slot >= p->kv_capacity) slot -= p->kv_capacity;
+    const size_t r = ((size_t)p->sequence * p->num_kv_heads + y) * p->kv_capacity + slot;
+    uint8_t *codes = (uint8_t *)d->args[PYFA_TQ_QUANT_ARG_CODES] + r * PYFA_TQ_ROW_BYTES((size_t)D, bits);
+    ((float *)d->args[PYFA_TQ_QUANT_ARG_SCALES])[r] =
+        tq_encode_row(row, work, codes, cb, th, bits, D, tq_seed(p->seed_lo, p->seed_hi), p->stream,
+                      p->norm_correction);
+}
+
+/* Row x of KV head y. */
+void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                         void *scratch) {
+    (void)z, (void)scratch;
+    const pyfa_tq_dequantize_params *p = (const pyfa_tq_dequantize_params *)d->args[PYFA_TQ_DEQUANT_ARG_PARAMS];
+    const uint32_t D = p->head_dim, bits = p->bits;
+    float cb[TQ_MAX_LEVELS] = {0};
+    memcpy(cb, d->args[PYFA_TQ_DEQUANT_ARG_CODEBOOK], sizeof(float) << bits);
+    uint32_t slot = p->first_slot + x;
+    if (slot >= p->kv_capacity) slot -= p->kv_capacity;
+    const size_t r = ((size_t)p->sequence * p->num_kv_heads + y) * p->kv_capacity + slot;
+    const uint8_t *codes = (const uint8_t *)d->args[PYFA_TQ_DEQUANT_ARG_CODES] + r * PYFA_TQ_ROW_BYTES((size_t)D, bits);
+    const float scale = ((const float *)d->args[PYFA_TQ_DEQUANT_ARG_SCALES])[r];
+    float *out = (float *)d->args[PYFA_TQ_DEQUANT_ARG_OUT] + ((size_t)x * p->num_kv_heads + y) * D;
+    tq_decode_row(out, codes, scale, cb, (int)bits, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
+}
+
+#define TQ_VEC_CASE_D(DV) case DV: vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb); return;
+
+void PYFA_ISA(pyfa_cpu_flash_attn_vec_tq)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                          void *scratch) {
+    const int kb = d->constants[PYFA_TQ_VEC_FC_K_BITS], vb = d->constants[PYFA_TQ_VEC_FC_V_BITS];
+    switch (d->constants[PYFA_TQ_VEC_FC_HEAD_DIM]) {
+        TQ_VEC_CASE_D(64) TQ_VEC_CASE_D(128) TQ_VEC_CASE_D(256) TQ_VEC_CASE_D(512)
+    default: return;
+    }
+}

@@ -1,0 +1,56 @@
+import CPyfa
+import PyfaShaderCommon
+
+@_cdecl("pyfa_flash_attn_prefill_plan")
+public func pyfa_flash_attn_prefill_plan_impl(_ device: OpaquePointer?,
+                                              _ params: UnsafeMutablePointer<pyfa_flash_attn_prefill_params>?,
+                                              _ dtype: Int32, _ blkBytes: UnsafeMutablePointer<UInt64>?) -> Int32 {
+    abiCall {
+        let d: Device = try object(device, "device")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        var p = params.pointee
+        let (_, bytes) = try FlashAttnPrefill.plan(d, &p, dtype: try DType(code: dtype))
+        params.pointee = p
+        try writeOut(blkBytes, UInt64(bytes), "blk_bytes")
+    }
+}
+
+@_cdecl("pyfa_flash_attn_prefill_blk")
+public func pyfa_flash_attn_prefill_blk_impl(_ encoder: OpaquePointer?,
+                                             _ params: UnsafePointer<pyfa_flash_attn_prefill_params>?,
+                                             _ dtype: Int32, _ mask: OpaquePointer?, _ blk: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try FlashAttnPrefill.encodeBlk(e, params.pointee, dtype: try DType(code: dtype),
+                                       mask: optionalObject(mask), blk: optionalObject(blk))
+    }
+}
+
+@_cdecl("pyfa_flash_attn_prefill")
+public func pyfa_flash_attn_prefill_impl(_ encoder: OpaquePointer?,
+                                         _ params: UnsafePointer<pyfa_flash_attn_prefill_params>?,
+                                         _ q: OpaquePointer?, _ k: OpaquePointer?, _ v: OpaquePointer?,
+                                         _ mask: OpaquePointer?, _ blk: OpaquePointer?, _ out: OpaquePointer?,
+                                         _ lse: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try FlashAttnPrefill.encode(e, params.pointee, q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
+                                    mask: optionalObject(mask), blk: optionalObject(blk), out: optionalObject(out),
+                                    lse: optionalObject(lse))
+    }
+}
+
+@_cdecl("pyfa_merge_attention_states")
+public func pyfa_merge_attention_states_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_merge_attn_params>?,
+                                             _ oA: OpaquePointer?, _ lseA: OpaquePointer?, _ oB: OpaquePointer?,
+                                             _ lseB: OpaquePointer?, _ out: OpaquePointer?, _ lseOut: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try MergeAttentionStates.encode(e, params.pointee, oA: optionalObject(oA), lseA: optionalObject(lseA),
+                                        oB: optionalObject(oB), lseB: optionalObject(lseB), out: optionalObject(out),
+                                        lseOut: optionalObject(lseOut))
+    }
+}

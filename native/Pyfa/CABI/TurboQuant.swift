@@ -1,0 +1,69 @@
+import CPyfa
+import PyfaShaderCommon
+
+// pyfa_turboquant_codebook is implemented in C (native/CPyfa/turboquant_codebook.c).
+
+@_cdecl("pyfa_hadamard_quantize_kv")
+public func pyfa_hadamard_quantize_kv_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_tq_quantize_params>?,
+                                           _ src: OpaquePointer?, _ codes: OpaquePointer?,
+                                           _ scales: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try TurboQuant.encodeQuantize(e, params.pointee, src: optionalObject(src), codes: optionalObject(codes),
+                                      scales: optionalObject(scales))
+    }
+}
+
+@_cdecl("pyfa_tq_dequantize_kv")
+public func pyfa_tq_dequantize_kv_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_tq_dequantize_params>?,
+                                       _ codes: OpaquePointer?, _ scales: OpaquePointer?,
+                                       _ out: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try TurboQuant.encodeDequantize(e, params.pointee, codes: optionalObject(codes), scales: optionalObject(scales),
+                                        out: optionalObject(out))
+    }
+}
+
+@_cdecl("pyfa_fwht")
+public func pyfa_fwht_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_tq_fwht_params>?,
+                           _ src: OpaquePointer?, _ dst: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try TurboQuant.encodeFwht(e, params.pointee, src: optionalObject(src), dst: optionalObject(dst))
+    }
+}
+
+@_cdecl("pyfa_flash_attn_vec_tq_plan")
+public func pyfa_flash_attn_vec_tq_plan_impl(_ device: OpaquePointer?,
+                                             _ params: UnsafeMutablePointer<pyfa_flash_attn_vec_tq_params>?,
+                                             _ maxKvLen: UInt32, _ tmpBytes: UnsafeMutablePointer<UInt64>?) -> Int32 {
+    abiCall {
+        let d: Device = try object(device, "device")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        var p = params.pointee
+        let (_, _, bytes) = try FlashAttnVecTQ.plan(d, &p, maxKvLen: maxKvLen)
+        params.pointee = p
+        try writeOut(tmpBytes, UInt64(bytes), "tmp_bytes")
+    }
+}
+
+@_cdecl("pyfa_flash_attn_vec_tq")
+public func pyfa_flash_attn_vec_tq_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_flash_attn_vec_tq_params>?,
+                                        _ q: OpaquePointer?, _ kCodes: OpaquePointer?, _ kScales: OpaquePointer?,
+                                        _ vCodes: OpaquePointer?, _ vScales: OpaquePointer?, _ kvLen: OpaquePointer?,
+                                        _ ringStart: OpaquePointer?, _ tmp: OpaquePointer?,
+                                        _ out: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let params else { throw PyfaError.invalid("params: NULL") }
+        try FlashAttnVecTQ.encode(e, params.pointee, q: optionalObject(q), kCodes: optionalObject(kCodes),
+                                  kScales: optionalObject(kScales), vCodes: optionalObject(vCodes),
+                                  vScales: optionalObject(vScales), kvLen: optionalObject(kvLen),
+                                  ringStart: optionalObject(ringStart), tmp: optionalObject(tmp),
+                                  out: optionalObject(out))
+    }
+}

@@ -1,0 +1,152 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// Prefill attention: tiled flash attention over many query rows, with
+/// causal / window / softcap / additive or boolean masks, GQA, strided
+/// layouts, optional LSE, and the blk tile-skip pre-pass. One dispatcher for
+/// every dtype, head_dim, layout and mask kind; the variants are function
+/// constants. Contract: flash_attn_prefill_params.h.
+public enum FlashAttnPrefill {
+    static let kernel = "flash_attn_prefill"
+    static let blkKernel = "flash_attn_prefill_blk"
+    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+
+    /// Checks the shape fields and fills the tile fields (block_q, block_k,
+    /// num_q_blocks, num_k_blocks) from the backend's plan for `dtype`.
+    /// Returns the geometry and the bytes a blk buffer for this mask layout needs.
+    public static func plan(_ device: Device, _ p: inout pyfa_flash_attn_prefill_params,
+                            dtype: DType) throws -> (PrefillGeometry, blkBytes: Int) {
+        try validate(p)
+        try require(floatTypes.contains(dtype), "dtype: \(dtype.name) not accepted (expected f32, f16 or bf16)")
+        let g = device.backend.plan.flashAttnPrefill(headDim: p.head_dim, dtype: dtype)
+        if p.block_q == 0 && p.block_k == 0 {
+            p.block_q = g.blockQ
+            p.block_k = g.blockK
+        } else {
+            try require(p.block_q == g.blockQ && p.block_k == g.blockK,
+                        "block_q/block_k: \(p.block_q)x\(p.block_k) is not this backend's tile (\(g.blockQ)x\(g.blockK) at head_dim \(p.head_dim)); pass 0 to ask the plan")
+        }
+        p.num_q_blocks = (p.q_len + p.block_q - 1) / p.block_q
+        p.num_k_blocks = (p.kv_len + p.block_k - 1) / p.block_k
+        let planes = (p.mask_strides.0 != 0 ? Int(p.batch) : 1) * (p.mask_strides.1 != 0 ? Int(p.num_heads) : 1)
+        let blkBytes = try checkedProduct([planes, Int(p.num_q_blocks), Int(p.num_k_blocks)], what: "blk")
+        return (g, blkBytes)
+    }
+
+    static func validate(_ p: pyfa_flash_attn_prefill_params) throws {
+        try require(p.batch > 0, "batch: must be > 0")
+        try Check.heads(p.num_heads, p.num_kv_heads)
+        try Check.headDim(p.head_dim)
+        try require(p.q_len > 0, "q_len: must be > 0 (empty query sequences are not supported)")
+        try require(p.kv_len > 0, "kv_len: must be > 0 (empty key sequences are not supported)")
+        try require(p.q_len <= UInt32(Int32.max) && p.kv_len <= UInt32(Int32.max),
+                    "q_len/kv_len: must be <= \(Int32.max)")
+        try require(p.window <= UInt32(Int32.max), "window: must be <= \(Int32.max) (0 disables it)")
+        try require(p.causal <= 1, "causal: must be 0 or 1, got \(p.causal)")
+        try Check.scale(p.scale)
+        try Check.softcap(p.softcap)
+        for (name, s) in [("q_strides", p.q_strides), ("k_strides", p.k_strides), ("v_strides", p.v_strides),
+                          ("out_strides", p.out_strides), ("mask_strides", p.mask_strides)] {
+            try require(s.0 >= 0 && s.1 >= 0 && s.2 >= 0, "\(name): strides must be >= 0, got \(s)")
+        }
+    }
+
+    /// Elements a strided [n0, n1, n2, inner] view reaches (the last element + 1).
+    static func extent(_ s: (Int64, Int64, Int64), _ n: (UInt32, UInt32, UInt32), inner: Int, _ name: String) throws -> Int {
+        var total = inner
+        for (count, stride) in [(n.0, s.0), (n.1, s.1), (n.2, s.2)] {
+            let step = try checkedProduct([Int(count) - 1, Int(stride)], what: name)
+            let (sum, overflow) = total.addingReportingOverflow(step)
+            try require(!overflow, "\(name): size overflows 64 bits")
+            total = sum
+        }
+        return total
+    }
+
+    /// The mask's kind from its dtype: u8 is boolean, q's dtype is additive.
+    static func maskKind(_ mask: Buffer, ioType: DType) throws -> Int32 {
+        if mask.dtype == .u8 { return PYFA_MASK_BOOL }
+        try require(mask.dtype == ioType,
+                    "mask: dtype \(mask.dtype.name) not accepted (expected u8 for a boolean mask or \(ioType.name), q's dtype, for an additive mask)")
+        return PYFA_MASK_ADDITIVE
+    }
+
+    public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_prefill_params,
+                              q: Buffer?, k: Buffer?, v: Buffer?, mask: Buffer?, blk: Buffer?,
+                              out: Buffer?, lse: Buffer?) throws {
+        var p = paramsIn
+        try validate(p)
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: 0)
+        let (geometry, blkBytes) = try plan(encoder.device, &p, dtype: q.dtype)
+        let D = Int(p.head_dim)
+        let qRows = (p.batch, p.num_heads, p.q_len), kvRows = (p.batch, p.num_kv_heads, p.kv_len)
+        try Check.buffer(q, "q", dtypes: floatTypes, elements: extent(p.q_strides, qRows, inner: D, "q"))
+        let k = try Check.buffer(k, "k", dtypes: [q.dtype], elements: extent(p.k_strides, kvRows, inner: D, "k"))
+        let v = try Check.buffer(v, "v", dtypes: [q.dtype], elements: extent(p.v_strides, kvRows, inner: D, "v"))
+        let out = try Check.buffer(out, "out", dtypes: [q.dtype], elements: extent(p.out_strides, qRows, inner: D, "out"))
+        var kind = PYFA_MASK_ADDITIVE
+        if let mask {
+            kind = try maskKind(mask, ioType: q.dtype)
+            try Check.buffer(mask, "mask", dtypes: [mask.dtype],
+                             elements: extent(p.mask_strides, qRows, inner: Int(p.kv_len), "mask"))
+        }
+        if let blk {
+            try require(mask != nil, "blk: needs a mask (blk classifies the mask's tiles)")
+            try Check.buffer(blk, "blk", dtypes: [.u8], elements: blkBytes)
+        }
+        if let lse {
+            try Check.buffer(lse, "lse", dtypes: [.f32], elements: Int(p.batch) * Int(p.num_heads) * Int(p.q_len))
+        }
+        try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
+
+        let flag: (Bool) -> Int32 = { $0 ? 1 : 0 }
+        let constants: [Int32] = [
+            q.dtype.rawValue, Int32(p.head_dim), Int32(p.block_q), Int32(p.block_k),
+            flag(p.q_len % p.block_q == 0), flag(p.kv_len % p.block_k == 0),
+            flag(mask != nil), kind, flag(p.causal != 0), flag(p.window > 0), flag(p.softcap > 0),
+            flag(blk != nil), flag(lse != nil),
+        ]
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        var args: [(slot: Int, arg: KernelArg)] = [
+            (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
+            (Int(PYFA_PREFILL_ARG_Q), .buffer(q)),
+            (Int(PYFA_PREFILL_ARG_K), .buffer(k)),
+            (Int(PYFA_PREFILL_ARG_V), .buffer(v)),
+            (Int(PYFA_PREFILL_ARG_OUT), .buffer(out)),
+        ]
+        if let mask { args.append((Int(PYFA_PREFILL_ARG_MASK), .buffer(mask))) }
+        if let blk { args.append((Int(PYFA_PREFILL_ARG_BLK), .buffer(blk))) }
+        if let lse { args.append((Int(PYFA_PREFILL_ARG_LSE), .buffer(lse))) }
+        encoder.setOpKind(.attention)
+        try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+    }
+
+    /// Encodes the blk pre-pass for `mask` (layout from params.mask_strides)
+    /// with the tile of the prefill dispatch it serves (I/O dtype `dtype`),
+    /// then a barrier so that dispatch reads it.
+    public static func encodeBlk(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_prefill_params,
+                                 dtype: DType, mask: Buffer?, blk: Buffer?) throws {
+        var p = paramsIn
+        try validate(p)
+        guard let mask else { throw PyfaError.invalid("mask: buffer is NULL (blk classifies a mask)") }
+        let (_, blkBytes) = try plan(encoder.device, &p, dtype: dtype)
+        let kind = try maskKind(mask, ioType: dtype)
+        try Check.buffer(mask, "mask", dtypes: [mask.dtype],
+                         elements: extent(p.mask_strides, (p.batch, p.num_heads, p.q_len), inner: Int(p.kv_len), "mask"))
+        let blk = try Check.buffer(blk, "blk", dtypes: [.u8], elements: blkBytes)
+        try Check.sameDevice([mask, blk], encoder.device)
+        let constants: [Int32] = [dtype.rawValue, Int32(p.head_dim), Int32(p.block_q), Int32(p.block_k),
+                                  0, 0, 1, kind, 0, 0, 0, 0, 0]
+        let pipeline = try encoder.device.registry.pipeline(blkKernel, constants: constants)
+        let aux = encoder.device.backend.plan.prefillAux(headDim: p.head_dim)
+        encoder.setOpKind(.other)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
+            (Int(PYFA_PREFILL_ARG_MASK), .buffer(mask)),
+            (Int(PYFA_PREFILL_ARG_BLK), .buffer(blk)),
+        ], grid: (p.num_q_blocks, p.mask_strides.1 != 0 ? p.num_heads : 1, p.mask_strides.0 != 0 ? p.batch : 1),
+           threads: (aux.threads, 1, 1), threadgroupMemory: aux.threadgroupMemory)
+        encoder.memoryBarrier()
+    }
+}

@@ -1,0 +1,113 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// Decode attention over a TurboQuant cache, in the rotated domain:
+/// fwht_sign_premult(q) -> flash_attn_vec_tq -> reduce and fwht_sign_undo
+/// (fused or not). Semantics, grid, nwg and the partials' tmp layout are
+/// flash_attn_vec's. Contract: turboquant_params.h,
+/// `pyfa_flash_attn_vec_tq_params`.
+public enum FlashAttnVecTQ {
+    static let kernel = "flash_attn_vec_tq"
+    static let fusedReduceKernel = "flash_attn_vec_reduce_tq_hb_undo"
+
+    static func validate(_ p: pyfa_flash_attn_vec_tq_params) throws {
+        try FlashAttnVec.validate(p.attn)
+        try TurboQuant.checkHeadDim(p.attn.head_dim)
+        try TurboQuant.checkBits(p.k_bits, "k_bits")
+        try TurboQuant.checkBits(p.v_bits, "v_bits")
+        try require(p.fused <= 1, "fused: \(p.fused) must be 0 or 1")
+    }
+
+    /// Fills nwg from the plan when 0; returns the geometry, the byte offset of
+    /// q_rot inside tmp (= the partials' bytes) and tmp's total bytes.
+    public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_tq_params,
+                            maxKvLen: UInt32) throws -> (VecGeometry, Int, Int) {
+        try validate(params)
+        let (geometry, partialBytes) = try FlashAttnVec.plan(device, &params.attn, maxKvLen: maxKvLen)
+        let qBytes = Int(params.attn.batch) * Int(params.attn.num_heads) * Int(params.attn.head_dim) * 4
+        return (geometry, partialBytes, partialBytes + qBytes)
+    }
+
+    public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
+                              q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
+                              kvLen: Buffer?, ringStart: Buffer?, tmp: Buffer?, out: Buffer?) throws {
+        var p = paramsIn
+        try validate(p)
+        let a = p.attn
+        let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
+        let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D)
+        let (kc, ks) = try TurboQuant.checkCache(kCodes, kScales, "k_", sequences: B, heads: a.num_kv_heads,
+                                                 capacity: a.kv_capacity, headDim: a.head_dim, bits: p.k_bits)
+        let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: B, heads: a.num_kv_heads,
+                                                 capacity: a.kv_capacity, headDim: a.head_dim, bits: p.v_bits)
+        let kvLen = try Check.buffer(kvLen, "kv_len", dtypes: FlashAttnVec.indexTypes, elements: B)
+        let ringStart = try Check.buffer(ringStart, "ring_start", dtypes: FlashAttnVec.indexTypes, elements: B)
+        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
+        let maxLen = try FlashAttnVec.validateLengths(kvLen, ringStart, a)
+        let (geometry, qRotOffset, tmpBytes) = try plan(encoder.device, &p, maxKvLen: maxLen)
+        let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: tmpBytes / 4)
+        try Check.sameDevice([q, kc, ks, vc, vs, kvLen, ringStart, t, out], encoder.device)
+        let seedLo = p.seed_lo, seedHi = p.seed_hi
+        let nrows = a.batch * a.num_heads
+
+        // q into the rotated domain of K.
+        let premult = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim,
+                                          transform: UInt32(PYFA_TQ_FWHT_SIGN_PREMULT),
+                                          stream: UInt32(PYFA_TQ_STREAM_K), seed_lo: seedLo, seed_hi: seedHi)
+        let qRot = KernelArg.buffer(t, offset: qRotOffset)
+        try TurboQuant.encodeFwht(encoder, premult, src: .buffer(q), srcType: q.dtype, dst: qRot)
+        encoder.memoryBarrier()
+
+        let direct = p.attn.nwg == 1
+        let constants: [Int32] = [Int32(p.k_bits), Int32(p.v_bits), Int32(D), a.softcap > 0 ? 1 : 0, direct ? 1 : 0]
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        var args: [(slot: Int, arg: KernelArg)] = [
+            (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            (Int(PYFA_VEC_ARG_Q), qRot),
+            (Int(PYFA_VEC_ARG_K), .buffer(kc)),
+            (Int(PYFA_VEC_ARG_V), .buffer(vc)),
+            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(kvLen)),
+            (Int(PYFA_VEC_ARG_RING_START), .buffer(ringStart)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
+            (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
+            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
+            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
+        ]
+        if !direct { args.append((Int(PYFA_VEC_ARG_TMP), .buffer(t))) }
+        encoder.setOpKind(.attention)
+        try encoder.dispatch(pipeline, args: args, grid: (p.attn.nwg, a.num_kv_heads, a.batch),
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+        encoder.memoryBarrier()
+
+        // The output back from the rotated domain of V.
+        if !direct && p.fused == 1 {
+            try encodeReduceUndo(encoder, tmp: t, out: out, nrows: nrows, headDim: a.head_dim, nwg: p.attn.nwg,
+                                 seedLo: seedLo, seedHi: seedHi)
+            return
+        }
+        if !direct {
+            try FlashAttnVec.encodeReduce(encoder, tmp: t, out: out, nrows: nrows, headDim: a.head_dim,
+                                          nwg: p.attn.nwg, kernel: FlashAttnVec.reduceKernel)
+            encoder.memoryBarrier()
+        }
+        let undo = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim, transform: UInt32(PYFA_TQ_FWHT_SIGN_UNDO),
+                                       stream: UInt32(PYFA_TQ_STREAM_V), seed_lo: seedLo, seed_hi: seedHi)
+        try TurboQuant.encodeFwht(encoder, undo, src: .buffer(out), srcType: .f32, dst: .buffer(out))
+    }
+
+    static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
+                                 nwg: UInt32, seedLo: UInt32, seedHi: UInt32) throws {
+        let r = pyfa_tq_reduce_undo_params(
+            reduce: pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0),
+            seed_lo: seedLo, seed_hi: seedHi, stream: UInt32(PYFA_TQ_STREAM_V), reserved: 0)
+        let g = encoder.device.backend.plan.turboquantReduceUndo(headDim: headDim, nwg: nwg)
+        let pipeline = try encoder.device.registry.pipeline(fusedReduceKernel, constants: [Int32(headDim)])
+        encoder.setOpKind(.reduce)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),
+            (Int(PYFA_REDUCE_ARG_TMP), .buffer(tmp)),
+            (Int(PYFA_REDUCE_ARG_OUT), .buffer(out)),
+        ], grid: (nrows, 1, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+    }
+}

@@ -1,0 +1,135 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// TurboQuant compressed KV cache: encoder, decoder, FWHT transforms and
+/// decode attention over codes. Contracts (codec, slots, tmp layout):
+/// turboquant_params.h.
+public enum TurboQuant {
+    static let bitWidths: [UInt32] = [2, 3, 4, 8]
+    static let headDims: [UInt32] = [64, 128, 256, 512]
+    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+
+    static func checkBits(_ bits: UInt32, _ name: String) throws {
+        try require(bitWidths.contains(bits),
+                    "\(name): \(bits) is not a TurboQuant bit width (2, 3, 4 or 8)")
+    }
+
+    static func checkHeadDim(_ d: UInt32) throws {
+        try require(headDims.contains(d),
+                    "head_dim: \(d) is not supported by TurboQuant (the Hadamard rotation needs a power of two: 64, 128, 256 or 512)")
+    }
+
+    static func checkStream(_ s: UInt32) throws {
+        try require(s == UInt32(PYFA_TQ_STREAM_K) || s == UInt32(PYFA_TQ_STREAM_V),
+                    "stream: \(s) must be \(PYFA_TQ_STREAM_K) (K) or \(PYFA_TQ_STREAM_V) (V)")
+    }
+
+    static func rowBytes(_ headDim: UInt32, _ bits: UInt32) -> Int { Int(headDim) * Int(bits) / 8 }
+
+    /// The library's f32 codebook, passed to kernels as inline bytes.
+    static func codebookArg(_ bits: UInt32) throws -> KernelArg {
+        guard let table = pyfa_turboquant_codebook_table(bits) else {
+            throw PyfaError.invalid("bits: \(bits) is not a TurboQuant bit width (2, 3, 4 or 8)")
+        }
+        return .bytes(Array(UnsafeRawBufferPointer(start: table, count: 4 << Int(bits))))
+    }
+
+    /// A cache's codes and scales for `sequences` sequences.
+    static func checkCache(_ codes: Buffer?, _ scales: Buffer?, _ prefix: String, sequences: Int, heads: UInt32,
+                           capacity: UInt32, headDim: UInt32, bits: UInt32) throws -> (Buffer, Buffer) {
+        let rows = try checkedProduct([sequences, Int(heads), Int(capacity)], what: "\(prefix)codes")
+        let c = try Check.buffer(codes, "\(prefix)codes", dtypes: [.u8], elements: rows * rowBytes(headDim, bits))
+        let s = try Check.buffer(scales, "\(prefix)scales", dtypes: [.f32], elements: rows)
+        return (c, s)
+    }
+
+    // MARK: encoder / decoder
+
+    public static func encodeQuantize(_ encoder: CommandEncoder, _ p: pyfa_tq_quantize_params,
+                                      src: Buffer?, codes: Buffer?, scales: Buffer?) throws {
+        try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
+        try checkHeadDim(p.head_dim)
+        try checkBits(p.bits, "bits")
+        try checkStream(p.stream)
+        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
+                    "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
+        try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")
+        try require(p.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
+                    "norm_correction: \(p.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+        let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src")
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements)
+        let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
+                                    capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
+        try Check.sameDevice([src, c, s], encoder.device)
+        let pipeline = try encoder.device.registry.pipeline("hadamard_quantize_kv",
+                                                            constants: [src.dtype.rawValue, Int32(p.bits), Int32(p.head_dim)])
+        let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
+        encoder.setOpKind(.quantize)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_TQ_QUANT_ARG_PARAMS), .value(p)),
+            (Int(PYFA_TQ_QUANT_ARG_SRC), .buffer(src)),
+            (Int(PYFA_TQ_QUANT_ARG_CODES), .buffer(c)),
+            (Int(PYFA_TQ_QUANT_ARG_SCALES), .buffer(s)),
+            (Int(PYFA_TQ_QUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
+        ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+    }
+
+    public static func encodeDequantize(_ encoder: CommandEncoder, _ p: pyfa_tq_dequantize_params,
+                                        codes: Buffer?, scales: Buffer?, out: Buffer?) throws {
+        try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
+        try checkHeadDim(p.head_dim)
+        try checkBits(p.bits, "bits")
+        try checkStream(p.stream)
+        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
+                    "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity))")
+        try require(p.first_slot < p.kv_capacity, "first_slot: \(p.first_slot) must be < kv_capacity (\(p.kv_capacity))")
+        let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
+                                    capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
+        let outElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "out")
+        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: outElements)
+        try Check.sameDevice([c, s, out], encoder.device)
+        let pipeline = try encoder.device.registry.pipeline("tq_dequantize_kv",
+                                                            constants: [Int32(p.bits), Int32(p.head_dim)])
+        let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
+        encoder.setOpKind(.quantize)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_TQ_DEQUANT_ARG_PARAMS), .value(p)),
+            (Int(PYFA_TQ_DEQUANT_ARG_CODES), .buffer(c)),
+            (Int(PYFA_TQ_DEQUANT_ARG_SCALES), .buffer(s)),
+            (Int(PYFA_TQ_DEQUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
+            (Int(PYFA_TQ_DEQUANT_ARG_OUT), .buffer(out)),
+        ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+    }
+
+    // MARK: FWHT
+
+    static let fwhtKernels = ["fwht", "fwht_sign_premult", "fwht_sign_undo"]
+
+    public static func encodeFwht(_ encoder: CommandEncoder, _ p: pyfa_tq_fwht_params, src: Buffer?, dst: Buffer?) throws {
+        try require(p.transform <= UInt32(PYFA_TQ_FWHT_SIGN_UNDO),
+                    "transform: \(p.transform) must be 0 (fwht), 1 (fwht_sign_premult) or 2 (fwht_sign_undo)")
+        try checkHeadDim(p.head_dim)
+        try checkStream(p.stream)
+        try require(p.nrows > 0, "nrows: must be > 0")
+        let elements = try checkedProduct([Int(p.nrows), Int(p.head_dim)], what: "src")
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: elements)
+        let dst = try Check.buffer(dst, "dst", dtypes: [.f32], elements: elements)
+        try Check.sameDevice([src, dst], encoder.device)
+        try encodeFwht(encoder, p, src: .buffer(src), srcType: src.dtype, dst: .buffer(dst))
+    }
+
+    static func encodeFwht(_ encoder: CommandEncoder, _ p: pyfa_tq_fwht_params, src: KernelArg, srcType: DType,
+                           dst: KernelArg) throws {
+        let pipeline = try encoder.device.registry.pipeline(fwhtKernels[Int(p.transform)],
+                                                            constants: [srcType.rawValue, Int32(p.head_dim)])
+        let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
+        encoder.setOpKind(.transform)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_TQ_FWHT_ARG_PARAMS), .value(p)),
+            (Int(PYFA_TQ_FWHT_ARG_SRC), src),
+            (Int(PYFA_TQ_FWHT_ARG_DST), dst),
+        ], grid: (p.nrows, 1, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+    }
+}

@@ -1,0 +1,96 @@
+import XCTest
+import CPyfa
+import PyfaShaderCommon
+import Pyfa
+
+/// The Swift-side API: devices, buffers, registry, encoder and the decode op.
+final class DecodeTests: XCTestCase {
+    private func fill(_ b: Buffer, _ f: (Int) -> Float) {
+        let p = b.contents!.bindMemory(to: Float.self, capacity: b.count)
+        for i in 0..<b.count { p[i] = f(i) }
+    }
+
+    private func params(heads: UInt32, kvHeads: UInt32, headDim: UInt32, capacity: UInt32) -> pyfa_flash_attn_vec_params {
+        pyfa_flash_attn_vec_params(batch: 1, num_heads: heads, num_kv_heads: kvHeads, head_dim: headDim,
+                                   kv_capacity: capacity, nwg: 0, window: 0,
+                                   scale: 1 / Float(headDim).squareRoot(), softcap: 0, reserved: 0)
+    }
+
+    func testDecodeMatchesDirectSoftmax() throws {
+        let device = try Device.open("cpu")
+        let (H, Hkv, D, cap, n) = (4, 2, 64, 300, 257)
+        let q = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        let k = try device.makeBuffer(dtype: .f32, shape: [1, Hkv, cap, D])
+        let v = try device.makeBuffer(dtype: .f32, shape: [1, Hkv, cap, D])
+        fill(q) { Float(($0 * 37) % 17) / 17 - 0.5 }
+        fill(k) { Float(($0 * 13) % 23) / 23 - 0.5 }
+        fill(v) { Float(($0 * 7) % 29) / 29 - 0.5 }
+        let lens = try device.makeBuffer(dtype: .u32, shape: [1])
+        let rings = try device.makeBuffer(dtype: .u32, shape: [1])
+        lens.contents!.storeBytes(of: UInt32(n), as: UInt32.self)
+        rings.contents!.storeBytes(of: UInt32(0), as: UInt32.self)
+        let out = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        var p = params(heads: UInt32(H), kvHeads: UInt32(Hkv), headDim: UInt32(D), capacity: UInt32(cap))
+        let (_, tmpBytes) = try FlashAttnVec.plan(device, &p, maxKvLen: UInt32(n))
+        let tmp = try device.makeBuffer(dtype: .f32, shape: [max(1, tmpBytes / 4)])
+        let encoder = try device.makeEncoder()
+        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: lens, ringStart: rings, tmp: tmp, out: out)
+        try encoder.commit()
+        try encoder.wait()
+
+        let qp = q.contents!.bindMemory(to: Float.self, capacity: q.count)
+        let kp = k.contents!.bindMemory(to: Float.self, capacity: k.count)
+        let vp = v.contents!.bindMemory(to: Float.self, capacity: v.count)
+        let op = out.contents!.bindMemory(to: Float.self, capacity: out.count)
+        for h in 0..<H {
+            let kvh = h / (H / Hkv)
+            var s = [Double](repeating: 0, count: n)
+            for t in 0..<n {
+                var dot = 0.0
+                for i in 0..<D { dot += Double(qp[h * D + i]) * Double(kp[(kvh * cap + t) * D + i]) }
+                s[t] = dot * Double(p.scale)
+            }
+            let m = s.max()!
+            let w = s.map { Double(expf(Float($0 - m))) }
+            let total = w.reduce(0, +)
+            for i in 0..<D {
+                var ref = 0.0
+                for t in 0..<n { ref += w[t] * Double(vp[(kvh * cap + t) * D + i]) }
+                XCTAssertEqual(Double(op[h * D + i]), ref / total, accuracy: 1e-5)
+            }
+        }
+    }
+
+    func testRegistryCachesOnePipelinePerConstants() throws {
+        let device = try Device.open("cpu")
+        let a = try device.registry.pipeline("flash_attn_vec_reduce", constants: [64])
+        let b = try device.registry.pipeline("flash_attn_vec_reduce", constants: [64])
+        let c = try device.registry.pipeline("flash_attn_vec_reduce", constants: [128])
+        XCTAssertTrue(a === b)
+        XCTAssertFalse(a === c)
+        XCTAssertThrowsError(try device.registry.pipeline("no_such_kernel"))
+    }
+
+    func testRulesThrowInvalidArgument() throws {
+        let device = try Device.open("cpu")
+        var p = params(heads: 6, kvHeads: 4, headDim: 64, capacity: 8)
+        XCTAssertThrowsError(try FlashAttnVec.plan(device, &p, maxKvLen: 4)) { error in
+            let e = error as! PyfaError
+            XCTAssertEqual(e.status, PYFA_ERR_INVALID_ARGUMENT)
+            XCTAssertTrue(e.message.hasPrefix("num_heads: 6 must be a multiple of num_kv_heads"))
+        }
+        var q = params(heads: 4, kvHeads: 2, headDim: 100, capacity: 8)
+        XCTAssertThrowsError(try FlashAttnVec.plan(device, &q, maxKvLen: 4))
+        XCTAssertThrowsError(try Device.open("tpu"))
+        XCTAssertThrowsError(try device.makeBuffer(dtype: .f32, shape: [-1]))
+    }
+
+    func testPlanFillsWorkgroupsAndTmpSize() throws {
+        let device = try Device.open("cpu")
+        var p = params(heads: 16, kvHeads: 8, headDim: 256, capacity: 16384)
+        let (geometry, tmpBytes) = try FlashAttnVec.plan(device, &p, maxKvLen: 16384)
+        XCTAssertGreaterThanOrEqual(p.nwg, 1)
+        XCTAssertEqual(geometry.nwg, p.nwg)
+        XCTAssertEqual(tmpBytes, p.nwg == 1 ? 0 : 16 * Int(p.nwg) * (256 + 2) * 4)
+    }
+}

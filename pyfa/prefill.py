@@ -1,0 +1,173 @@
+"""Prefill attention (flash_attn_prefill, with the blk tile-skip pre-pass) and
+merge_attention_states."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _io, dtypes
+from ._native import ffi, lib
+from .device import Device, default_device
+from .errors import check, invalid
+
+_I32_MAX = 2**31 - 1
+
+# A mask gets the blk pre-pass when it spans at least this many key tiles per
+# query tile: then a blocked tile (padding, document boundaries, sliding
+# windows written as masks) can be skipped and an all-zero tile skips the mask
+# read, for the price of reading the mask once more.
+BLK_MIN_K_BLOCKS = 2
+
+
+def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, window=None, softcap=0.0,
+              layout="bhsd", return_lse=False, device: Device | None = None, out=None):
+    """Attention of many query rows: ``softmax(scale * q kᵀ [+ mask]) v``.
+
+    Parameters
+    ----------
+    q : array ``[B, H, q_len, D]`` ("bhsd") or ``[B, q_len, H, D]`` ("bshd"), float32 / float16 / bfloat16;
+        ``D`` in {64, 80, 96, 128, 192, 256, 512}.
+    k, v : arrays ``[B, H_kv, kv_len, D]`` / ``[B, kv_len, H_kv, D]``, q's dtype; ``H % H_kv == 0``
+        (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
+    scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
+    causal : query row ``i`` (absolute position ``q_offset + i``) sees keys ``j <= q_offset + i``.
+    q_offset : int, default ``kv_len - q_len`` (bottom-right alignment). Set it for chunked prefill
+        into an existing cache; it may be negative (rows before position 0 see no key under causal).
+    mask : optional ``[q_len, kv_len]`` (shared by every batch and head) or ``[B, H, q_len, kv_len]``;
+        bool (True = attend) or q's dtype (additive: ``-inf`` blocks, finite values are biases).
+        Combines with ``causal`` and ``window``.
+    window : None or a positive int: a query at position ``p`` sees keys with ``p - j < window``.
+    softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores before the mask.
+    layout : "bhsd" or "bshd" (for q, k, v and the output).
+    return_lse : also return the float32 LSE ``[B, H, q_len]`` (natural log; ``-inf`` for a row
+        with no visible key).
+    out : optional C-contiguous array of q's shape and dtype to write into.
+
+    Returns
+    -------
+    array of q's shape and dtype (rows with no visible key are zeros), or ``(out, lse)``.
+
+    >>> import numpy as np, pyfa
+    >>> q = np.ones((1, 2, 5, 64), np.float32)
+    >>> pyfa.attention(q, q, q, causal=True).shape
+    (1, 2, 5, 64)
+    """
+    return _attention(q, k, v, scale=scale, causal=causal, q_offset=q_offset, mask=mask, window=window,
+                      softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out, use_blk=None)
+
+
+def _mask_array(mask, io_dtype, B, H, qL, kL):
+    """(contiguous mask array, element strides) of a user mask."""
+    m = _io.as_array(mask, "mask", allowed=(np.dtype(bool), np.dtype(io_dtype)), ndims=(2, 4))
+    if m.ndim == 2 and m.shape != (qL, kL) or m.ndim == 4 and m.shape != (B, H, qL, kL):
+        raise invalid(f"mask: expected shape [q_len, kv_len] = {[qL, kL]} or [B, H, q_len, kv_len] = "
+                      f"{[B, H, qL, kL]}, got {list(m.shape)}")
+    if m.dtype == bool:
+        m = m.view(np.uint8)
+    strides = [0, 0, kL] if m.ndim == 2 else [H * qL * kL, qL * kL, kL]
+    return m, strides
+
+
+def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layout, return_lse, device, out,
+               use_blk):
+    """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
+    device = device or default_device()
+    if layout not in _io.LAYOUTS:
+        raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
+    q = _io.as_array(q, "q", ndims=(4,))
+    k = _io.as_array(k, "k", ndims=(4,))
+    v = _io.as_array(v, "v", ndims=(4,))
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != q.dtype:
+            raise invalid(f"{name}: dtype {a.dtype} differs from q's {q.dtype} (k and v must have q's dtype)")
+    if v.shape != k.shape:
+        raise invalid(f"v: shape {v.shape} differs from k's {k.shape}")
+    B, H, qL, D = _io.layout_dims(q.shape, layout)
+    Bk, Hkv, kL, Dk = _io.layout_dims(k.shape, layout)
+    if Dk != D:
+        raise invalid(f"k: head_dim {Dk} differs from q's head_dim {D}")
+    if Bk != B:
+        raise invalid(f"k: batch {Bk} differs from q's batch {B}")
+    if qL > _I32_MAX or kL > _I32_MAX:
+        raise invalid(f"q_len/kv_len: must be <= {_I32_MAX}")
+    if window is not None:
+        window = _io.int_arg(window, "window", 1, _I32_MAX)
+    q_offset = kL - qL if q_offset is None else _io.int_arg(q_offset, "q_offset", -_I32_MAX, _I32_MAX)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    mask_arr, mask_strides = (None, [0, 0, 0]) if mask is None else _mask_array(mask, q.dtype, B, H, qL, kL)
+
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": qL, "kv_len": kL,
+        "q_offset": q_offset, "window": window or 0, "scale": scale, "softcap": float(softcap),
+        "causal": 1 if causal else 0,
+        "q_strides": _io.layout_strides(layout, H, qL, D), "k_strides": _io.layout_strides(layout, Hkv, kL, D),
+        "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
+        "mask_strides": mask_strides,
+    })
+    dtype_code = dtypes.code(q.dtype)
+    blk_bytes = ffi.new("uint64_t *")
+    check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))
+    want_blk = mask_arr is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
+
+    result, out_buf = _io.output(device, q.shape, q.dtype, out)
+    lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse") if return_lse else (None, None)
+    q_buf, k_buf, v_buf = (_io.to_device(device, a) for a in (q, k, v))
+    mask_buf = None if mask_arr is None else _io.to_device(device, mask_arr)
+    enc = device.encoder()
+    blk = None
+    if want_blk:
+        blk = device.buffer((blk_bytes[0],), np.uint8, storage="private")
+        check(lib.pyfa_flash_attn_prefill_blk(enc, params, dtype_code, mask_buf.handle, blk.handle))
+    check(lib.pyfa_flash_attn_prefill(enc, params, q_buf.handle, k_buf.handle, v_buf.handle, _io.handle(mask_buf),
+                                      _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    _io.finish(device, result, out_buf)
+    if return_lse:
+        _io.finish(device, lse, lse_buf)
+        return result, lse
+    return result
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Device | None = None, out=None):
+    """Combines two attentions of the same queries over disjoint key sets.
+
+    Parameters
+    ----------
+    o_a, o_b : arrays ``[B, H, L, D]`` ("bhsd") or ``[B, L, H, D]`` ("bshd"), one float dtype
+        (float32 / float16 / bfloat16); ``D`` a multiple of 8, at most 512.
+    lse_a, lse_b : float32 ``[B, H, L]``: their natural-log LSEs (``-inf``: that side saw no key).
+    out : optional C-contiguous array of o_a's shape and dtype to write into.
+
+    Returns
+    -------
+    ``(o, lse)``: o in o_a's shape and dtype, lse float32 ``[B, H, L]``. Rows with ``-inf`` on
+    both sides give zeros and ``-inf``.
+    """
+    device = device or default_device()
+    if layout not in _io.LAYOUTS:
+        raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
+    o_a = _io.as_array(o_a, "o_a", ndims=(4,))
+    o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,))
+    if o_b.shape != o_a.shape:
+        raise invalid(f"o_b: shape {o_b.shape} differs from o_a's {o_a.shape}")
+    B, H, L, D = _io.layout_dims(o_a.shape, layout)
+    f32 = (np.dtype(np.float32),)
+    lse_a = _io.as_array(lse_a, "lse_a", allowed=f32, ndims=(3,))
+    lse_b = _io.as_array(lse_b, "lse_b", allowed=f32, ndims=(3,))
+    for name, a in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if a.shape != (B, H, L):
+            raise invalid(f"{name}: expected shape [B, H, L] = {[B, H, L]}, got {list(a.shape)}")
+    params = ffi.new("pyfa_merge_attn_params *", {
+        "batch": B, "num_heads": H, "seq_len": L, "head_dim": D, "o_strides": _io.layout_strides(layout, H, L, D)})
+    result, out_buf = _io.output(device, o_a.shape, o_a.dtype, out)
+    lse, lse_buf = _io.output(device, (B, H, L), np.float32, None, "lse")
+    bufs = [_io.to_device(device, a) for a in (o_a, lse_a, o_b, lse_b)]
+    enc = device.encoder()
+    check(lib.pyfa_merge_attention_states(enc, params, *(b.handle for b in bufs), out_buf.handle, lse_buf.handle))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    _io.finish(device, result, out_buf)
+    _io.finish(device, lse, lse_buf)
+    return result, lse

@@ -1,0 +1,148 @@
+/*
+ * Prefill attention family: flash_attn_prefill, its tile-skip pre-pass
+ * flash_attn_prefill_blk, and merge_attention_states. Included at the end of
+ * pyfa_params.h; the same rules apply (fixed-width fields, no implicit
+ * padding, sizes pinned in params_layout.c).
+ *
+ * ---------------------------------------------------------------------------
+ * flash_attn_prefill: softmax(scale * q kᵀ [+ mask]) v for many query rows.
+ *   q   rows [batch, num_heads, q_len, head_dim]   dtype T (f32 | f16 | bf16)
+ *   k,v rows [batch, num_kv_heads, kv_len, head_dim] dtype T
+ *   out rows [batch, num_heads, q_len, head_dim]   dtype T
+ *   mask     [.., .., q_len, kv_len]  T (additive) or u8 (boolean), optional
+ *   blk      u8, optional, see flash_attn_prefill_blk below
+ *   lse      [batch, num_heads, q_len] f32, contiguous, optional
+ * Row addresses come from element strides (batch, head, row); the head_dim
+ * axis is always contiguous. "bhsd" ([B, H, L, D]) and "bshd" ([B, L, H, D])
+ * are two stride choices of the same kernel.
+ *
+ * Semantics (natural-log domain; kernels may work in base 2 internally):
+ *   s = scale * q·k; if softcap > 0: s = softcap * tanh(s / softcap);
+ *   additive mask: s += mask (-inf blocks, finite = bias);
+ *   boolean mask: mask == 0 blocks.
+ *   Query row i sits at absolute position p = q_offset + i (q_offset may be
+ *   negative); key j at position j. causal: key visible iff j <= p.
+ *   window > 0: key visible iff p - j < window (combined with causal this is
+ *   a sliding window of `window` keys ending at p).
+ *   GQA: query head h reads KV head h / (num_heads / num_kv_heads).
+ *   A row with no visible key writes zeros and lse = -inf.
+ *   Accumulation and softmax statistics are f32; out is stored as T.
+ *   lse = log(sum_j exp(s_j)) over visible keys (natural log).
+ *
+ * Tiling: the backend's plan picks (block_q, block_k); pyfa_flash_attn_prefill_plan
+ * returns them. num_q_blocks = ceil(q_len / block_q), num_k_blocks likewise.
+ * Grid: (num_q_blocks, num_heads, batch); threadgroup (x, y, z) computes
+ * query rows [x*block_q, min((x+1)*block_q, q_len)) of head y, sequence z.
+ * Threads per threadgroup and threadgroup memory come from the plan.
+ * ALIGN_Q / ALIGN_K tell a kernel that no tile is ragged (it may drop bound
+ * checks); a kernel may also ignore them (the CPU kernel pads tiles).
+ * ------------------------------------------------------------------------- */
+#pragma once
+
+#if !defined(__METAL_VERSION__) && !defined(__CUDACC_RTC__)
+#include <stdint.h>
+#endif
+
+typedef struct pyfa_flash_attn_prefill_params {
+    uint32_t batch;        /**< sequences */
+    uint32_t num_heads;    /**< query heads */
+    uint32_t num_kv_heads; /**< KV heads; num_heads % num_kv_heads == 0 */
+    uint32_t head_dim;     /**< one of 64, 80, 96, 128, 192, 256, 512 */
+    uint32_t q_len;        /**< query rows per (sequence, head), > 0 */
+    uint32_t kv_len;       /**< keys per (sequence, KV head), > 0 */
+    int32_t q_offset;      /**< absolute position of query row 0 (kv_len - q_len: bottom-right) */
+    uint32_t window;       /**< 0 = no window; else keys with p - j < window */
+    float scale;           /**< multiplies q·k (natural-log domain) */
+    float softcap;         /**< > 0: s = softcap * tanh(s / softcap); 0 disables */
+    uint32_t causal;       /**< 1: key j visible only if j <= q_offset + i */
+    uint32_t block_q;      /**< query rows per tile; 0 asks the plan */
+    uint32_t block_k;      /**< keys per tile; 0 asks the plan */
+    uint32_t num_q_blocks; /**< ceil(q_len / block_q); filled by the plan */
+    uint32_t num_k_blocks; /**< ceil(kv_len / block_k); filled by the plan */
+    uint32_t reserved;     /**< zero */
+    int64_t q_strides[3];    /**< elements between batches, heads, rows of q */
+    int64_t k_strides[3];    /**< same for k (heads are KV heads) */
+    int64_t v_strides[3];    /**< same for v */
+    int64_t out_strides[3];  /**< same for out */
+    int64_t mask_strides[3]; /**< mask: batch, head, query row; 0 broadcasts a dim; keys contiguous */
+} pyfa_flash_attn_prefill_params;
+
+#define PYFA_PREFILL_ARG_PARAMS 0
+#define PYFA_PREFILL_ARG_Q 1
+#define PYFA_PREFILL_ARG_K 2
+#define PYFA_PREFILL_ARG_V 3
+#define PYFA_PREFILL_ARG_MASK 4
+#define PYFA_PREFILL_ARG_BLK 5
+#define PYFA_PREFILL_ARG_OUT 6
+#define PYFA_PREFILL_ARG_LSE 7
+
+/* Function constants of flash_attn_prefill (flash_attn_prefill_blk reads
+ * DTYPE, MASK_KIND, BLOCK_Q and BLOCK_K). Booleans are 0/1. */
+#define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v, out (and an additive mask) */
+#define PYFA_PREFILL_FC_HEAD_DIM 1    /**< head_dim */
+#define PYFA_PREFILL_FC_BLOCK_Q 2     /**< block_q of the plan */
+#define PYFA_PREFILL_FC_BLOCK_K 3     /**< block_k of the plan */
+#define PYFA_PREFILL_FC_ALIGN_Q 4     /**< q_len % block_q == 0 */
+#define PYFA_PREFILL_FC_ALIGN_K 5     /**< kv_len % block_k == 0 */
+#define PYFA_PREFILL_FC_HAS_MASK 6    /**< a mask is bound */
+#define PYFA_PREFILL_FC_MASK_KIND 7   /**< PYFA_MASK_ADDITIVE or PYFA_MASK_BOOL */
+#define PYFA_PREFILL_FC_DO_CAUSAL 8   /**< params.causal != 0 */
+#define PYFA_PREFILL_FC_HAS_WINDOW 9  /**< params.window > 0 */
+#define PYFA_PREFILL_FC_HAS_SOFTCAP 10 /**< params.softcap > 0 */
+#define PYFA_PREFILL_FC_HAS_BLK 11    /**< a blk buffer is bound */
+#define PYFA_PREFILL_FC_HAS_LSE 12    /**< an lse buffer is bound */
+#define PYFA_PREFILL_FC_COUNT 13
+
+#define PYFA_MASK_ADDITIVE 0 /**< mask in the I/O dtype, added to the scores */
+#define PYFA_MASK_BOOL 1     /**< u8 mask, non-zero = attend */
+
+/* ---------------------------------------------------------------------------
+ * flash_attn_prefill_blk: classifies every (query tile, key tile) of the mask.
+ * Same params struct (q_len, kv_len, block_q, block_k, num_*_blocks,
+ * mask_strides, batch, num_heads are read) and slots MASK / BLK.
+ *   mask_batch = mask_strides[0] ? batch : 1;  mask_heads = mask_strides[1] ? num_heads : 1
+ *   blk [mask_batch, mask_heads, num_q_blocks, num_k_blocks] u8, contiguous:
+ *     PYFA_BLK_SKIP  every entry of the tile blocks (additive -inf / bool 0)
+ *     PYFA_BLK_MIXED anything else
+ *     PYFA_BLK_ZERO  every entry is additive +-0 / bool non-zero (no-op mask)
+ *   Only entries inside [0, q_len) x [0, kv_len) count. SKIP means exactly
+ *   -inf (bit pattern), not "very negative": a finite value is a bias, and a
+ *   row made only of large negative biases still has a softmax.
+ * flash_attn_prefill with blk skips SKIP tiles and the mask read of ZERO
+ * tiles; its result is bit-identical to the run without blk.
+ * Grid: (num_q_blocks, mask_heads, mask_batch); threadgroup (x, y, z) writes
+ * the num_k_blocks bytes of query tile x of mask plane (z, y).
+ * ------------------------------------------------------------------------- */
+#define PYFA_BLK_SKIP 0
+#define PYFA_BLK_MIXED 1
+#define PYFA_BLK_ZERO 2
+
+/* ---------------------------------------------------------------------------
+ * merge_attention_states: combines two attentions of the same queries over
+ * disjoint key sets.
+ *   o_a, o_b, out rows [batch, num_heads, seq_len, head_dim] via o_strides, dtype T
+ *   lse_a, lse_b, lse_out [batch, num_heads, seq_len] f32, contiguous
+ *   m = max(lse_a, lse_b); w_x = exp(lse_x - m);
+ *   out = (w_a o_a + w_b o_b) / (w_a + w_b); lse_out = m + log(w_a + w_b);
+ *   both -inf: out = 0, lse_out = -inf.
+ * Grid: (seq_len, num_heads, batch); one threadgroup per row.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_merge_attn_params {
+    uint32_t batch;        /**< sequences */
+    uint32_t num_heads;    /**< heads */
+    uint32_t seq_len;      /**< rows per (sequence, head) */
+    uint32_t head_dim;     /**< values per row; a multiple of 8 */
+    int64_t o_strides[3];  /**< elements between batches, heads, rows of o_a, o_b and out */
+} pyfa_merge_attn_params;
+
+#define PYFA_MERGE_ARG_PARAMS 0
+#define PYFA_MERGE_ARG_O_A 1
+#define PYFA_MERGE_ARG_LSE_A 2
+#define PYFA_MERGE_ARG_O_B 3
+#define PYFA_MERGE_ARG_LSE_B 4
+#define PYFA_MERGE_ARG_OUT 5
+#define PYFA_MERGE_ARG_LSE_OUT 6
+
+#define PYFA_MERGE_FC_DTYPE 0    /**< dtype code of o_a, o_b, out */
+#define PYFA_MERGE_FC_HEAD_DIM 1 /**< head_dim */
+#define PYFA_MERGE_FC_HAS_LSE 2  /**< lse_out is bound */

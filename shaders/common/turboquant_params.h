@@ -1,0 +1,230 @@
+/*
+ * TurboQuant compressed KV cache: the codec (one format on every backend) and
+ * the parameter structs, argument slots and function constants of its
+ * kernels. Included at the end of pyfa_params.h.
+ *
+ * ===========================================================================
+ * THE CODEC. Codes are a pure function of (row, seed, bits, norm_correction):
+ * every backend must produce the same bytes. All arithmetic below is IEEE-754
+ * binary32, round to nearest, in the order written, with NO FMA contraction
+ * (CPU: `#pragma clang fp contract(off)`; CUDA: __fmul_rn/__fadd_rn or
+ * -fmad=false; Metal: fast-math off for the encoder). sqrtf and / are
+ * correctly rounded.
+ *
+ * Head dims: D in {64, 128, 256, 512} (a power of two for the FWHT).
+ * Bits: b in {2, 3, 4, 8}; L = 2^b levels. K and V bits are independent.
+ *
+ * Codebook: c[0..L) = the Lloyd-Max centroids of N(0,1), sorted ascending,
+ *   exactly symmetric (c[L-1-i] == -c[i]), as f32. The library computes them
+ *   (pyfa_turboquant_codebook) and dispatchers pass them to kernels as an
+ *   inline f32[L] argument; kernels never hold their own copy.
+ *   Thresholds: th[k] = (c[k-1] + c[k]) * 0.5f for k = 1..L-1 (f32).
+ *
+ * Signs: s[i] for coordinate i of stream t (0 = K, 1 = V) and 64-bit seed
+ *   (seed = seed_lo | seed_hi << 32):
+ *     z = seed + 0x9E3779B97F4A7C15 * (((uint64)t << 32 | i) + 1)   (mod 2^64)
+ *     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+ *     z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+ *     z =  z ^ (z >> 31)
+ *     s[i] = (z >> 63) ? -1 : +1
+ *   i.e. output number ((t << 32 | i) + 1) of splitmix64 seeded with `seed`.
+ *   One vector per stream, shared by every head and position.
+ *
+ * FWHT(u): unnormalised Walsh-Hadamard transform in natural (Sylvester)
+ *   order, in place: for h = 1, 2, 4, .. D/2, for every j with (j & h) == 0:
+ *   (a, b) = (u[j], u[j+h]); u[j] = a + b; u[j+h] = a - b.
+ *
+ * sumsq(v) / dot(v, w): 8 partial sums, p[l] = sum over k ascending of
+ *   v[8k+l]*w[8k+l] (product rounded, then sum rounded), combined as
+ *   ((p0+p4)+(p1+p5))+((p2+p6)+(p3+p7)).
+ *
+ * Encode one row x[D] (f16/bf16 inputs are first widened to f32 exactly):
+ *   u[i] = s_K/V[i] * x[i];  FWHT(u)          (u = sqrt(D) * H.(s . x))
+ *   norm = sqrtf(sumsq(x));  inv = norm > 0 ? 1.0f / norm : 0
+ *   t[i] = u[i] * inv                          (= y[i] * sqrt(D) / |x|)
+ *   idx[i] = #{k in 1..L-1 : th[k] < t[i]}     (ties go to the lower cell)
+ *   scale = norm                                 norm_correction NONE
+ *         = norm * sqrtf((float)D / sumsq(c[idx]))  NORM_PRESERVING (if > 0)
+ *         = norm * ((float)D / dot(c[idx], t))      UNBIASED (if dot > 0)
+ *   (a zero denominator leaves scale = norm; a zero row gives scale 0).
+ *   Rows must be finite.
+ *
+ * Decode: in the rotated domain the row is y~[i] = c[idx[i]] * scale / sqrt(D);
+ *   in the original domain x~[i] = s[i] * FWHT(c[idx])[i] * (scale / (float)D).
+ *
+ * Packing (codes row = D*b/8 bytes): each group of 8 consecutive coordinates
+ *   8g..8g+7 takes b bytes at offset g*b; read as a little-endian integer w,
+ *   coordinate 8g+j is (w >> (b*j)) & (L-1). So 4-bit: low nibble = even
+ *   coordinate; 8-bit: one byte per coordinate; 2-bit: four per byte, lowest
+ *   bits first; 3-bit: a little-endian bit stream.
+ *
+ * Cache buffers (one sequence; a batched cache adds a leading [batch]):
+ *   codes  [num_kv_heads, kv_capacity, D*b/8] u8, one for K and one for V
+ *   scales [num_kv_heads, kv_capacity] f32, one for K and one for V
+ * ===========================================================================
+ */
+#pragma once
+#include "pyfa_params.h"
+
+#define PYFA_TQ_STREAM_K 0
+#define PYFA_TQ_STREAM_V 1
+
+#define PYFA_TQ_NORM_NONE 0            /**< scale = |x| */
+#define PYFA_TQ_NORM_PRESERVING 1      /**< |x~| = |x| */
+#define PYFA_TQ_NORM_UNBIASED 2        /**< <x~, x> = <x, x> */
+
+/** Bytes of one packed row. */
+#define PYFA_TQ_ROW_BYTES(head_dim, bits) ((head_dim) * (bits) / 8)
+
+/* ---------------------------------------------------------------------------
+ * hadamard_quantize_kv: encodes num_tokens rows per KV head into a cache.
+ *   src    [num_tokens, num_kv_heads, head_dim]  f32 | f16 | bf16
+ *   codes  [batch, num_kv_heads, kv_capacity, row_bytes] u8 (written)
+ *   scales [batch, num_kv_heads, kv_capacity] f32        (written)
+ *   codebook: inline f32[2^bits]
+ * Token i of KV head h lands in slot (write_pos + i) mod kv_capacity of
+ * sequence `sequence`; num_tokens <= kv_capacity so no two tokens share a slot.
+ * Grid: (num_tokens, num_kv_heads, 1); one workgroup encodes one row.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_tq_quantize_params {
+    uint32_t num_tokens;      /**< rows per KV head, 1..kv_capacity */
+    uint32_t num_kv_heads;
+    uint32_t head_dim;        /**< 64, 128, 256 or 512 */
+    uint32_t kv_capacity;
+    uint32_t write_pos;       /**< slot of token 0, < kv_capacity */
+    uint32_t bits;            /**< 2, 3, 4 or 8 */
+    uint32_t stream;          /**< PYFA_TQ_STREAM_K or _V: which sign vector */
+    uint32_t norm_correction; /**< PYFA_TQ_NORM_* */
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+    uint32_t sequence;        /**< index into the cache's batch dimension */
+    uint32_t reserved;        /**< zero */
+} pyfa_tq_quantize_params;
+
+#define PYFA_TQ_QUANT_ARG_PARAMS 0
+#define PYFA_TQ_QUANT_ARG_SRC 1
+#define PYFA_TQ_QUANT_ARG_CODES 2
+#define PYFA_TQ_QUANT_ARG_SCALES 3
+#define PYFA_TQ_QUANT_ARG_CODEBOOK 4
+
+#define PYFA_TQ_QUANT_FC_SRC_DTYPE 0 /**< dtype code of src */
+#define PYFA_TQ_QUANT_FC_BITS 1      /**< == params.bits */
+#define PYFA_TQ_QUANT_FC_HEAD_DIM 2  /**< == params.head_dim */
+#define PYFA_TQ_QUANT_FC_COUNT 3
+
+/* ---------------------------------------------------------------------------
+ * tq_dequantize_kv: decodes num_tokens slots per KV head back to f32 rows in
+ * the original domain (inspection and tests).
+ *   codes, scales as above; out [num_tokens, num_kv_heads, head_dim] f32.
+ * Row i reads slot (first_slot + i) mod kv_capacity of sequence `sequence`.
+ * Grid: (num_tokens, num_kv_heads, 1).
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_tq_dequantize_params {
+    uint32_t num_tokens;
+    uint32_t num_kv_heads;
+    uint32_t head_dim;
+    uint32_t kv_capacity;
+    uint32_t first_slot;      /**< < kv_capacity */
+    uint32_t bits;
+    uint32_t stream;
+    uint32_t sequence;
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+} pyfa_tq_dequantize_params;
+
+#define PYFA_TQ_DEQUANT_ARG_PARAMS 0
+#define PYFA_TQ_DEQUANT_ARG_CODES 1
+#define PYFA_TQ_DEQUANT_ARG_SCALES 2
+#define PYFA_TQ_DEQUANT_ARG_CODEBOOK 3
+#define PYFA_TQ_DEQUANT_ARG_OUT 4
+
+#define PYFA_TQ_DEQUANT_FC_BITS 0
+#define PYFA_TQ_DEQUANT_FC_HEAD_DIM 1
+#define PYFA_TQ_DEQUANT_FC_COUNT 2
+
+/* ---------------------------------------------------------------------------
+ * fwht (transform PLAIN):          dst = H.src / sqrt(D)
+ * fwht_sign_premult (SIGN_PREMULT): dst = H.(s . src) / sqrt(D)   (Q in)
+ * fwht_sign_undo (SIGN_UNDO):       dst = s . (H.src) / sqrt(D)   (output out)
+ * with H the FWHT above and 1/sqrt(D) = 1.0f / sqrtf((float)D) applied last.
+ *   src [nrows, head_dim] f32 | f16 | bf16; dst [nrows, head_dim] f32;
+ *   dst may be src itself when src is f32 (in place).
+ * Grid: (nrows, 1, 1).
+ * ------------------------------------------------------------------------- */
+#define PYFA_TQ_FWHT_PLAIN 0
+#define PYFA_TQ_FWHT_SIGN_PREMULT 1
+#define PYFA_TQ_FWHT_SIGN_UNDO 2
+
+typedef struct pyfa_tq_fwht_params {
+    uint32_t nrows;
+    uint32_t head_dim;  /**< 64, 128, 256 or 512 */
+    uint32_t transform; /**< PYFA_TQ_FWHT_*: picks the kernel */
+    uint32_t stream;    /**< sign stream (ignored by PLAIN) */
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+} pyfa_tq_fwht_params;
+
+#define PYFA_TQ_FWHT_ARG_PARAMS 0
+#define PYFA_TQ_FWHT_ARG_SRC 1
+#define PYFA_TQ_FWHT_ARG_DST 2
+
+#define PYFA_TQ_FWHT_FC_SRC_DTYPE 0
+#define PYFA_TQ_FWHT_FC_HEAD_DIM 1
+#define PYFA_TQ_FWHT_FC_COUNT 2
+
+/* ---------------------------------------------------------------------------
+ * flash_attn_vec_tq: decode over TurboQuant codes, in the rotated domain.
+ * The same semantics, grid, nwg and tmp layout as flash_attn_vec (kv_len,
+ * ring_start, window, softcap, GQA), with the dense params as the first
+ * member. K and V rows are dequantised in registers:
+ *   k~[i] = c_K[idx[i]] * scale_K / sqrt(D)   (v likewise with c_V, scale_V)
+ * Slots 0..7 are flash_attn_vec's: q is the PRE-ROTATED query
+ * (fwht_sign_premult, K stream) as f32 [batch, num_heads, head_dim]; k/v are
+ * codes [batch, num_kv_heads, kv_capacity, row_bytes]; out (nwg == 1) or the
+ * partials in tmp stay in the rotated domain (V stream).
+ *
+ * The whole op (pyfa_flash_attn_vec_tq) runs: fwht_sign_premult(q) into the
+ * q_rot region of tmp -> flash_attn_vec_tq -> then
+ *   nwg == 1:           fwht_sign_undo(out) in place
+ *   nwg > 1, fused = 0: flash_attn_vec_reduce -> fwht_sign_undo(out) in place
+ *   nwg > 1, fused = 1: flash_attn_vec_reduce_tq_hb_undo
+ * tmp layout: [the flash_attn_vec tmp layout (empty when nwg == 1)]
+ *             then q_rot [batch * num_heads * head_dim] f32.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_flash_attn_vec_tq_params {
+    pyfa_flash_attn_vec_params attn; /**< head_dim in {64, 128, 256, 512} */
+    uint32_t k_bits;                 /**< 2, 3, 4 or 8 */
+    uint32_t v_bits;                 /**< 2, 3, 4 or 8 */
+    uint32_t seed_lo;                /**< the cache's seed (signs of Q-in and out-undo) */
+    uint32_t seed_hi;
+    uint32_t fused;                  /**< 1: fused reduce + undo tail (nwg > 1) */
+    uint32_t reserved;               /**< zero */
+} pyfa_flash_attn_vec_tq_params;
+
+#define PYFA_TQ_VEC_ARG_K_SCALES 8
+#define PYFA_TQ_VEC_ARG_V_SCALES 9
+#define PYFA_TQ_VEC_ARG_K_CODEBOOK 10 /**< inline f32[2^k_bits] */
+#define PYFA_TQ_VEC_ARG_V_CODEBOOK 11 /**< inline f32[2^v_bits] */
+
+#define PYFA_TQ_VEC_FC_K_BITS 0
+#define PYFA_TQ_VEC_FC_V_BITS 1
+#define PYFA_TQ_VEC_FC_HEAD_DIM 2    /**< == PYFA_VEC_FC_HEAD_DIM */
+#define PYFA_TQ_VEC_FC_HAS_SOFTCAP 3 /**< == PYFA_VEC_FC_HAS_SOFTCAP */
+#define PYFA_TQ_VEC_FC_DIRECT_OUT 4  /**< == PYFA_VEC_FC_DIRECT_OUT */
+#define PYFA_TQ_VEC_FC_COUNT 5
+
+/* ---------------------------------------------------------------------------
+ * flash_attn_vec_reduce_tq_hb_undo: flash_attn_vec_reduce then
+ * fwht_sign_undo (V stream) of each row, in one pass. Its output is bit for
+ * bit that of the two kernels run one after the other: both paths must run
+ * the same reduce arithmetic and the same undo arithmetic.
+ *   tmp, out and grid as flash_attn_vec_reduce (slots PYFA_REDUCE_ARG_*);
+ *   function constant 0 = head_dim, as the reduce.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_tq_reduce_undo_params {
+    pyfa_attn_reduce_params reduce; /**< nrows, head_dim, nwg */
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+    uint32_t stream;                /**< PYFA_TQ_STREAM_V */
+    uint32_t reserved;              /**< zero */
+} pyfa_tq_reduce_undo_params;

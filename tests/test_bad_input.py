@@ -1,0 +1,205 @@
+"""Every rule of the decode path gets a clear PyfaError naming the argument,
+and the process survives it."""
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa._native import ffi, lib
+from pyfa.errors import check
+
+
+def arrays(H=4, Hkv=2, D=64, cap=32, dtype=np.float16):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((H, D)).astype(np.float32)
+    k = rng.standard_normal((Hkv, cap, D)).astype(dtype)
+    return q, k, k.copy()
+
+
+def raises(match, fn, *args, **kw):
+    with pytest.raises(pyfa.InvalidArgumentError, match=match):
+        fn(*args, **kw)
+
+
+def test_zero_heads(cpu):
+    q, k, v = arrays()
+    raises("num_heads: must be > 0", pyfa.decode_attention, q[:0], k, v, 4, device=cpu)
+    raises("num_kv_heads: must be > 0", pyfa.decode_attention, q, k[:0], v[:0], 4, device=cpu)
+
+
+def test_heads_not_multiple_of_kv_heads(cpu):
+    q, k, v = arrays(H=6, Hkv=4)
+    raises("num_heads: 6 must be a multiple of num_kv_heads \\(4\\)", pyfa.decode_attention, q, k, v, 4, device=cpu)
+
+
+@pytest.mark.parametrize("D", [32, 72, 100, 1024])
+def test_unsupported_head_dim(cpu, D):
+    q, k, v = arrays(D=D)
+    raises(f"head_dim: {D} is not supported", pyfa.decode_attention, q, k, v, 4, device=cpu)
+
+
+@pytest.mark.parametrize("kv_len,match", [(0, "kv_len\\[0\\]: 0 must be in 1...kv_capacity"),
+                                          (33, "kv_len\\[0\\]: 33 must be in 1...kv_capacity"),
+                                          (-1, "kv_len\\[0\\]: -1 must be in 1...kv_capacity"),
+                                          ([4, 0], "kv_len\\[1\\]: 0")])
+def test_kv_len_out_of_range(cpu, kv_len, match):
+    q, k, v = arrays()
+    if isinstance(kv_len, list):
+        q, k, v = np.stack([q, q]), np.stack([k, k]), np.stack([v, v])
+    raises(match, pyfa.decode_attention, q, k, v, kv_len, device=cpu)
+
+
+def test_kv_len_count_must_match_batch(cpu):
+    q, k, v = arrays()
+    raises("kv_len: expected 1 values", pyfa.decode_attention, q, k, v, [3, 4], device=cpu)
+
+
+def test_ring_start_rules(cpu):
+    q, k, v = arrays()
+    raises("ring_start\\[0\\]: 32 must be in 0..<kv_capacity", pyfa.decode_attention, q, k, v, 32, ring_start=32,
+           device=cpu)
+    raises("ring_start\\[0\\]: -2 must be in 0..<kv_capacity", pyfa.decode_attention, q, k, v, 32, ring_start=-2,
+           device=cpu)
+    raises("ring_start\\[0\\]: 3 must be 0 unless the ring is full", pyfa.decode_attention, q, k, v, 10,
+           ring_start=3, device=cpu)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64, np.uint8])
+def test_wrong_dtype(cpu, dtype):
+    q, k, v = arrays()
+    raises("q: dtype", pyfa.decode_attention, q.astype(dtype), k, v, 4, device=cpu)
+    raises("k_cache: dtype", pyfa.decode_attention, q, k.astype(dtype), v, 4, device=cpu)
+
+
+def test_mismatched_kv_dtypes_and_shapes(cpu):
+    q, k, v = arrays()
+    raises("v_cache: dtype float32 differs", pyfa.decode_attention, q, k, v.astype(np.float32), 4, device=cpu)
+    raises("v_cache: shape", pyfa.decode_attention, q, k, v[:, :16], 4, device=cpu)
+    raises("k_cache: shape .* does not match q", pyfa.decode_attention, q, k[:, :, :32], v[:, :, :32], 4,
+           device=cpu)
+
+
+def test_wrong_rank(cpu):
+    q, k, v = arrays()
+    raises("q: expected 2-D or 3-D", pyfa.decode_attention, q[0], k, v, 4, device=cpu)
+    raises("k_cache: expected 3-D", pyfa.decode_attention, q, k[0], v[0], 4, device=cpu)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_scale(cpu, scale):
+    q, k, v = arrays()
+    raises("scale: must be finite", pyfa.decode_attention, q, k, v, 4, scale=scale, device=cpu)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf")])
+def test_bad_softcap(cpu, softcap):
+    q, k, v = arrays()
+    raises("softcap: must be finite and >= 0", pyfa.decode_attention, q, k, v, 4, softcap=softcap, device=cpu)
+
+
+@pytest.mark.parametrize("window", [-1, 0, 2.5, "8"])
+def test_bad_window(cpu, window):
+    q, k, v = arrays()
+    raises("window: must be None or a positive int", pyfa.decode_attention, q, k, v, 4, window=window, device=cpu)
+
+
+def test_bad_out(cpu):
+    q, k, v = arrays()
+    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 32), np.float32), device=cpu)
+    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 64), np.float16), device=cpu)
+
+
+def test_unknown_backend():
+    with pytest.raises(pyfa.InvalidArgumentError, match="backend: unknown backend 'tpu'"):
+        pyfa.Device("tpu")
+
+
+def _low_level(cpu, **overrides):
+    """A decode through the C ABI with one piece replaced by `overrides`."""
+    H, Hkv, D, cap = 4, 2, 64, 32
+    arrays_ = {
+        "q": np.zeros((1, H, D), np.float32), "k": np.zeros((1, Hkv, cap, D), np.float16),
+        "v": np.zeros((1, Hkv, cap, D), np.float16), "kv_len": np.array([8], np.uint32),
+        "ring_start": np.array([0], np.uint32), "tmp": np.zeros(1 * H * 2 * (D + 2), np.float32),
+        "out": np.zeros((1, H, D), np.float32),
+    }
+    params = {"batch": 1, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": cap, "nwg": 2,
+              "scale": 0.125}
+    params.update(overrides.pop("params", {}))
+    arrays_.update(overrides)
+    bufs = [cpu.wrap(a) if a is not None else None for a in arrays_.values()]
+    enc = cpu.encoder()
+    p = ffi.new("pyfa_flash_attn_vec_params *", params)
+    check(lib.pyfa_flash_attn_vec(enc, p, *(b.handle if b else ffi.NULL for b in bufs)))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    return arrays_["out"]
+
+
+def test_low_level_baseline_runs(cpu):
+    assert np.isfinite(_low_level(cpu)).all()
+
+
+@pytest.mark.parametrize("name,array,match", [
+    ("q", np.zeros((1, 4, 32), np.float32), "q: buffer holds 128 elements, needs 256"),
+    ("k", np.zeros((1, 2, 16, 64), np.float16), "k_cache: buffer holds 2048 elements, needs 4096"),
+    ("v", np.zeros((1, 2, 32, 64), np.float32), "v_cache: dtype f32 not accepted"),
+    ("kv_len", np.zeros(0, np.uint32), "kv_len: buffer holds 0 elements, needs 1"),
+    ("tmp", np.zeros(100, np.float32), "tmp: buffer holds 100 elements"),
+    ("out", np.zeros((1, 4, 64), np.float16), "out: dtype f16 not accepted"),
+    ("q", None, "q: buffer is NULL"),
+])
+def test_low_level_undersized_or_wrong_buffers(cpu, name, array, match):
+    with pytest.raises(pyfa.InvalidArgumentError, match=match):
+        _low_level(cpu, **{name: array})
+
+
+def test_low_level_params_rules(cpu):
+    with pytest.raises(pyfa.InvalidArgumentError, match="nwg: 5000 exceeds 1024"):
+        _low_level(cpu, params={"nwg": 5000})
+    with pytest.raises(pyfa.InvalidArgumentError, match="batch: must be > 0"):
+        _low_level(cpu, params={"batch": 0})
+
+
+def test_failed_call_leaves_output_untouched(cpu):
+    out = np.full((1, 4, 64), 7.0, np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError):
+        _low_level(cpu, out=out, kv_len=np.array([99], np.uint32))
+    assert (out == 7.0).all()
+
+
+def test_null_handles_are_errors_not_crashes():
+    out = ffi.new("pyfa_device_info *")
+    assert lib.pyfa_device_info_get(ffi.NULL, out) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert b"device: handle is NULL" in ffi.string(lib.pyfa_last_error())
+    assert lib.pyfa_encoder_commit(ffi.NULL) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert lib.pyfa_device_new(ffi.NULL, b"cpu") == lib.PYFA_ERR_INVALID_ARGUMENT
+    lib.pyfa_buffer_free(ffi.NULL)  # freeing NULL is a no-op
+
+
+def test_buffer_rules(cpu):
+    with pytest.raises(pyfa.InvalidArgumentError, match="shape\\[1\\]: must be >= 0"):
+        cpu.buffer((2, -3), np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError, match="shape: size overflows"):
+        cpu.buffer((2**40, 2**40), np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError, match="ndim: at most 8"):
+        cpu.buffer((1,) * 9, np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError, match="dtype: .*float64.* is not supported"):
+        cpu.buffer((2,), np.float64)
+    with pytest.raises(pyfa.InvalidArgumentError, match="storage: 'managed'"):
+        cpu.buffer((2,), np.float32, storage="managed")
+    b = cpu.buffer((4,), np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError, match="write: array has 8 bytes"):
+        b.write(np.zeros(2, np.float32))
+    bad = ffi.new("pyfa_buffer **")
+    assert lib.pyfa_buffer_new(bad, cpu.handle, 42, 1, [4], 0) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert b"dtype: unknown dtype code 42" in ffi.string(lib.pyfa_last_error())
+    assert lib.pyfa_buffer_read(b.handle, 8, ffi.new("char[16]"), 16) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert b"outside the buffer's 16 bytes" in ffi.string(lib.pyfa_last_error())
+
+
+def test_wrap_rejects_small_memory(cpu):
+    a = np.zeros(4, np.float32)
+    out = ffi.new("pyfa_buffer **")
+    assert lib.pyfa_buffer_wrap(out, cpu.handle, ffi.from_buffer(a), 8, lib.PYFA_DTYPE_F32, 1, [4]) == \
+        lib.PYFA_ERR_INVALID_ARGUMENT
+    assert b"nbytes: 8 bytes cannot hold shape [4] of f32" in ffi.string(lib.pyfa_last_error())

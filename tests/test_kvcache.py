@@ -1,0 +1,71 @@
+"""pyfa.KVCache: the dense single-sequence cache over flash_attn_vec."""
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa import reference
+
+# Storage rounds K/V to the cache dtype; the reference reads the same rounded
+# rows, so only float32 accumulation differs (see test_decode.py): 2e-5.
+TOL = 2e-5
+
+
+def _stored(x, dtype):
+    return x.astype(dtype).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, pyfa.bfloat16, np.float32])
+def test_append_and_attend(device, rng, dtype):
+    c = pyfa.KVCache(2, 128, 1024, dtype=dtype, device=device)
+    k, v = rng.standard_normal((900, 2, 128)), rng.standard_normal((900, 2, 128))
+    for part in np.array_split(np.arange(900), 4):
+        c.append(k[part], v[part])
+    assert len(c) == 900 and c.nbytes == 2 * 2 * 1024 * 128 * np.dtype(dtype).itemsize
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    for softcap in (0.0, 3.0):
+        ref = reference.decode_attention(q, _stored(k, dtype).transpose(1, 0, 2),
+                                         _stored(v, dtype).transpose(1, 0, 2), 900, softcap=softcap)
+        np.testing.assert_allclose(c.attend(q, softcap=softcap), ref, atol=TOL, rtol=0)
+
+
+def test_ring_buffer_attends_over_last_tokens(device, rng):
+    k, v = rng.standard_normal((150, 2, 64)), rng.standard_normal((150, 2, 64))
+    c = pyfa.KVCache(2, 64, 64, dtype=np.float32, sliding_window=64, device=device)
+    start = 0
+    for size in (7, 50, 1, 64, 28):
+        c.append(k[start:start + size], v[start:start + size])
+        start += size
+    assert len(c) == 64
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    ref = reference.decode_attention(q, k[-64:].transpose(1, 0, 2), v[-64:].transpose(1, 0, 2), 64)
+    np.testing.assert_allclose(c.attend(q), ref, atol=TOL, rtol=0)
+    # Window smaller than the capacity: the last 40 of the 150.
+    w = pyfa.KVCache(2, 64, 100, dtype=np.float32, sliding_window=40, device=device)
+    w.append(k[:120], v[:120])
+    w.append(k[120:], v[120:])
+    ref = reference.decode_attention(q, k[-40:].transpose(1, 0, 2), v[-40:].transpose(1, 0, 2), 40)
+    np.testing.assert_allclose(w.attend(q), ref, atol=TOL, rtol=0)
+
+
+def test_overflow_without_window_changes_nothing(cpu, rng):
+    c = pyfa.KVCache(2, 64, 10, dtype=np.float32, device=cpu)
+    k = rng.standard_normal((8, 2, 64))
+    c.append(k, k)
+    before = c._k.numpy().copy()
+    with pytest.raises(pyfa.PyfaError, match="exceed capacity 10"):
+        c.append(rng.standard_normal((3, 2, 64)), rng.standard_normal((3, 2, 64)))
+    assert len(c) == 8
+    np.testing.assert_array_equal(c._k.numpy(), before)
+
+
+def test_bad_input(cpu, rng):
+    with pytest.raises(pyfa.PyfaError, match="dtype"):
+        pyfa.KVCache(2, 64, 8, dtype=np.int8)
+    with pytest.raises(pyfa.PyfaError, match="capacity: 8 must be >= sliding_window"):
+        pyfa.KVCache(2, 64, 8, sliding_window=9)
+    c = pyfa.KVCache(2, 64, 8, device=cpu)
+    with pytest.raises(pyfa.PyfaError, match="k: expected shape"):
+        c.append(rng.standard_normal((1, 3, 64)), rng.standard_normal((1, 3, 64)))
+    assert np.all(c.attend(rng.standard_normal((2, 64))) == 0)  # empty cache: no key visible
+    with pytest.raises(pyfa.PyfaError, match="head_dim"):
+        pyfa.KVCache(2, 80, 8).attend(rng.standard_normal((2, 64)))

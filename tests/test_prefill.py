@@ -1,0 +1,399 @@
+"""flash_attn_prefill (+ blk) and merge_attention_states against the float64 reference.
+
+The parameter space is sampled, not crossed: every axis (dtype, head_dim, GQA
+ratio, lengths, qL < kL and qL > kL, mask kind and rank, causal, window,
+softcap, layout, LSE, q_offset) appears, and the tables combine axes pairwise.
+
+Tolerances. The reference reads the same rounded q/k/v (and mask) values as
+the kernel, so what differs is f32 accumulation (exp2 polynomial ~2e-7
+relative, scale folded into q, summation order) and, for f16/bf16, the
+rounding of the output to the I/O dtype: half an ulp, 2^-11 (f16) or 2^-8
+(bf16) of |out| <= max|v|. Hence, per dtype:
+  max |out - ref| <= ROUND[dtype] * max|ref| + 2e-5,
+  normalised MSE (mean (out-ref)^2 / mean ref^2) <= 5e-4 for f16/bf16,
+  and |lse - ref_lse| <= 1e-4 (f32 statistics, |lse| ~ log(kv_len) + scores).
+"""
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa import prefill, reference
+
+BF16 = pyfa.bfloat16
+ROUND = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
+HEAD_DIMS = [64, 80, 96, 128, 192, 256, 512]
+
+
+def make(rng, B, H, Hkv, qL, kL, D, dtype, layout="bhsd"):
+    def arr(h, n):
+        shape = (B, h, n, D) if layout == "bhsd" else (B, n, h, D)
+        return rng.standard_normal(shape).astype(dtype)
+    return arr(H, qL), arr(Hkv, kL), arr(Hkv, kL)
+
+
+def check_close(out, ref, dtype):
+    dtype = np.dtype(dtype)
+    assert out.dtype == dtype and out.shape == ref.shape
+    o = out.astype(np.float64)
+    assert not np.isnan(o).any()
+    bound = ROUND[dtype] * max(np.abs(ref).max(), 1.0) + 2e-5
+    assert np.abs(o - ref).max() <= bound, (np.abs(o - ref).max(), bound)
+    if dtype != np.float32:
+        denom = max(np.mean(ref**2), 1e-12)
+        assert np.mean((o - ref) ** 2) / denom <= 5e-4
+
+
+def check_lse(lse, ref_lse):
+    assert lse.dtype == np.float32 and lse.shape == ref_lse.shape
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0.0) <= 1e-4
+
+
+def run_both(q, k, v, device, **kw):
+    out, lse = pyfa.attention(q, k, v, return_lse=True, device=device, **kw)
+    ref, ref_lse = reference.attention(q, k, v, return_lse=True, **kw)
+    return out, lse, ref, ref_lse
+
+
+@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+def test_head_dims_and_dtypes(device, rng, D, dtype):
+    causal = D % 128 != 0
+    q, k, v = make(rng, 1, 2, 1, 33, 65, D, dtype)
+    out, lse, ref, ref_lse = run_both(q, k, v, causal=causal, device=device)
+    check_close(out, ref, dtype)
+    check_lse(lse, ref_lse)
+
+
+# (B, H, Hkv, qL, kL, D, dtype, layout, causal): GQA ratios 1/2/4/8 x both layouts x odd lengths,
+# qL < kL and qL > kL, each paired with a different dtype / head_dim.
+SHAPES = [
+    (1, 1, 1, 1, 1, 64, np.float32, "bhsd", True),
+    (2, 2, 1, 7, 31, 128, BF16, "bshd", True),
+    (1, 4, 1, 31, 7, 96, np.float16, "bhsd", True),
+    (1, 8, 1, 65, 127, 64, BF16, "bhsd", False),
+    (2, 8, 2, 129, 33, 80, np.float32, "bshd", False),
+    (1, 4, 4, 127, 129, 192, np.float16, "bshd", True),
+    (1, 2, 2, 400, 400, 64, BF16, "bshd", True),
+    (1, 2, 1, 33, 400, 256, np.float32, "bhsd", True),
+    (1, 8, 4, 129, 65, 128, np.float16, "bshd", True),
+    (1, 2, 1, 7, 129, 512, BF16, "bhsd", True),
+]
+
+
+@pytest.mark.parametrize("B,H,Hkv,qL,kL,D,dtype,layout,causal", SHAPES)
+def test_shapes_gqa_layouts(device, rng, B, H, Hkv, qL, kL, D, dtype, layout, causal):
+    q, k, v = make(rng, B, H, Hkv, qL, kL, D, dtype, layout)
+    out, lse, ref, ref_lse = run_both(q, k, v, causal=causal, layout=layout, device=device)
+    check_close(out, ref, dtype)
+    check_lse(lse, ref_lse)
+
+
+def plan_tile(device, D, dtype):
+    """(block_q, block_k) of the device's prefill plan."""
+    from pyfa import dtypes
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": D, "q_len": 1, "kv_len": 1, "scale": 1.0})
+    check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtypes.code(dtype), ffi.new("uint64_t *")))
+    return params.block_q, params.block_k
+
+
+def block_mask(rng, shape, kind, dtype, tile):
+    """A random mask where ~20% of the 8x16 blocks are all blocked, ~20% all
+    attended (zero bias / True), the rest mixed (with finite biases); then the
+    same over the plan's tiles, so whole tiles are skipped / mask-free."""
+    qL, kL = shape[-2:]
+    allowed = rng.random(shape) > 0.3
+    bias = rng.standard_normal(shape) * 0.5
+    for block in ((8, 16), tile):
+        for i in range(0, qL, block[0]):
+            for j in range(0, kL, block[1]):
+                r = rng.random()
+                sl = (..., slice(i, i + block[0]), slice(j, j + block[1]))
+                if r < 0.2:
+                    allowed[sl] = False
+                elif r < 0.4:
+                    allowed[sl] = True
+                    bias[sl] = 0.0
+    if kind == "bool":
+        return allowed
+    return np.where(allowed, bias, -np.inf).astype(dtype)
+
+
+# (kind, rank, causal, window, dtype, D, layout, qL, kL)
+MASKS = [
+    ("additive", 2, False, None, BF16, 128, "bhsd", 129, 400),
+    ("additive", 4, True, None, np.float32, 64, "bshd", 127, 129),
+    ("bool", 2, True, 50, np.float16, 96, "bhsd", 400, 400),
+    ("bool", 4, False, None, BF16, 256, "bshd", 65, 129),
+    ("additive", 2, True, 33, np.float16, 80, "bshd", 129, 65),
+    ("bool", 2, False, 17, np.float32, 192, "bhsd", 33, 127),
+]
+
+
+@pytest.mark.parametrize("kind,rank,causal,window,dtype,D,layout,qL,kL", MASKS)
+def test_masks_and_blk(device, rng, kind, rank, causal, window, dtype, D, layout, qL, kL):
+    B, H, Hkv = 2, 2, 1
+    q, k, v = make(rng, B, H, Hkv, qL, kL, D, dtype, layout)
+    mask = block_mask(rng, (qL, kL) if rank == 2 else (B, H, qL, kL), kind, dtype, plan_tile(device, D, dtype))
+    kw = dict(mask=mask, causal=causal, window=window, layout=layout, return_lse=True, device=device)
+    with_blk, lse_blk = prefill._attention(q, k, v, scale=None, q_offset=None, softcap=0.0, out=None, use_blk=True, **kw)
+    without, lse_no = prefill._attention(q, k, v, scale=None, q_offset=None, softcap=0.0, out=None, use_blk=False, **kw)
+    assert np.array_equal(with_blk, without) and np.array_equal(lse_blk, lse_no)
+    ref, ref_lse = reference.attention(q, k, v, mask=mask, causal=causal, window=window, layout=layout, return_lse=True)
+    check_close(with_blk, ref, dtype)
+    check_lse(lse_blk, ref_lse)
+
+
+def test_blk_classification(device, rng):
+    """The pre-pass bytes, read back through the low-level API."""
+    from pyfa import _io
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check
+    qL, kL = 100, 150
+    mask = np.zeros((qL, kL), np.float32)
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": qL, "kv_len": kL,
+        "scale": 1.0, "mask_strides": [0, 0, kL]})
+    nbytes = ffi.new("uint64_t *")
+    check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, lib.PYFA_DTYPE_F32, nbytes))
+    bq, bk = params.block_q, params.block_k
+    nq, nk = params.num_q_blocks, params.num_k_blocks
+    assert (nq, nk) == (-(-qL // bq), -(-kL // bk)) and nbytes[0] == nq * nk
+    mask[:bq, :bk] = -np.inf                  # tile (0, 0): all blocked
+    mask[bq:2 * bq, bk:2 * bk] = 1.5          # tile (1, 1): a bias, mixed
+    mask[(nq - 1) * bq:, (nk - 1) * bk:] = -np.inf  # ragged corner tile: blocked where it exists
+    mask[0, 2 * bk] = -np.inf                 # tile (0, 2): one blocked entry, mixed
+    buf = _io.to_device(device, mask)
+    blk = device.buffer((nbytes[0],), np.uint8)
+    enc = device.encoder()
+    check(lib.pyfa_flash_attn_prefill_blk(enc, params, lib.PYFA_DTYPE_F32, buf.handle, blk.handle))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    got = blk.read().reshape(nq, nk)
+    want = np.full((nq, nk), lib.PYFA_BLK_ZERO)
+    want[0, 0] = want[nq - 1, nk - 1] = lib.PYFA_BLK_SKIP
+    want[1, 1] = want[0, 2] = lib.PYFA_BLK_MIXED
+    assert np.array_equal(got, want)
+
+
+# (window, softcap, q_offset, causal, dtype, D, qL, kL)
+OPTIONS = [
+    (7, 0.0, None, True, BF16, 64, 65, 65),
+    (None, 5.0, None, True, np.float32, 128, 33, 129),
+    (31, 3.0, None, False, np.float16, 96, 127, 127),
+    (None, 0.0, 60, True, np.float32, 80, 40, 129),   # chunk 60..99 of a 129-key cache
+    (16, 10.0, -5, True, BF16, 192, 31, 65),          # rows before position 0 see no key
+    (1, 0.0, None, True, np.float16, 256, 7, 400),
+]
+
+
+@pytest.mark.parametrize("window,softcap,q_offset,causal,dtype,D,qL,kL", OPTIONS)
+def test_window_softcap_offset(device, rng, window, softcap, q_offset, causal, dtype, D, qL, kL):
+    q, k, v = make(rng, 1, 4, 2, qL, kL, D, dtype)
+    out, lse, ref, ref_lse = run_both(q, k, v, causal=causal, window=window, softcap=softcap, q_offset=q_offset,
+                                      device=device)
+    check_close(out, ref, dtype)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("kind", ["additive", "bool"])
+def test_fully_masked_rows_and_inf_key(device, rng, kind):
+    q, k, v = make(rng, 1, 2, 2, 70, 100, 64, np.float16)
+    allowed = np.ones((70, 100), bool)
+    allowed[3] = False           # one fully masked row
+    allowed[50:] = False         # a fully masked query tile
+    allowed[:, 10] = False       # a -inf key for every row
+    mask = allowed if kind == "bool" else np.where(allowed, 0.0, -np.inf).astype(np.float16)
+    out, lse, ref, ref_lse = run_both(q, k, v, mask=mask, device=device)
+    check_close(out, ref, np.float16)
+    assert not np.isnan(out.astype(np.float32)).any()
+    assert np.all(out[:, :, 3] == 0) and np.all(out[:, :, 50:] == 0)
+    assert np.all(np.isneginf(lse[:, :, 3])) and np.all(np.isneginf(lse[:, :, 50:]))
+    check_lse(lse, ref_lse)
+
+
+def test_causal_rows_without_keys_are_zero(device, rng):
+    q, k, v = make(rng, 1, 2, 2, 40, 20, 64, np.float32)  # qL > kL: rows 0..19 see no key
+    out, lse = pyfa.attention(q, k, v, causal=True, return_lse=True, device=device)
+    assert np.all(out[:, :, :20] == 0) and np.all(np.isneginf(lse[:, :, :20]))
+    check_close(out, reference.attention(q, k, v, causal=True), np.float32)
+
+
+@pytest.mark.parametrize("dtype,layout", [(np.float32, "bhsd"), (BF16, "bshd"), (np.float16, "bhsd")])
+def test_merge_halves_equals_whole(device, rng, dtype, layout):
+    q, k, v = make(rng, 1, 4, 2, 33, 129, 128, dtype, layout)
+    split = 50
+    ks = (slice(None), slice(None), slice(0, split)) if layout == "bhsd" else (slice(None), slice(0, split))
+    ke = (slice(None), slice(None), slice(split, None)) if layout == "bhsd" else (slice(None), slice(split, None))
+    # Causal over the whole = causal on the first part (positions kept) + causal on the rest.
+    o_a, l_a = pyfa.attention(q, k[ks], v[ks], causal=True, q_offset=129 - 33, layout=layout, return_lse=True,
+                              device=device)
+    mask_b = np.arange(split, 129)[None, :] <= (129 - 33 + np.arange(33))[:, None]
+    o_b, l_b = pyfa.attention(q, k[ke], v[ke], mask=mask_b, layout=layout, return_lse=True, device=device)
+    o, lse = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout, device=device)
+    ref, ref_lse = reference.attention(q, k, v, causal=True, layout=layout, return_lse=True)
+    # Two roundings to the I/O dtype (each part, then the merge).
+    check_close(o, ref, dtype) if dtype == np.float32 else None
+    o64 = o.astype(np.float64)
+    assert np.abs(o64 - ref).max() <= 2.5 * ROUND[np.dtype(dtype)] * np.abs(ref).max() + 2e-5
+    check_lse(lse, ref_lse)
+    m_ref, m_lse = reference.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout)
+    assert np.abs(o64 - m_ref).max() <= ROUND[np.dtype(dtype)] * np.abs(m_ref).max() + 1e-5
+    assert np.abs(lse - m_lse).max() <= 1e-5
+
+
+def test_merge_both_empty_gives_zeros(device, rng):
+    o_a = rng.standard_normal((1, 2, 3, 64)).astype(np.float32)
+    o_b = rng.standard_normal((1, 2, 3, 64)).astype(np.float32)
+    l_a = np.full((1, 2, 3), -np.inf, np.float32)
+    l_b = l_a.copy()
+    l_b[0, 1, 2] = 0.5   # one row where only b saw keys
+    o, lse = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, device=device)
+    assert not np.isnan(o).any()
+    assert np.all(o[0, 0] == 0) and np.all(np.isneginf(lse[0, 0]))
+    np.testing.assert_allclose(o[0, 1, 2], o_b[0, 1, 2], rtol=1e-6)
+    assert lse[0, 1, 2] == np.float32(0.5)
+
+
+def test_out_argument(device, rng):
+    q, k, v = make(rng, 1, 2, 2, 9, 9, 64, BF16)
+    out = np.empty_like(q)
+    res = pyfa.attention(q, k, v, device=device, out=out)
+    assert res is out
+    check_close(out, reference.attention(q, k, v), BF16)
+
+
+# Bad input -> PyfaError naming the argument.
+def _bad(**over):
+    rng = np.random.default_rng(1)
+    q, k, v = make(rng, 1, 4, 2, 8, 8, 64, np.float32)
+    args = dict(q=q, k=k, v=v)
+    args.update(over)
+    return args
+
+
+BAD = [
+    ("k", dict(k=np.zeros((1, 2, 8, 128), np.float32), v=np.zeros((1, 2, 8, 128), np.float32))),
+    ("num_heads", dict(k=np.zeros((1, 3, 8, 64), np.float32), v=np.zeros((1, 3, 8, 64), np.float32))),
+    ("mask", dict(mask=np.zeros((8, 9), np.float32))),
+    ("mask", dict(mask=np.zeros((1, 4, 8), np.float32))),
+    ("mask", dict(mask=np.zeros((8, 8), np.float16))),
+    ("head_dim", dict(q=np.zeros((1, 4, 8, 72), np.float32), k=np.zeros((1, 2, 8, 72), np.float32),
+                      v=np.zeros((1, 2, 8, 72), np.float32))),
+    ("q_len", dict(q=np.zeros((1, 4, 0, 64), np.float32))),
+    ("kv_len", dict(k=np.zeros((1, 2, 0, 64), np.float32), v=np.zeros((1, 2, 0, 64), np.float32))),
+    ("window", dict(window=0)),
+    ("window", dict(window=-3)),
+    ("k", dict(k=np.zeros((1, 2, 8, 64), np.float16))),
+    ("layout", dict(layout="sbhd")),
+    ("softcap", dict(softcap=-1.0)),
+]
+
+
+@pytest.mark.parametrize("name,over", BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD)])
+def test_bad_input(device, name, over):
+    args = _bad(**over)
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with pytest.raises(pyfa.PyfaError, match=name):
+        pyfa.attention(q, k, v, device=device, **args)
+
+
+def test_low_level_rules(device):
+    """Rules only the C ABI can break: blk without a mask, a wrong tile, short buffers."""
+    from pyfa import _io
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check
+    q = np.zeros((1, 1, 8, 64), np.float32)
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": 8, "kv_len": 8, "scale": 1.0,
+        "q_strides": [512, 512, 64], "k_strides": [512, 512, 64], "v_strides": [512, 512, 64],
+        "out_strides": [512, 512, 64]})
+    buf = _io.to_device(device, q)
+    out = _io.to_device(device, np.zeros_like(q))
+    blk = device.buffer((64,), np.uint8)
+    enc = device.encoder()
+    with pytest.raises(pyfa.PyfaError, match="blk: needs a mask"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, blk.handle,
+                                          out.handle, ffi.NULL))
+    short = _io.to_device(device, np.zeros((1, 1, 4, 64), np.float32))
+    with pytest.raises(pyfa.PyfaError, match="k: buffer holds"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, short.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                          out.handle, ffi.NULL))
+    params.block_q, params.block_k = 7, 7
+    with pytest.raises(pyfa.PyfaError, match="block_q/block_k"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                          out.handle, ffi.NULL))
+    params.block_q = params.block_k = 0
+    params.mask_strides = [0, 0, 8]
+    bad_mask = _io.to_device(device, np.zeros((8, 8), np.int32))
+    with pytest.raises(pyfa.PyfaError, match="mask: dtype"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, bad_mask.handle, ffi.NULL,
+                                          out.handle, ffi.NULL))
+    mask = _io.to_device(device, np.zeros((8, 8), np.float32))
+    with pytest.raises(pyfa.PyfaError, match="blk: buffer holds"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, mask.handle,
+                                          device.buffer((0,), np.uint8).handle, out.handle, ffi.NULL))
+    with pytest.raises(pyfa.PyfaError, match="mask: dtype f32"):  # additive mask of another dtype than the I/O one
+        check(lib.pyfa_flash_attn_prefill_blk(enc, params, lib.PYFA_DTYPE_BF16, mask.handle, blk.handle))
+    params.mask_strides = [0, 0, 9]  # rows 9 keys apart: the 8x8 mask is too short
+    with pytest.raises(pyfa.PyfaError, match="mask: buffer holds"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, mask.handle, ffi.NULL,
+                                          out.handle, ffi.NULL))
+
+
+def test_merge_bad_input(device):
+    o = np.zeros((1, 2, 3, 64), np.float32)
+    lse = np.zeros((1, 2, 3), np.float32)
+    with pytest.raises(pyfa.PyfaError, match="lse_b"):
+        pyfa.merge_attention_states(o, lse, o, lse.astype(np.float64), device=device)
+    with pytest.raises(pyfa.PyfaError, match="o_b"):
+        pyfa.merge_attention_states(o, lse, o.astype(np.float16), lse, device=device)
+    with pytest.raises(pyfa.PyfaError, match="lse_a"):
+        pyfa.merge_attention_states(o, lse[:, :, :2], o, lse, device=device)
+    with pytest.raises(pyfa.PyfaError, match="head_dim"):
+        pyfa.merge_attention_states(np.zeros((1, 2, 3, 4), np.float32), lse, np.zeros((1, 2, 3, 4), np.float32), lse,
+                                    device=device)
+
+
+def test_struct_sizes():
+    from pyfa._native import ffi, lib
+    for name in ("pyfa_flash_attn_prefill_params", "pyfa_merge_attn_params"):
+        assert lib.pyfa_struct_size(name.encode()) == ffi.sizeof(name)
+
+
+def _random_cases(n, seed=20261122):
+    """Reproducible random combinations of every axis, on top of the tables above."""
+    r = np.random.default_rng(seed)
+    lengths = [1, 7, 31, 33, 48, 65, 127, 129, 200]
+    cases = []
+    for _ in range(n):
+        Hkv = int(r.choice([1, 2]))
+        cases.append(dict(
+            B=int(r.integers(1, 3)), Hkv=Hkv, H=Hkv * int(r.choice([1, 2, 4, 8])), D=int(r.choice(HEAD_DIMS)),
+            qL=int(r.choice(lengths)), kL=int(r.choice(lengths)),
+            dtype=[np.float32, np.float16, BF16][r.integers(3)], layout=["bhsd", "bshd"][r.integers(2)],
+            causal=bool(r.integers(2)), window=[None, None, int(r.integers(1, 80))][r.integers(3)],
+            softcap=[0.0, 0.0, 4.0][r.integers(3)], mask=[None, "additive", "bool"][r.integers(3)],
+            rank=int(r.choice([2, 4])), q_offset=[None, None, int(r.integers(-20, 60))][r.integers(3)]))
+    return cases
+
+
+@pytest.mark.parametrize("case", _random_cases(40), ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_random_combinations(device, rng, case):
+    c = case
+    q, k, v = make(rng, c["B"], c["H"], c["Hkv"], c["qL"], c["kL"], c["D"], c["dtype"], c["layout"])
+    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"], q_offset=c["q_offset"],
+              layout=c["layout"])
+    if c["mask"]:
+        shape = (c["qL"], c["kL"]) if c["rank"] == 2 else (c["B"], c["H"], c["qL"], c["kL"])
+        kw["mask"] = block_mask(rng, shape, c["mask"], c["dtype"], plan_tile(device, c["D"], c["dtype"]))
+        forced = [prefill._attention(q, k, v, scale=None, return_lse=True, device=device, out=None, use_blk=u, **kw)
+                  for u in (True, False)]
+        assert np.array_equal(forced[0][0], forced[1][0]) and np.array_equal(forced[0][1], forced[1][1])
+    out, lse, ref, ref_lse = run_both(q, k, v, device, **kw)
+    check_close(out, ref, c["dtype"])
+    check_lse(lse, ref_lse)
