@@ -9,6 +9,12 @@
 static const char src_params[] = {
 #embed "../../shaders/common/pyfa_params.h"
 , 0};
+static const char src_prefill_params[] = {
+#embed "../../shaders/common/flash_attn_prefill_params.h"
+, 0};
+static const char src_turboquant_params[] = {
+#embed "../../shaders/common/turboquant_params.h"
+, 0};
 static const char src_args[] = {
 #embed "../../shaders/cuda/pyfa_cuda_args.h"
 , 0};
@@ -25,6 +31,8 @@ static const struct {
     size_t length;
 } files[] = {
     {"pyfa_params.h", src_params, sizeof src_params - 1},
+    {"flash_attn_prefill_params.h", src_prefill_params, sizeof src_prefill_params - 1},
+    {"turboquant_params.h", src_turboquant_params, sizeof src_turboquant_params - 1},
     {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
