@@ -7,7 +7,7 @@ import numpy as np
 
 from . import dtypes
 from ._native import ffi, lib
-from .errors import check, invalid
+from .errors import PyfaError, check, invalid
 
 _STORAGE = {"shared": lib.PYFA_STORAGE_SHARED, "private": lib.PYFA_STORAGE_PRIVATE}
 
@@ -146,6 +146,18 @@ def _shape(shape) -> list[int]:
     except (TypeError, ValueError):
         raise invalid(f"shape: {shape!r} is not a sequence of ints") from None
     return dims
+
+
+def available_backends() -> list[str]:
+    """Backends whose device opens on this machine, best first (e.g. ``['cuda', 'cpu']``)."""
+    names = []
+    for name in backends():
+        try:
+            Device(name)
+        except PyfaError:
+            continue
+        names.append(name)
+    return names
 
 
 _default: Device | None = None

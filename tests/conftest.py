@@ -6,18 +6,7 @@ import pytest
 import pyfa
 
 
-def _available_backends():
-    names = []
-    for b in pyfa.backends():
-        try:
-            pyfa.Device(b)
-            names.append(b)
-        except pyfa.PyfaError:
-            pass
-    return names
-
-
-AVAILABLE = _available_backends()
+AVAILABLE = pyfa.available_backends()
 # Backends the suite runs on: every backend that opens here, or PYFA_TEST_BACKENDS.
 TEST_BACKENDS = os.environ.get("PYFA_TEST_BACKENDS", ",".join(AVAILABLE)).split(",")
 
