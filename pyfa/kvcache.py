@@ -54,8 +54,6 @@ class _RingCache:
     def _rows(self, x, name: str) -> np.ndarray:
         """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1."""
         a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,))
-        if a.dtype == np.float64:
-            a = a.astype(np.float32)
         if a.shape[0] < 1 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
             raise invalid(f"{name}: expected shape [n >= 1, num_kv_heads={self.num_kv_heads}, "
                           f"head_dim={self.head_dim}], got {a.shape}")

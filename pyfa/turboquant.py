@@ -304,7 +304,9 @@ class TurboQuantKVCache(_RingCache):
         nothing, on bad shapes or (without a window) overflow."""
         k, v = self._check_kv(k, v)
         skip, slot, count = self._plan_append(k.shape[0])
-        k, v = np.ascontiguousarray(k[skip:]), np.ascontiguousarray(v[skip:])
+        # float64 rows enter the encoder as float32 (the kernels read f32/f16/bf16).
+        k, v = (np.ascontiguousarray(a[skip:], dtype=np.float32 if a.dtype == np.float64 else a.dtype)
+                for a in (k, v))
 
         def record(enc):
             self._encode(k, STREAM_K, slot, enc)
