@@ -12,7 +12,7 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         try require(a.hasPrefix("sm_") && a.count >= 5, "arch: expected an NVRTC architecture such as sm_80 or sm_90a, got '\(a)'")
         let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines())
         var total: UInt32 = 0
-        for (name, specs) in KernelSpecialisations.all {
+        for (name, specs) in KernelSpecialisations.all(plan: CUDAPlan(smCount: 1)) {
             _ = try compiler.cubin(name: name, specialisations: specs, check: true)
             total += UInt32(specs.count)
         }

@@ -170,9 +170,22 @@ struct CUDAPlan: BackendPlan {
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
-    /// Prefill tile and block shape (shaders/cuda/attn_prefill.cu).
+    /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
+    /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 at
+    /// D = 512, which runs two passes of 256 output columns); shared memory
+    /// holds Q [64][D+8], K [BK][D+8] and V [BK][DO+8] in 16 bits.
+    /// f32 (SIMT path): 16 query rows x 32 keys; Q [16][D+4], one K-or-V
+    /// buffer [32][D+4] and P [16][32] in f32.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
-        PrefillGeometry(blockQ: 64, blockK: 64, threads: 128, threadgroupMemory: 0)
+        let D = Int(headDim)
+        if dtype == .f32 {
+            let (bq, bk) = (16, 32)
+            return PrefillGeometry(blockQ: UInt32(bq), blockK: UInt32(bk), threads: 128,
+                                   threadgroupMemory: ((bq + bk) * (D + 4) + bq * bk) * 4)
+        }
+        let bq = 64, bk = D > 256 ? 32 : 64, dOut = D > 256 ? D / 2 : D
+        return PrefillGeometry(blockQ: UInt32(bq), blockK: UInt32(bk), threads: 128,
+                               threadgroupMemory: ((bq + bk) * (D + 8) + bk * (dOut + 8)) * 2)
     }
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
