@@ -35,6 +35,15 @@
 
 constexpr int flash_attn_prefill_max_threads = 128;
 
+/* Terms of P in the I/O dtype for P V (NVRTC -D option from the CUDA plan):
+ * 1 rounds P to f16 / bf16 as FlashAttention does (a relative error of half
+ * an ulp per weight, up to ROUND * max|v| in the output); 2 adds the rounding
+ * residual as a second product (P exact to ~2^-17, f32-grade output; the
+ * P V tensor-core work doubles). */
+#ifndef PYFA_PREFILL_P_TERMS
+#define PYFA_PREFILL_P_TERMS 2
+#endif
+
 #ifdef PYFA_COMPILE_CHECK
 #define PYFA_PREFILL_IMPL_INLINE __noinline__
 #else
@@ -183,8 +192,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
     }
 }
 
-/* Tile shape of the mma path: BQ = 64 (4 warps x 16 rows); D = 512 in two
- * passes of DO = 256 output columns. Shared bytes: Q [BQ][D+8], K [BK][D+8],
+/* Tile shape of the mma path: BQ = 64 (4 warps x 16 rows), BK from the plan
+ * (64; 32 from D = 256); D = 512 in two passes of DO = 256 output columns. Shared bytes: Q [BQ][D+8], K [BK][D+8],
  * V [BK][DO+8] (16-bit). */
 template <int D, int BQ, int BK>
 struct mma_shape {
@@ -201,6 +210,8 @@ struct mma_shape {
 template <int DT, int D, int BQ, int BK>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, const flags f) {
     using S = mma_shape<D, BQ, BK>;
+    constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
+    static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
     constexpr int NPASS = S::NPASS, DO = S::DO, LDQ = S::LDQ, LDK = S::LDK, LDV = S::LDV, NT = S::NT, KD = S::KD,
                   ND = S::ND;
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
@@ -333,17 +344,29 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
 
 #pragma unroll
             for (int kc = 0; kc < BK / 16; kc++) {
-                uint32_t pa[4];
-                pa[0] = pyfa_pack2<DT>(s[2 * kc][0], s[2 * kc][1]);
-                pa[1] = pyfa_pack2<DT>(s[2 * kc][2], s[2 * kc][3]);
-                pa[2] = pyfa_pack2<DT>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-                pa[3] = pyfa_pack2<DT>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+                /* P as the A operand: the score accumulator's layout is the A
+                 * fragment's. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
+                uint32_t pa[4], pl[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float x0 = s[2 * kc + (i >> 1)][2 * (i & 1)], x1 = s[2 * kc + (i >> 1)][2 * (i & 1) + 1];
+                    pa[i] = pyfa_pack2<DT>(x0, x1);
+                    if constexpr (P_TERMS == 2) {
+                        float h0, h1;
+                        pyfa_unpack2<DT>(pa[i], h0, h1);
+                        pl[i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
+                    }
+                }
 #pragma unroll
                 for (int n2 = 0; n2 < ND / 2; n2++) {
                     uint32_t b0, b1, b2, b3r;
                     ldsm_x4_trans(v_lane + (kc * 16 * LDV + n2 * 16) * 2, b0, b1, b2, b3r);
                     mma16816<DT>(o[2 * n2], pa, b0, b1);
                     mma16816<DT>(o[2 * n2 + 1], pa, b2, b3r);
+                    if constexpr (P_TERMS == 2) {
+                        mma16816<DT>(o[2 * n2], pl, b0, b1);
+                        mma16816<DT>(o[2 * n2 + 1], pl, b2, b3r);
+                    }
                 }
             }
             kt = next;
