@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -97,47 +99,45 @@ def block_mask(rng, shape, kind, dtype, tile):
     return allowed if kind == "bool" else np.where(allowed, bias, -np.inf).astype(dtype)
 
 
-def run_attn(dev, rng, name, *, B=1, H=2, Hkv=1, qL=67, kL=131, D=128, dtype=BF16, layout="bhsd", mask=None,
+def run_attn(dev, rng, *, B=1, H=2, Hkv=1, qL=67, kL=131, D=128, dtype=BF16, layout="bhsd", mask=None,
              rank=2, **opts):
     """One attention case (opts: causal, window, softcap, q_offset) against the reference; with a
-    mask also blk on == blk off, bit for bit."""
-    try:
-        q, k, v = make(rng, B, H, Hkv, qL, kL, D, dtype, layout)
-        m = None
-        if mask is not None:
-            shape = (qL, kL) if rank == 2 else (B, H, qL, kL)
-            m = block_mask(rng, shape, mask, dtype, plan_tile(dev, D, dtype))
-        common = dict(mask=m, layout=layout, **opts)
-        out, lse = prefill._attention(q, k, v, scale=None, return_lse=True, device=dev, out=None,
-                                      use_blk=True if m is not None else None, **{"causal": False, "q_offset": None,
-                                                                                    "window": None, "softcap": 0.0,
-                                                                                    **common})
-        ref, ref_lse = reference.attention(q, k, v, return_lse=True, **common)
-        ok, detail = compare(out, lse, ref, ref_lse, dtype, v)
-        if m is not None:
-            no_blk, lse_no = prefill._attention(q, k, v, scale=None, return_lse=True, device=dev, out=None,
-                                                use_blk=False, **{"causal": False, "q_offset": None, "window": None,
-                                                                  "softcap": 0.0, **common})
-            same = np.array_equal(out.view(np.uint8), no_blk.view(np.uint8)) and np.array_equal(
-                lse.view(np.uint32), lse_no.view(np.uint32))
-            ok = ok and same
-            detail += ", blk == no-blk bitwise" if same else ", blk != no-blk"
-        report(name, ok, detail)
-    except Exception as e:  # a failing case must not hide the others
-        report(name, False, f"{type(e).__name__}: {e}")
+    mask also blk on == blk off."""
+    q, k, v = make(rng, B, H, Hkv, qL, kL, D, dtype, layout)
+    m = None
+    if mask is not None:
+        shape = (qL, kL) if rank == 2 else (B, H, qL, kL)
+        m = block_mask(rng, shape, mask, dtype, plan_tile(dev, D, dtype))
+    common = dict(mask=m, layout=layout, **opts)
+    defaults = {key: val for key, val in (("causal", False), ("q_offset", None), ("window", None), ("softcap", 0.0))
+                if key not in opts}
+    out, lse = prefill._attention(q, k, v, scale=None, return_lse=True, device=dev, out=None,
+                                  use_blk=True if m is not None else None, **defaults, **common)
+    ref, ref_lse = reference.attention(q, k, v, return_lse=True, **common)
+    ok, detail = compare(out, lse, ref, ref_lse, dtype, v)
+    if m is not None:
+        no_blk, lse_no = prefill._attention(q, k, v, scale=None, return_lse=True, device=dev, out=None,
+                                            use_blk=False, **defaults, **common)
+        # Equal values (as tests/test_prefill.py compares them; +0 and -0 count as one).
+        same = np.array_equal(out, no_blk) and np.array_equal(lse, lse_no)
+        ok = ok and same
+        detail += ", blk == no-blk" if same else ", blk != no-blk"
+    return ok, detail
 
 
-def correctness(dev, only):
-    rng = np.random.default_rng(20261122)
-    cases = []
+def correctness(dev, only, workers):
+    """Runs the cases on `workers` threads (pipelines compile in parallel; every call has its own
+    encoder), reporting in a fixed order."""
+    cases = []  # (name, fn(rng) -> (ok, detail))
     for dtype in (np.float32, np.float16, BF16):
         dn = NAMES[np.dtype(dtype)]
+        attn = []
         for D in HEAD_DIMS:
-            cases.append((f"{dn} D={D} causal qL=67 kL=131", dict(D=D, dtype=dtype, causal=True)))
-            cases.append((f"{dn} D={D} full qL=130 kL=64 bshd GQA4", dict(D=D, dtype=dtype, H=4, Hkv=1, qL=130,
-                                                                            kL=64, layout="bshd")))
+            attn.append((f"{dn} D={D} causal qL=67 kL=131", dict(D=D, dtype=dtype, causal=True)))
+            attn.append((f"{dn} D={D} full qL=130 kL=64 bshd GQA4", dict(D=D, dtype=dtype, H=4, Hkv=1, qL=130,
+                                                                           kL=64, layout="bshd")))
         for D in (64, 128, 512):
-            cases += [
+            attn += [
                 (f"{dn} D={D} additive rank2 causal window=40 blk", dict(D=D, dtype=dtype, mask="additive",
                                                                         causal=True, window=40, qL=150, kL=300)),
                 (f"{dn} D={D} bool rank4 bshd blk", dict(D=D, dtype=dtype, mask="bool", rank=4, B=2, qL=70, kL=200,
@@ -148,90 +148,87 @@ def correctness(dev, only):
                 (f"{dn} D={D} q_offset=60 chunk GQA8 qL=40 kL=129", dict(D=D, dtype=dtype, H=8, Hkv=1, q_offset=60,
                                                                           causal=True, qL=40, kL=129)),
             ]
-        cases.append((f"{dn} D=96 odd lengths 33x65 softcap window", dict(D=96, dtype=dtype, softcap=3.0, window=17,
-                                                                          qL=33, kL=65)))
-        cases.append((f"{dn} D=256 causal 257x257 B=2", dict(D=256, dtype=dtype, causal=True, qL=257, kL=257, B=2)))
-    for name, kw in cases:
-        if only and only not in name:
-            continue
-        run_attn(dev, rng, name, **kw)
-
-    # Fully masked rows and a fully masked query tile: zeros and -inf, never NaN.
-    for dtype in (np.float32, np.float16, BF16):
-        name = f"{NAMES[np.dtype(dtype)]} fully masked rows"
-        if only and only not in name:
-            continue
-        try:
-            q, k, v = make(rng, 1, 2, 2, 70, 100, 64, dtype)
-            allowed = np.ones((70, 100), bool)
-            allowed[3] = False
-            allowed[50:] = False
-            allowed[:, 10] = False
-            out, lse = pyfa.attention(q, k, v, mask=allowed, return_lse=True, device=dev)
-            ref, ref_lse = reference.attention(q, k, v, mask=allowed, return_lse=True)
-            ok, detail = compare(out, lse, ref, ref_lse, dtype, v)
-            zeros = np.all(out[:, :, 3] == 0) and np.all(out[:, :, 50:] == 0) and np.all(np.isneginf(lse[:, :, 50:]))
-            report(name, ok and zeros, detail + ("" if zeros else ", masked rows not zero/-inf"))
-        except Exception as e:
-            report(name, False, f"{type(e).__name__}: {e}")
-
-    # blk bytes of both devices against a numpy classification.
+        attn.append((f"{dn} D=96 odd lengths 33x65 softcap window", dict(D=96, dtype=dtype, softcap=3.0, window=17,
+                                                                         qL=33, kL=65)))
+        attn.append((f"{dn} D=256 causal 257x257 B=2", dict(D=256, dtype=dtype, causal=True, qL=257, kL=257, B=2)))
+        cases += [(name, lambda rng, kw=kw: run_attn(dev, rng, **kw)) for name, kw in attn]
+        cases.append((f"{dn} fully masked rows", lambda rng, dtype=dtype: fully_masked(dev, rng, dtype)))
+        for D, layout in ((64, "bhsd"), (136, "bshd"), (512, "bhsd")):
+            cases.append((f"merge {dn} D={D} {layout}",
+                          lambda rng, dtype=dtype, D=D, layout=layout: merge_case(dev, rng, dtype, D, layout)))
     cpu = pyfa.Device("cpu")
     for dtype, kind in ((np.float32, "additive"), (np.float16, "additive"), (BF16, "bool")):
-        name = f"blk bytes {NAMES[np.dtype(dtype)]} {kind} (CUDA and CPU vs numpy)"
-        if only and only not in name:
-            continue
-        try:
-            mask = block_mask(rng, (300, 500), kind, dtype, plan_tile(dev, 128, dtype))
-            got = []
-            for d in (dev, cpu):
-                params = ffi.new("pyfa_flash_attn_prefill_params *", {
-                    "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 128, "q_len": 300, "kv_len": 500,
-                    "scale": 1.0, "mask_strides": [0, 0, 500]})
-                nbytes = ffi.new("uint64_t *")
-                check(lib.pyfa_flash_attn_prefill_plan(d.handle, params, dtypes.code(dtype), nbytes))
-                m = mask.view(np.uint8) if kind == "bool" else mask
-                buf = _io.to_device(d, m)
-                blk = d.buffer((nbytes[0],), np.uint8)
-                enc = d.encoder()
-                check(lib.pyfa_flash_attn_prefill_blk(enc, params, dtypes.code(dtype), buf.handle, blk.handle))
-                check(lib.pyfa_encoder_commit(enc))
-                check(lib.pyfa_encoder_wait(enc))
-                got.append((blk.read(), (params.block_q, params.block_k)))
-            # Each device classifies with its own tile: both against the numpy classification.
-            ok = True
-            for data, tile in got:
-                want = classify(mask, kind, *tile)
-                ok = ok and np.array_equal(data.reshape(want.shape), want)
-            report(name, ok, f"{want.size} tiles, tile {got[0][1]}")
-        except Exception as e:
-            report(name, False, f"{type(e).__name__}: {e}")
+        cases.append((f"blk bytes {NAMES[np.dtype(dtype)]} {kind} (device and CPU vs numpy)",
+                      lambda rng, dtype=dtype, kind=kind: blk_case(dev, cpu, rng, dtype, kind)))
+    cases = [c for c in cases if not only or only in c[0]]
 
-    # merge_attention_states over any multiple of 8.
-    for dtype in (np.float32, np.float16, BF16):
-        for D, layout in ((64, "bhsd"), (136, "bshd"), (512, "bhsd")):
-            name = f"merge {NAMES[np.dtype(dtype)]} D={D} {layout}"
-            if only and only not in name:
-                continue
-            try:
-                shape = (2, 3, 37, D) if layout == "bhsd" else (2, 37, 3, D)
-                o_a = rng.standard_normal(shape).astype(dtype)
-                o_b = rng.standard_normal(shape).astype(dtype)
-                l_a = (rng.standard_normal((2, 3, 37)) * 3).astype(np.float32)
-                l_b = (rng.standard_normal((2, 3, 37)) * 3).astype(np.float32)
-                l_a[0, 0, :5] = -np.inf
-                l_b[0, 0, :3] = -np.inf  # rows 0-2: both empty
-                o, lse = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout, device=dev)
-                ref, ref_lse = reference.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout)
-                err = float(np.abs(o.astype(np.float64) - ref).max())
-                bound = ROUND[np.dtype(dtype)] * max(np.abs(ref).max(), 1.0) + 1e-5
-                fin = np.isfinite(ref_lse)
-                lerr = float(np.abs(lse[fin] - ref_lse[fin]).max())
-                ok = (err <= bound and lerr <= 1e-5 and np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
-                      and not np.isnan(o.astype(np.float32)).any())
-                report(name, ok, f"max|o-ref| {err:.2e} (bound {bound:.2e}), max|lse-ref| {lerr:.2e}")
-            except Exception as e:
-                report(name, False, f"{type(e).__name__}: {e}")
+    def run(case):
+        name, fn = case
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        try:
+            return fn(rng)
+        except Exception as e:  # a failing case must not hide the others
+            return False, f"{type(e).__name__}: {e}"
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for (name, _), (ok, detail) in zip(cases, pool.map(run, cases)):
+            report(name, ok, detail)
+
+
+def fully_masked(dev, rng, dtype):
+    """A fully masked row and query tile: zeros and -inf, never NaN."""
+    q, k, v = make(rng, 1, 2, 2, 70, 100, 64, dtype)
+    allowed = np.ones((70, 100), bool)
+    allowed[3] = False
+    allowed[50:] = False
+    allowed[:, 10] = False
+    out, lse = pyfa.attention(q, k, v, mask=allowed, return_lse=True, device=dev)
+    ref, ref_lse = reference.attention(q, k, v, mask=allowed, return_lse=True)
+    ok, detail = compare(out, lse, ref, ref_lse, dtype, v)
+    zeros = np.all(out[:, :, 3] == 0) and np.all(out[:, :, 50:] == 0) and np.all(np.isneginf(lse[:, :, 50:]))
+    return ok and zeros, detail + ("" if zeros else ", masked rows not zero/-inf")
+
+
+def blk_case(dev, cpu, rng, dtype, kind):
+    """The pre-pass bytes of `dev` and of the CPU (each with its own tile) against numpy."""
+    mask = block_mask(rng, (300, 500), kind, dtype, plan_tile(dev, 128, dtype))
+    ok, tiles = True, []
+    for d in (dev, cpu):
+        params = ffi.new("pyfa_flash_attn_prefill_params *", {
+            "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 128, "q_len": 300, "kv_len": 500,
+            "scale": 1.0, "mask_strides": [0, 0, 500]})
+        nbytes = ffi.new("uint64_t *")
+        check(lib.pyfa_flash_attn_prefill_plan(d.handle, params, dtypes.code(dtype), nbytes))
+        buf = _io.to_device(d, mask.view(np.uint8) if kind == "bool" else mask)
+        blk = d.buffer((nbytes[0],), np.uint8)
+        enc = d.encoder()
+        check(lib.pyfa_flash_attn_prefill_blk(enc, params, dtypes.code(dtype), buf.handle, blk.handle))
+        check(lib.pyfa_encoder_commit(enc))
+        check(lib.pyfa_encoder_wait(enc))
+        want = classify(mask, kind, params.block_q, params.block_k)
+        ok = ok and np.array_equal(blk.read().reshape(want.shape), want)
+        tiles.append((params.block_q, params.block_k))
+    return ok, f"tiles {tiles}"
+
+
+def merge_case(dev, rng, dtype, D, layout):
+    """merge_attention_states over any multiple of 8, with one-sided and two-sided -inf rows."""
+    shape = (2, 3, 37, D) if layout == "bhsd" else (2, 37, 3, D)
+    o_a = rng.standard_normal(shape).astype(dtype)
+    o_b = rng.standard_normal(shape).astype(dtype)
+    l_a = (rng.standard_normal((2, 3, 37)) * 3).astype(np.float32)
+    l_b = (rng.standard_normal((2, 3, 37)) * 3).astype(np.float32)
+    l_a[0, 0, :5] = -np.inf
+    l_b[0, 0, :3] = -np.inf  # rows 0-2: both empty
+    o, lse = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout, device=dev)
+    ref, ref_lse = reference.merge_attention_states(o_a, l_a, o_b, l_b, layout=layout)
+    err = float(np.abs(o.astype(np.float64) - ref).max())
+    bound = ROUND[np.dtype(dtype)] * max(np.abs(ref).max(), 1.0) + 1e-5
+    fin = np.isfinite(ref_lse)
+    lerr = float(np.abs(lse[fin] - ref_lse[fin]).max())
+    ok = (err <= bound and lerr <= 1e-5 and np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+          and not np.isnan(o.astype(np.float32)).any())
+    return ok, f"max|o-ref| {err:.2e} (bound {bound:.2e}), max|lse-ref| {lerr:.2e}"
 
 
 def classify(mask, kind, bq, bk):
@@ -327,6 +324,7 @@ def main():
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument("--workers", type=int, default=8, help="threads running cases (NVRTC compiles in parallel)")
     ap.add_argument("--backend", default="cuda", help="another backend runs the same cases (a dry run of the script)")
     args = ap.parse_args()
     if args.backend not in pyfa.available_backends():
@@ -335,7 +333,7 @@ def main():
     dev = pyfa.Device(args.backend)
     t0 = time.perf_counter()
     if not args.timing_only:
-        correctness(dev, args.only)
+        correctness(dev, args.only, args.workers)
         print(f"correctness: {sum(RESULTS)}/{len(RESULTS)} passed in {time.perf_counter() - t0:.1f} s", flush=True)
     if not args.no_timing:
         timing(dev)
