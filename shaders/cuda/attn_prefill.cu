@@ -180,12 +180,12 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint3
 template <int DT>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (DT == PYFA_DTYPE_BF16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                      "{%0, %1, %2, %3};"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                      "{%0, %1, %2, %3};"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -193,8 +193,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 /* Tile shape of the mma path: BQ = 64 (4 warps x 16 rows), BK from the plan
- * (64; 32 from D = 256); D = 512 in two passes of DO = 256 output columns. Shared bytes: Q [BQ][D+8], K [BK][D+8],
- * V [BK][DO+8] (16-bit). */
+ * (64; 32 from D = 256); D = 512 in two passes of DO = 256 output columns.
+ * Shared bytes: Q [BQ][D+8], K [BK][D+8], V [BK][DO+8] (16-bit). */
 template <int D, int BQ, int BK>
 struct mma_shape {
     static constexpr int NPASS = D > 256 ? 2 : 1;
@@ -298,15 +298,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
             }
 
             const tile_rules tr = bi.rules(p, f, kt, BK);
-            const int64_t j0 = (int64_t)kt * BK;
+            if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
+                const int64_t j0 = (int64_t)kt * BK;
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+                for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-                    s[n][e] = finish_score<DT>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r]);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1;
+                        const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
+                        s[n][e] = finish_score<DT>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r]);
+                    }
+            } else { /* an interior tile: scale only */
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
+            }
 
             /* Online softmax; a row is spread over the 4 lanes of a quad. */
 #pragma unroll
