@@ -301,9 +301,16 @@ def timing(dev):
             launch()
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
-            row = [f"D={D:3d} L={L:5d}: pyfa {flops / timed(launch) / 1e12:6.1f} TF (first call {first:.1f} s)"]
             kr = k.repeat_interleave(H // Hkv, dim=1)
             vr = v.repeat_interleave(H // Hkv, dim=1)
+            # The last 64 query rows (they see every key) against an f32 torch computation.
+            s = (q[:, :, -64:].float() @ kr.float().transpose(-1, -2)) / math.sqrt(D)
+            s = s + torch.triu(torch.full((64, L), float("-inf"), device="cuda"), diagonal=L - 64 + 1)
+            want = torch.softmax(s, dim=-1) @ vr.float()
+            err = float((out[:, :, -64:].float() - want).abs().max())
+            del s, want
+            row = [f"D={D:3d} L={L:5d}: pyfa {flops / timed(launch) / 1e12:6.1f} TF "
+                   f"(first call {first:.1f} s, last 64 rows max|err| {err:.1e})"]
             for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 if D > 256:
                     continue
