@@ -25,6 +25,9 @@ static const char src_prelude[] = {
 static const char src_attn_vec[] = {
 #embed "../../shaders/cuda/attn_vec.cu"
 , 0};
+static const char src_attn_prefill[] = {
+#embed "../../shaders/cuda/attn_prefill.cu"
+, 0};
 
 static const struct {
     const char *name;
@@ -37,6 +40,7 @@ static const struct {
     {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
+    {"attn_prefill.cu", src_attn_prefill, sizeof src_attn_prefill - 1},
 };
 
 const char *pyfa_cuda_source(const char *file, size_t *length) {

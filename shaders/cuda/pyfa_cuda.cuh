@@ -112,3 +112,41 @@ __device__ __forceinline__ void pyfa_cp_async_commit() { asm volatile("cp.async.
 template <int N>
 __device__ __forceinline__ void pyfa_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ uint4 pyfa_lds16(const void *p) { return *reinterpret_cast<const uint4 *>(p); }
+
+/* f32 -> dtype DT bits (round to nearest even); f32 returns its own bits. */
+template <int DT>
+__device__ __forceinline__ uint32_t pyfa_f32_to_bits(float x) {
+    if constexpr (DT == PYFA_DTYPE_F32) {
+        return __float_as_uint(x);
+    } else {
+        unsigned short h;
+        if constexpr (DT == PYFA_DTYPE_BF16) {
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+        } else {
+            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+        }
+        return h;
+    }
+}
+
+/* Two f32 as packed 16-bit floats of dtype DT (f16 or bf16), lo in the low half. */
+template <int DT>
+__device__ __forceinline__ uint32_t pyfa_pack2(float lo, float hi) {
+    uint32_t r;
+    if constexpr (DT == PYFA_DTYPE_BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+/* Stores x as element i of a row of dtype DT. */
+template <int DT>
+__device__ __forceinline__ void pyfa_store_f32(void *row, uint32_t i, float x) {
+    if constexpr (DT == PYFA_DTYPE_F32) {
+        reinterpret_cast<float *>(row)[i] = x;
+    } else {
+        reinterpret_cast<uint16_t *>(row)[i] = (uint16_t)pyfa_f32_to_bits<DT>(x);
+    }
+}

@@ -12,8 +12,14 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         try require(a.hasPrefix("sm_") && a.count >= 5, "arch: expected an NVRTC architecture such as sm_80 or sm_90a, got '\(a)'")
         let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines())
         var total: UInt32 = 0
-        for (name, specs) in KernelSpecialisations.all {
-            _ = try compiler.cubin(name: name, specialisations: specs, check: true)
+        // NVRTC's time grows faster than linearly with the entries of one
+        // program: compile them in programs of at most `chunk` entries.
+        let chunk = 512
+        for (name, specs) in KernelSpecialisations.all(plan: CUDAPlan(smCount: 1, vecBlocksPerSMAt: { _ in 0 })) {
+            for start in stride(from: 0, to: specs.count, by: chunk) {
+                _ = try compiler.cubin(name: name, specialisations: Array(specs[start..<min(start + chunk, specs.count)]),
+                                       check: true)
+            }
             total += UInt32(specs.count)
         }
         if let count { count.pointee = total }

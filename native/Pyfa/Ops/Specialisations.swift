@@ -1,9 +1,13 @@
+import CPyfa
+import PyfaShaderCommon
+
 /// Every (kernel, function constants) pair the dispatchers can request, so a
 /// backend that compiles ahead of use (CI's CUDA compile check) covers them
-/// all. Each op family appends its own list.
+/// all. Each op family appends its own list; families whose tiles come from
+/// a backend plan take that plan.
 enum KernelSpecialisations {
-    static var all: [(name: String, constants: [[Int32]])] {
-        flashAttnVec
+    static func all(plan: BackendPlan) -> [(name: String, constants: [[Int32]])] {
+        flashAttnVec + prefill(plan: plan)
     }
 
     static let floatCodes: [Int32] = FlashAttnVec.floatTypes.map(\.rawValue)
@@ -21,5 +25,47 @@ enum KernelSpecialisations {
             }
         }
         return [(FlashAttnVec.kernel, vec), (FlashAttnVec.reduceKernel, headDims.map { [$0] })]
+    }
+
+    /// flash_attn_prefill, its blk pre-pass and merge_attention_states: every
+    /// constants list their dispatchers build, with each backend's tile.
+    static func prefill(plan: BackendPlan) -> [(name: String, constants: [[Int32]])] {
+        var attn: [[Int32]] = [], blk: [[Int32]] = [], merge: [[Int32]] = []
+        let masks: [(has: Int32, kind: Int32, blk: [Int32])] = [
+            (0, PYFA_MASK_ADDITIVE, [0]), (1, PYFA_MASK_ADDITIVE, [0, 1]), (1, PYFA_MASK_BOOL, [0, 1]),
+        ]
+        for dtype in FlashAttnPrefill.floatTypes {
+            let t = dtype.rawValue
+            for d in headDims {
+                let g = plan.flashAttnPrefill(headDim: UInt32(d), dtype: dtype)
+                let (bq, bk) = (Int32(g.blockQ), Int32(g.blockK))
+                for alignQ: Int32 in [0, 1] {
+                    for alignK: Int32 in [0, 1] {
+                        for mask in masks {
+                            for causal: Int32 in [0, 1] {
+                                for window: Int32 in [0, 1] {
+                                    for softcap: Int32 in [0, 1] {
+                                        for hasBlk in mask.blk {
+                                            for lse: Int32 in [0, 1] {
+                                                attn.append([t, d, bq, bk, alignQ, alignK, mask.has, mask.kind,
+                                                             causal, window, softcap, hasBlk, lse])
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                for kind in [PYFA_MASK_ADDITIVE, PYFA_MASK_BOOL] {
+                    blk.append([t, d, bq, bk, 0, 0, 1, kind, 0, 0, 0, 0, 0])
+                }
+            }
+            // merge_attention_states takes any multiple of 8 up to PYFA_MAX_HEAD_DIM.
+            for d in stride(from: 8, through: Int32(PYFA_MAX_HEAD_DIM), by: 8) {
+                for lse: Int32 in [0, 1] { merge.append([t, d, lse]) }
+            }
+        }
+        return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
     }
 }

@@ -141,9 +141,15 @@ struct CUDAPlan: BackendPlan {
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 0)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
 
+    /// attn_prefill.cu's terms of P in the I/O dtype for P V: 2 (default)
+    /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
+    /// accuracy, less tensor-core work).
+    static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 2), 2)
+
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
-         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)"]
+         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
+         "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)"]
     }
 
     /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
@@ -181,13 +187,27 @@ struct CUDAPlan: BackendPlan {
         (min(512, max(128, (headDim + 31) / 32 * 32)), 0)
     }
 
-    // Geometry of ops whose CUDA kernels do not exist yet (their compile reports
-    // UnsupportedError); the values are what those kernels would be planned with.
+    /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
+    /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
+    /// D = 256: the score and output accumulators then fit the 255 registers;
+    /// D = 512 runs two passes of 256 output columns); shared memory
+    /// holds Q [64][D+8], K [BK][D+8] and V [BK][DO+8] in 16 bits.
+    /// f32 (SIMT path): 16 query rows x 32 keys; Q [16][D+4], one K-or-V
+    /// buffer [32][D+4] and P [16][32] in f32.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
-        PrefillGeometry(blockQ: 64, blockK: 64, threads: 128, threadgroupMemory: 0)
+        let D = Int(headDim)
+        if dtype == .f32 {
+            let (bq, bk) = (16, 32)
+            return PrefillGeometry(blockQ: UInt32(bq), blockK: UInt32(bk), threads: 128,
+                                   threadgroupMemory: ((bq + bk) * (D + 4) + bq * bk) * 4)
+        }
+        let bq = 64, bk = D >= 256 ? 32 : 64, dOut = D > 256 ? D / 2 : D
+        return PrefillGeometry(blockQ: UInt32(bq), blockK: UInt32(bk), threads: 128,
+                               threadgroupMemory: ((bq + bk) * (D + 8) + bk * (dOut + 8)) * 2)
     }
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+    // TurboQuant geometry (shaders/cuda/turboquant.cu).
     func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 }

@@ -1,0 +1,620 @@
+/*
+ * Prefill attention on CUDA: flash_attn_prefill, its blk pre-pass and
+ * merge_attention_states. Contracts in flash_attn_prefill_params.h; the CUDA
+ * plan (CUDAPlan.flashAttnPrefill) picks the tiles below and sizes shared
+ * memory with the same formulas (prefill_smem_bytes).
+ *
+ * f16 / bf16: FA2-style. Block = 4 warps = BQ = 64 query rows of one (head,
+ * sequence), 16 rows per warp. Q stays in shared memory; K and V tiles of BK
+ * keys are cp.async copies into one buffer each, issued so that V[t] loads
+ * while Q K[t]ᵀ runs and K[t+1] loads while P V[t] runs. Both products are
+ * mma.sync m16n8k16 with f32 accumulators, fragments read with ldmatrix
+ * (.trans for V); shared rows are padded by 16 bytes so ldmatrix is free of
+ * bank conflicts. The score accumulator becomes the A operand of P V in
+ * registers. Online softmax in f32 registers, base 2 (scores scaled by
+ * scale*log2(e) after the f32 dot product); row statistics live in the quad
+ * of lanes that holds a row.
+ * The output accumulator is 16 x DO f32 per warp (DO/2 registers a lane):
+ * for D = 512 that is too many, so D = 512 runs two passes over the key
+ * tiles, each producing one half of the output columns (the scores are
+ * recomputed, bit-identically, in the second pass: 1.5x the FLOPs of one pass).
+ *
+ * f32: a SIMT FMA path (tf32 would miss f32 tolerances): BQ = 16 rows, BK =
+ * 32 keys, 8 lanes per query row, scores and P through shared memory.
+ *
+ * Both paths skip key tiles no row of the query tile can see (causal,
+ * window) and blk SKIP tiles, and skip the mask read of blk ZERO tiles. A
+ * skipped tile would have been a no-op (its scores are all -inf: the running
+ * max is unchanged, the rescale factor is exactly 1, every p is 0), so the
+ * result with blk is bit-identical to the result without.
+ *
+ * Assumption: row strides of q, k, v and out are multiples of 16 bytes
+ * (every layout pyfa builds; cp.async copies 16-byte chunks).
+ */
+#include "pyfa_cuda.cuh"
+
+constexpr int flash_attn_prefill_max_threads = 128;
+
+/* Terms of P in the I/O dtype for P V (NVRTC -D option from the CUDA plan):
+ * 1 rounds P to f16 / bf16 as FlashAttention does (a relative error of half
+ * an ulp per weight, up to ROUND * max|v| in the output); 2 adds the rounding
+ * residual as a second product (P exact to ~2^-17, f32-grade output; the
+ * P V tensor-core work doubles). */
+#ifndef PYFA_PREFILL_P_TERMS
+#define PYFA_PREFILL_P_TERMS 2
+#endif
+
+#ifdef PYFA_COMPILE_CHECK
+#define PYFA_PREFILL_IMPL_INLINE __noinline__
+#else
+#define PYFA_PREFILL_IMPL_INLINE __forceinline__
+#endif
+
+namespace prefill {
+constexpr int THREADS = 128;
+
+/* Variant flags: function constants, folded when the impl is inlined into an entry. */
+struct flags {
+    bool has_mask, bool_mask, causal, has_window, has_softcap, has_blk, has_lse;
+};
+
+/* What one key tile needs beyond the scaled dot product (uniform per block). */
+struct tile_rules {
+    bool read_mask, kv_edge, causal_edge, window_edge;
+};
+
+/* The score of (query row at absolute position pos, key) in the log2 domain:
+ * scale (or softcap), mask, and the -inf rules. mrow is the query row's mask
+ * row (nullptr: no read). */
+template <int DT>
+__device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_prefill_params &p, const flags &f,
+                                              const tile_rules &tr, float scale_log2, const char *mrow, int64_t key,
+                                              int64_t pos) {
+    float x = f.has_softcap ? p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E : dot * scale_log2;
+    if (tr.read_mask && mrow != nullptr && key < (int64_t)p.kv_len) {
+        if (f.bool_mask) {
+            if (reinterpret_cast<const uint8_t *>(mrow)[key] == 0) x = -INFINITY;
+        } else {
+            x += pyfa_load_f32<DT>(mrow, (uint32_t)key) * PYFA_LOG2E;
+        }
+    }
+    if (tr.kv_edge && key >= (int64_t)p.kv_len) x = -INFINITY;
+    if (tr.causal_edge && key > pos) x = -INFINITY;
+    if (tr.window_edge && pos - key >= (int64_t)p.window) x = -INFINITY;
+    return x;
+}
+
+/* The geometry of one block: its query tile, the key tiles it visits, its
+ * mask and blk rows. */
+struct block_info {
+    uint32_t qtile, h, b, kvh, i0, nq;
+    int64_t p_lo, p_hi;
+    uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
+    const char *mbase;        /* mask at (b, h, row i0), or nullptr */
+    const uint8_t *blk_row;   /* blk bytes of this query tile, or nullptr */
+
+    __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t es) {
+        /* Highest query tiles first: under causal masking they carry the most keys. */
+        qtile = p.num_q_blocks - 1 - blockIdx.x;
+        h = blockIdx.y;
+        b = blockIdx.z;
+        kvh = h / (p.num_heads / p.num_kv_heads);
+        i0 = qtile * BQ;
+        nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
+        p_lo = (int64_t)p.q_offset + i0;
+        p_hi = p_lo + nq - 1;
+        int64_t k_begin = 0, k_end = p.kv_len;
+        if (f.causal && p_hi + 1 < k_end) k_end = p_hi + 1;
+        if (f.has_window && p_lo - (int64_t)p.window + 1 > k_begin) k_begin = p_lo - (int64_t)p.window + 1;
+        if (k_end > k_begin) {
+            t_begin = (uint32_t)(k_begin / BK);
+            t_end = (uint32_t)((k_end + BK - 1) / BK);
+        } else {
+            t_begin = t_end = 0;
+        }
+        mbase = nullptr;
+        blk_row = nullptr;
+        if (f.has_mask) {
+            const uint32_t mes = f.bool_mask ? 1 : es;
+            mbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_MASK) +
+                    ((int64_t)b * p.mask_strides[0] + (int64_t)h * p.mask_strides[1] + (int64_t)i0 * p.mask_strides[2]) * mes;
+            if (f.has_blk) {
+                const uint32_t mask_heads = p.mask_strides[1] ? p.num_heads : 1;
+                const uint64_t plane = (uint64_t)(p.mask_strides[0] ? b : 0) * mask_heads + (p.mask_strides[1] ? h : 0);
+                blk_row = pyfa_ptr<const uint8_t>(a, PYFA_PREFILL_ARG_BLK) + (plane * p.num_q_blocks + qtile) * (uint64_t)p.num_k_blocks;
+            }
+        }
+    }
+
+    /* The first key tile >= t that is not a blk SKIP tile (t_end if none). */
+    __device__ __forceinline__ uint32_t next_tile(uint32_t t) const {
+        if (blk_row != nullptr)
+            while (t < t_end && blk_row[t] == PYFA_BLK_SKIP) t++;
+        return t;
+    }
+
+    __device__ __forceinline__ tile_rules rules(const pyfa_flash_attn_prefill_params &p, const flags &f, uint32_t t,
+                                                uint32_t BK) const {
+        const int64_t j0 = (int64_t)t * BK, j_last = j0 + BK - 1;
+        tile_rules r;
+        r.read_mask = f.has_mask && (blk_row == nullptr || blk_row[t] != PYFA_BLK_ZERO);
+        r.kv_edge = j_last >= (int64_t)p.kv_len;
+        r.causal_edge = f.causal && j_last > p_lo;
+        r.window_edge = f.has_window && j0 <= p_hi - (int64_t)p.window;
+        return r;
+    }
+};
+
+/* Copies rows [0, n) of a tile of `rows` rows (CH 16-byte chunks from chunk c0
+ * of each source row) into shared memory with row pitch `ld` bytes; rows
+ * [n, rows) are zero-filled. */
+template <int CH>
+__device__ __forceinline__ void load_tile(char *dst, int ld, const char *src, int64_t row_bytes, uint32_t c0, int rows,
+                                          uint32_t n) {
+    for (int idx = threadIdx.x; idx < rows * CH; idx += THREADS) {
+        const int r = idx / CH, c = idx % CH;
+        const bool live = (uint32_t)r < n;
+        pyfa_cp_async16(dst + r * ld + c * 16, src + (live ? r * row_bytes : 0) + (int64_t)(c0 + c) * 16, live ? 16u : 0u);
+    }
+}
+
+/* ---------------------------------------------------------------- mma path */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+/* 2^x in one MUFU op (relative error ~2^-22; results below 2^-126 flush to
+ * 0, exp2(-inf) = 0): the per-score exponential of the 16-bit path, whose
+ * P feeds a 16-bit product anyway. */
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* c += a b for one m16n8k16 tile, 16-bit inputs of dtype DT, f32 accumulators. */
+template <int DT>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (DT == PYFA_DTYPE_BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+/* Tile shape of the mma path: BQ = 64 (4 warps x 16 rows), BK from the plan
+ * (64; 32 from D = 256); D = 512 in two passes of DO = 256 output columns.
+ * Shared bytes: Q [BQ][D+8], K [BK][D+8], V [BK][DO+8] (16-bit). */
+template <int D, int BQ, int BK>
+struct mma_shape {
+    static constexpr int NPASS = D > 256 ? 2 : 1;
+    static constexpr int DO = D / NPASS;
+    static constexpr int LDQ = D + 8, LDK = D + 8, LDV = DO + 8; /* elements */
+    static constexpr int NT = BK / 8;                             /* score n-tiles */
+    static constexpr int KD = D / 16;                             /* k-steps of Q Kᵀ */
+    static constexpr int ND = DO / 8;                             /* output n-tiles */
+    static_assert(BQ == 64, "mma path: 4 warps x 16 rows");
+    static_assert(BK % 16 == 0 && DO % 16 == 0 && D % 16 == 0, "mma path: 16-multiples");
+};
+
+template <int DT, int D, int BQ, int BK>
+__device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, const flags f) {
+    using S = mma_shape<D, BQ, BK>;
+    constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
+    static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
+    constexpr int NPASS = S::NPASS, DO = S::DO, LDQ = S::LDQ, LDK = S::LDK, LDV = S::LDV, NT = S::NT, KD = S::KD,
+                  ND = S::ND;
+    const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
+    const block_info bi(p, a, f, BQ, BK, 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+
+    extern __shared__ uint4 smem_raw[];
+    char *sq = reinterpret_cast<char *>(smem_raw);
+    char *sk = sq + BQ * LDQ * 2;
+    char *sv = sk + BK * LDK * 2;
+
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) +
+                        ((int64_t)bi.b * p.q_strides[0] + (int64_t)bi.h * p.q_strides[1] + (int64_t)bi.i0 * p.q_strides[2]) * 2;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) +
+                        ((int64_t)bi.b * p.k_strides[0] + (int64_t)bi.kvh * p.k_strides[1]) * 2;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) +
+                        ((int64_t)bi.b * p.v_strides[0] + (int64_t)bi.kvh * p.v_strides[1]) * 2;
+    const int64_t krow = p.k_strides[2] * 2, vrow = p.v_strides[2] * 2;
+    const float scale_log2 = p.scale * PYFA_LOG2E;
+
+    /* Per-lane ldmatrix offsets (bytes). Q: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15);
+     * K: (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15);
+     * V (trans): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15). */
+    const int l8 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+    const uint32_t q_lane = smem_addr(sq) + ((warp * 16 + l8 + b3 * 8) * LDQ + b4 * 8) * 2;
+    const uint32_t k_lane = smem_addr(sk) + ((l8 + b4 * 8) * LDK + b3 * 8) * 2;
+    const uint32_t v_lane = smem_addr(sv) + ((l8 + b3 * 8) * LDV + b4 * 8) * 2;
+
+    /* This lane's two query rows (local index, absolute position, mask row). */
+    int row[2];
+    int64_t pos[2];
+    const char *mrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row[r] = warp * 16 + g + 8 * r;
+        pos[r] = bi.p_lo + row[r];
+        mrow[r] = bi.mbase != nullptr && (uint32_t)row[r] < bi.nq
+                      ? bi.mbase + (int64_t)row[r] * p.mask_strides[2] * (f.bool_mask ? 1 : 2)
+                      : nullptr;
+    }
+
+    load_tile<D / 8>(sq, LDQ * 2, qbase, p.q_strides[2] * 2, 0, BQ, bi.nq);
+
+#pragma unroll 1
+    for (int pass = 0; pass < NPASS; pass++) {
+        float o[ND][4];
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        uint32_t kt = bi.next_tile(bi.t_begin);
+        auto load_k = [&](uint32_t t) {
+            const uint32_t j0 = t * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
+            load_tile<D / 8>(sk, LDK * 2, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
+        };
+        auto load_v = [&](uint32_t t) {
+            const uint32_t j0 = t * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
+            load_tile<DO / 8>(sv, LDV * 2, vbase + (int64_t)j0 * vrow, vrow, pass * (DO / 8), BK, n);
+        };
+        if (kt < bi.t_end) load_k(kt);
+        pyfa_cp_async_commit();
+
+#pragma unroll 1
+        while (kt < bi.t_end) {
+            pyfa_cp_async_wait<0>();
+            __syncthreads(); /* K[kt] (and Q) landed; every warp is done with the previous V */
+            load_v(kt);
+            pyfa_cp_async_commit();
+
+            float s[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t qa[4];
+                ldsm_x4(q_lane + kk * 32, qa[0], qa[1], qa[2], qa[3]);
+#pragma unroll
+                for (int n2 = 0; n2 < NT / 2; n2++) {
+                    uint32_t b0, b1, b2, b3r;
+                    ldsm_x4(k_lane + (n2 * 16 * LDK + kk * 16) * 2, b0, b1, b2, b3r);
+                    mma16816<DT>(s[2 * n2], qa, b0, b1);
+                    mma16816<DT>(s[2 * n2 + 1], qa, b2, b3r);
+                }
+            }
+
+            const tile_rules tr = bi.rules(p, f, kt, BK);
+            if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
+                const int64_t j0 = (int64_t)kt * BK;
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1;
+                        const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
+                        s[n][e] = finish_score<DT>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r]);
+                    }
+            } else { /* an interior tile: scale only */
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
+            }
+
+            /* Online softmax; a row is spread over the 4 lanes of a quad. */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[r], mx);
+                /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
+                const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
+                    s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
+                    sum += s[n][2 * r] + s[n][2 * r + 1];
+                }
+                l[r] = l[r] * alpha + sum;
+                m[r] = m_new;
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    o[n][2 * r] *= alpha;
+                    o[n][2 * r + 1] *= alpha;
+                }
+            }
+
+            pyfa_cp_async_wait<0>();
+            __syncthreads(); /* V[kt] landed; every warp is done with K[kt] */
+            const uint32_t next = bi.next_tile(kt + 1);
+            if (next < bi.t_end) load_k(next);
+            pyfa_cp_async_commit();
+
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) {
+                /* P as the A operand: the score accumulator's layout is the A
+                 * fragment's. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
+                uint32_t pa[4], pl[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float x0 = s[2 * kc + (i >> 1)][2 * (i & 1)], x1 = s[2 * kc + (i >> 1)][2 * (i & 1) + 1];
+                    pa[i] = pyfa_pack2<DT>(x0, x1);
+                    if constexpr (P_TERMS == 2) {
+                        float h0, h1;
+                        pyfa_unpack2<DT>(pa[i], h0, h1);
+                        pl[i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
+                    }
+                }
+#pragma unroll
+                for (int n2 = 0; n2 < ND / 2; n2++) {
+                    uint32_t b0, b1, b2, b3r;
+                    ldsm_x4_trans(v_lane + (kc * 16 * LDV + n2 * 16) * 2, b0, b1, b2, b3r);
+                    mma16816<DT>(o[2 * n2], pa, b0, b1);
+                    mma16816<DT>(o[2 * n2 + 1], pa, b2, b3r);
+                    if constexpr (P_TERMS == 2) {
+                        mma16816<DT>(o[2 * n2], pl, b0, b1);
+                        mma16816<DT>(o[2 * n2 + 1], pl, b2, b3r);
+                    }
+                }
+            }
+            kt = next;
+        }
+        pyfa_cp_async_wait<0>();
+        __syncthreads(); /* the next pass reloads K and V */
+
+        char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) +
+                      ((int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)bi.i0 * p.out_strides[2]) * 2;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float total = l[r];
+            total += __shfl_xor_sync(0xffffffffu, total, 1);
+            total += __shfl_xor_sync(0xffffffffu, total, 2);
+            if ((uint32_t)row[r] >= bi.nq) continue;
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            char *orow = obase + (int64_t)row[r] * p.out_strides[2] * 2 + (int64_t)pass * DO * 2;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) =
+                    pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            if (f.has_lse && pass == NPASS - 1 && t4 == 0) {
+                float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+                lse[((size_t)bi.b * p.num_heads + bi.h) * p.q_len + bi.i0 + row[r]] =
+                    total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
+            }
+        }
+    }
+}
+
+/* --------------------------------------------------------------- SIMT path */
+/* f32: BQ = 16 rows, BK = 32 keys; lane group (8 lanes) r owns query row r:
+ * keys c8 + 8i of each score tile and output columns c8 + 8u. Shared floats:
+ * Q [BQ][D+4], K or V [BK][D+4] (one buffer, loaded in turn), P [BQ][BK]. */
+template <int D, int BQ, int BK>
+__device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, const flags f) {
+    static_assert(BQ == 16 && BK == 32, "SIMT path: 16 rows x 8 lanes, 4 keys per lane");
+    constexpr int LD = D + 4, KPL = BK / 8, CPL = D / 8;
+    const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
+    const block_info bi(p, a, f, BQ, BK, 4);
+    const int r = threadIdx.x >> 3, c8 = threadIdx.x & 7;
+
+    extern __shared__ uint4 smem_raw[];
+    float *sq = reinterpret_cast<float *>(smem_raw);
+    float *skv = sq + BQ * LD;
+    float *sp = skv + BK * LD;
+
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) +
+                        ((int64_t)bi.b * p.q_strides[0] + (int64_t)bi.h * p.q_strides[1] + (int64_t)bi.i0 * p.q_strides[2]) * 4;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) +
+                        ((int64_t)bi.b * p.k_strides[0] + (int64_t)bi.kvh * p.k_strides[1]) * 4;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) +
+                        ((int64_t)bi.b * p.v_strides[0] + (int64_t)bi.kvh * p.v_strides[1]) * 4;
+    const int64_t krow = p.k_strides[2] * 4, vrow = p.v_strides[2] * 4;
+    const float scale_log2 = p.scale * PYFA_LOG2E;
+    const int64_t pos = bi.p_lo + r;
+    const char *mrow = bi.mbase != nullptr && (uint32_t)r < bi.nq
+                           ? bi.mbase + (int64_t)r * p.mask_strides[2] * (f.bool_mask ? 1 : 4)
+                           : nullptr;
+
+    load_tile<D / 4>(reinterpret_cast<char *>(sq), LD * 4, qbase, p.q_strides[2] * 4, 0, BQ, bi.nq);
+    pyfa_cp_async_commit();
+
+    float o[CPL];
+#pragma unroll
+    for (int u = 0; u < CPL; u++) o[u] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+
+#pragma unroll 1
+    for (uint32_t kt = bi.next_tile(bi.t_begin); kt < bi.t_end; kt = bi.next_tile(kt + 1)) {
+        const uint32_t j0 = kt * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
+        load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
+        pyfa_cp_async_commit();
+        pyfa_cp_async_wait<0>();
+        __syncthreads(); /* K (and Q) landed */
+
+        float s[KPL];
+#pragma unroll
+        for (int i = 0; i < KPL; i++) s[i] = 0.0f;
+        const float *qr = sq + r * LD;
+#pragma unroll 4
+        for (int d = 0; d < D; d += 4) {
+            const float4 q4 = *reinterpret_cast<const float4 *>(qr + d);
+#pragma unroll
+            for (int i = 0; i < KPL; i++) {
+                const float4 k4 = *reinterpret_cast<const float4 *>(skv + (c8 + 8 * i) * LD + d);
+                s[i] = fmaf(q4.x, k4.x, s[i]);
+                s[i] = fmaf(q4.y, k4.y, s[i]);
+                s[i] = fmaf(q4.z, k4.z, s[i]);
+                s[i] = fmaf(q4.w, k4.w, s[i]);
+            }
+        }
+        const tile_rules tr = bi.rules(p, f, kt, BK);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < KPL; i++) {
+            s[i] = finish_score<PYFA_DTYPE_F32>(s[i], p, f, tr, scale_log2, mrow, (int64_t)j0 + c8 + 8 * i, pos);
+            mx = fmaxf(mx, s[i]);
+        }
+#pragma unroll
+        for (int o8 = 1; o8 < 8; o8 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o8));
+        const float m_new = fmaxf(m, mx);
+        const float alpha = m_new == m ? 1.0f : exp2f(m - m_new);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KPL; i++) {
+            s[i] = exp2f(s[i] - m_use);
+            sum += s[i];
+            sp[r * BK + c8 + 8 * i] = s[i];
+        }
+#pragma unroll
+        for (int o8 = 1; o8 < 8; o8 <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o8);
+        l = l * alpha + sum;
+        m = m_new;
+        __syncthreads(); /* every lane is done with K; P is written */
+
+        load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, vbase + (int64_t)j0 * vrow, vrow, 0, BK, n);
+        pyfa_cp_async_commit();
+        pyfa_cp_async_wait<0>();
+        __syncthreads(); /* V landed */
+#pragma unroll
+        for (int u = 0; u < CPL; u++) o[u] *= alpha;
+#pragma unroll 4
+        for (int j = 0; j < BK; j++) {
+            const float pj = sp[r * BK + j];
+#pragma unroll
+            for (int u = 0; u < CPL; u++) o[u] = fmaf(pj, skv[j * LD + c8 + 8 * u], o[u]);
+        }
+        __syncthreads(); /* every lane is done with V and P */
+    }
+    pyfa_cp_async_wait<0>();
+
+    if ((uint32_t)r < bi.nq) {
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float *orow = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_OUT) +
+                      (int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)(bi.i0 + r) * p.out_strides[2];
+#pragma unroll
+        for (int u = 0; u < CPL; u++) orow[c8 + 8 * u] = o[u] * inv;
+        if (f.has_lse && c8 == 0) {
+            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+            lse[((size_t)bi.b * p.num_heads + bi.h) * p.q_len + bi.i0 + r] = l > 0.0f ? (m + log2f(l)) * PYFA_LN2 : -INFINITY;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- blk pass */
+/* Classifies the key tiles of query tile blockIdx.x of mask plane (z, y):
+ * the block scans each tile's entries, then votes. */
+__device__ PYFA_PREFILL_IMPL_INLINE void prefill_blk(const pyfa_cuda_args &a, const int dt, const bool bool_mask,
+                                                      const uint32_t BQ, const uint32_t BK) {
+    const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
+    const uint32_t es = bool_mask ? 1 : (dt == PYFA_DTYPE_F32 ? 4 : 2);
+    const uint32_t x = blockIdx.x, y = blockIdx.y, z = blockIdx.z;
+    const uint32_t i0 = x * BQ, nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
+    const uint32_t mask_heads = p.mask_strides[1] ? p.num_heads : 1;
+    const char *base = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_MASK) +
+                       ((int64_t)z * p.mask_strides[0] + (int64_t)y * p.mask_strides[1] + (int64_t)i0 * p.mask_strides[2]) * es;
+    uint8_t *out = pyfa_ptr<uint8_t>(a, PYFA_PREFILL_ARG_BLK) +
+                   (((uint64_t)z * mask_heads + y) * p.num_q_blocks + x) * (uint64_t)p.num_k_blocks;
+    const uint32_t ninf16 = dt == PYFA_DTYPE_F16 ? 0xfc00u : 0xff80u;
+    for (uint32_t kt = 0; kt < p.num_k_blocks; kt++) {
+        const uint32_t j0 = kt * BK, nk = p.kv_len - j0 < BK ? p.kv_len - j0 : BK;
+        int open = 0, active = 0;
+        for (uint32_t idx = threadIdx.x; idx < nq * nk; idx += blockDim.x) {
+            const uint32_t i = idx / nk, j = idx % nk;
+            const char *e = base + ((int64_t)i * p.mask_strides[2] + j0 + j) * es;
+            if (bool_mask) {
+                const uint8_t v = *reinterpret_cast<const uint8_t *>(e);
+                open |= v != 0;
+                active |= v == 0;
+            } else if (es == 4) {
+                const uint32_t u = *reinterpret_cast<const uint32_t *>(e);
+                open |= u != 0xff800000u;
+                active |= (u & 0x7fffffffu) != 0;
+            } else {
+                const uint32_t u = *reinterpret_cast<const uint16_t *>(e);
+                open |= u != ninf16;
+                active |= (u & 0x7fffu) != 0;
+            }
+        }
+        const int any_open = __syncthreads_or(open), any_active = __syncthreads_or(active);
+        if (threadIdx.x == 0) out[kt] = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
+    }
+}
+
+/* -------------------------------------------------------------- merge pass */
+/* Merges row (blockIdx.z, blockIdx.y, blockIdx.x) of two partial attentions. */
+template <int DT>
+__device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, const bool has_lse) {
+    const pyfa_merge_attn_params &p = pyfa_param<pyfa_merge_attn_params>(a, PYFA_MERGE_ARG_PARAMS);
+    constexpr int64_t es = DT == PYFA_DTYPE_F32 ? 4 : 2;
+    const uint32_t x = blockIdx.x, y = blockIdx.y, z = blockIdx.z, D = p.head_dim;
+    const size_t idx = ((size_t)z * p.num_heads + y) * p.seq_len + x;
+    const int64_t off = ((int64_t)z * p.o_strides[0] + (int64_t)y * p.o_strides[1] + (int64_t)x * p.o_strides[2]) * es;
+    const char *oa = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_A) + off;
+    const char *ob = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_B) + off;
+    char *out = pyfa_ptr<char>(a, PYFA_MERGE_ARG_OUT) + off;
+    const float la = pyfa_ptr<const float>(a, PYFA_MERGE_ARG_LSE_A)[idx];
+    const float lb = pyfa_ptr<const float>(a, PYFA_MERGE_ARG_LSE_B)[idx];
+    const float mx = fmaxf(la, lb);
+    const bool none = !(mx > -INFINITY); /* neither side saw a key */
+    const float wa = none ? 0.0f : expf(la - mx), wb = none ? 0.0f : expf(lb - mx), total = wa + wb;
+    const float fa = none ? 0.0f : wa / total, fb = none ? 0.0f : wb / total;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x)
+        pyfa_store_f32<DT>(out, d, none ? 0.0f : fa * pyfa_load_f32<DT>(oa, d) + fb * pyfa_load_f32<DT>(ob, d));
+    if (has_lse && threadIdx.x == 0)
+        pyfa_ptr<float>(a, PYFA_MERGE_ARG_LSE_OUT)[idx] = none ? -INFINITY : mx + logf(total);
+}
+} // namespace prefill
+
+/* Entry bodies: function constants in the dispatchers' order. The tile
+ * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
+template <int DT, int D, int BQ, int BK, int ALIGN_Q, int ALIGN_K, int HAS_MASK, int MASK_KIND, int DO_CAUSAL,
+          int HAS_WINDOW, int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
+__device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a) {
+    const prefill::flags f = {HAS_MASK != 0, HAS_MASK != 0 && MASK_KIND == PYFA_MASK_BOOL, DO_CAUSAL != 0,
+                              HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0};
+    if constexpr (DT == PYFA_DTYPE_F32) {
+        prefill::prefill_simt<D, BQ, BK>(a, f);
+    } else {
+        prefill::prefill_mma<DT, D, BQ, BK>(a, f);
+    }
+}
+
+template <int DT, int D, int BQ, int BK, int ALIGN_Q, int ALIGN_K, int HAS_MASK, int MASK_KIND, int DO_CAUSAL,
+          int HAS_WINDOW, int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
+__device__ __forceinline__ void flash_attn_prefill_blk_body(const pyfa_cuda_args &a) {
+    prefill::prefill_blk(a, DT, MASK_KIND == PYFA_MASK_BOOL, BQ, BK);
+}
+
+template <int DT, int D, int HAS_LSE>
+__device__ __forceinline__ void merge_attention_states_body(const pyfa_cuda_args &a) {
+    prefill::merge_states<DT>(a, HAS_LSE != 0);
+}
