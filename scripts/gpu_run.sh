@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from a bundle made by scripts/gpu_bundle.sh: installs
-# the bundled wheels, then the GPU tests, compute-sanitizer over a small
-# decode, and the decode benchmarks against torch SDPA. Results (at most 8
-# files) go to $OUT (or <bundle>/results):
-#   env.txt  pytest.txt  sanitizer.txt  bench.json  bench.md  decode.png  pytest_benchmark.json  sweep.jsonl
-# PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer bench pytest-bench sweep").
+# the bundled wheels, then the GPU tests, compute-sanitizer over small decode,
+# prefill and TurboQuant cases, the prefill / TurboQuant check scripts, and the
+# decode benchmarks against torch SDPA. Results (at most 8 files) go to $OUT
+# (or <bundle>/results):
+#   env.txt  pytest.txt  sanitizer.txt  ops_check.txt  bench.json  bench.md  decode.png  pytest_benchmark.json
+# PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer ops bench pytest-bench";
+# "sweep" adds the decode knob sweep, written to sweep.jsonl).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
 mkdir -p "$out"
-steps=${PYFA_GPU_RUN_STEPS:-tests sanitizer bench pytest-bench sweep}
+steps=${PYFA_GPU_RUN_STEPS:-tests sanitizer ops bench pytest-bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pyfa-site \
     "$here"/wheels/*.whl || exit 1
 export PYTHONPATH="$here:/tmp/pyfa-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,17 +26,29 @@ status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 if has tests; then
     echo "== pytest"
-    timeout ${PYFA_TEST_TIMEOUT:-170} python3 -m pytest -q -rs tests 2>&1 | tee "$out/pytest.txt" | tail -15 || status=1
+    # Worker processes compile kernels in parallel (the disk cache is shared).
+    timeout ${PYFA_TEST_TIMEOUT:-400} python3 -m pytest -q -rs -n ${PYFA_TEST_WORKERS:-12} tests 2>&1 | tee "$out/pytest.txt" | tail -25 || status=1
 fi
 if has sanitizer; then
     echo "== compute-sanitizer"
-    python3 benchmarks/cuda_small_decode.py > /dev/null 2>&1  # fills the kernel cache outside the tool
-    for tool in memcheck racecheck; do
-        echo "-- $tool" >> "$out/sanitizer.txt"
-        timeout ${PYFA_SANITIZER_TIMEOUT:-70} compute-sanitizer --tool $tool --target-processes all python3 benchmarks/cuda_small_decode.py \
-            >> "$out/sanitizer.txt" 2>&1 || { echo "$tool: exit $?" >> "$out/sanitizer.txt"; status=1; }
+    for case in cuda_small_decode cuda_small_ops; do
+        python3 benchmarks/$case.py > /dev/null 2>&1  # fills the kernel cache outside the tool
+        for tool in memcheck racecheck; do
+            echo "-- $tool $case" >> "$out/sanitizer.txt"
+            timeout ${PYFA_SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool --target-processes all python3 benchmarks/$case.py \
+                >> "$out/sanitizer.txt" 2>&1 || { echo "$tool $case: exit $?" >> "$out/sanitizer.txt"; status=1; }
+        done
     done
     tail -12 "$out/sanitizer.txt"
+fi
+if has ops; then
+    echo "== prefill and TurboQuant checks"
+    for script in gpu_prefill_check gpu_tq_check; do
+        [ -f scripts/$script.py ] || continue
+        echo "-- $script" >> "$out/ops_check.txt"
+        timeout ${PYFA_OPS_TIMEOUT:-200} python3 scripts/$script.py >> "$out/ops_check.txt" 2>&1 || { echo "$script: exit $?" >> "$out/ops_check.txt"; status=1; }
+    done
+    grep -E "FAIL|exit|TFLOP|GB/s|x |summary|passed|failed" "$out/ops_check.txt" | tail -40
 fi
 if has bench; then
     echo "== benchmarks"
