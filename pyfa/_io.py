@@ -78,14 +78,18 @@ def to_device(device: Device, a, like: GpuArray | None = None) -> Buffer:
     return b
 
 
+def temporary(device: Device, shape, dtype, like: GpuArray | None = None) -> Buffer:
+    """Device-only working memory; from `like`'s framework when given, so its
+    allocator orders reuse on the caller's stream (the work is not waited for)."""
+    if like is not None:
+        return to_device(device, cuda_interop.describe(like.empty(tuple(shape), np.dtype(dtype)), "temporary"))
+    return device.buffer(shape, dtype, storage="private")
+
+
 def scratch(device: Device, nbytes: int, like: GpuArray | None = None) -> Buffer | None:
     """Device-only f32 working memory (None for 0 bytes); from `like`'s framework
     when given, so its allocator orders reuse on the stream."""
-    if not nbytes:
-        return None
-    if like is not None:
-        return to_device(device, cuda_interop.describe(like.empty((nbytes // 4,), np.float32), "tmp"))
-    return device.buffer((nbytes // 4,), np.float32, storage="private")
+    return temporary(device, (nbytes // 4,), np.float32, like) if nbytes else None
 
 
 def encoder(device: Device, like: GpuArray | None = None):

@@ -147,7 +147,7 @@ def _c_strides(shape, itemsize):
 
 def _dtype_from_cai(x, cai, name):
     typestr = cai["typestr"]
-    if typestr[1:] in ("f4", "i4", "u1"):
+    if typestr[1:] in ("f4", "i4", "u1", "b1"):
         return np.dtype(typestr)
     # 16-bit floats: ask DLPack, whose type codes tell f16 from bf16.
     info = _dlpack_info(x)
@@ -173,7 +173,8 @@ class _DLTensor(ctypes.Structure):
 
 
 _DL_TYPES = {(2, 32): np.dtype(np.float32), (2, 16): np.dtype(np.float16), (4, 16): dtypes.bfloat16,
-             (0, 32): np.dtype(np.int32), (1, 8): np.dtype(np.uint8), (1, 32): np.dtype(np.uint32)}
+             (0, 32): np.dtype(np.int32), (1, 8): np.dtype(np.uint8), (1, 32): np.dtype(np.uint32),
+             (6, 8): np.dtype(bool)}
 
 
 def _dlpack_info(x):

@@ -57,16 +57,21 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
                       softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out, use_blk=None)
 
 
-def _mask_array(mask, io_dtype, B, H, qL, kL):
-    """(contiguous mask array, element strides) of a user mask."""
-    m = _io.as_array(mask, "mask", allowed=(np.dtype(bool), np.dtype(io_dtype)), ndims=(2, 4))
-    if m.ndim == 2 and m.shape != (qL, kL) or m.ndim == 4 and m.shape != (B, H, qL, kL):
+def _mask_buffer(device, mask, io_dtype, B, H, qL, kL, like):
+    """(buffer, element strides) of a user mask; a bool mask is read as u8."""
+    m = _io.as_array(mask, "mask", allowed=(np.dtype(bool), np.dtype(io_dtype)), ndims=(2, 4), gpu=True)
+    if m.ndim == 2 and tuple(m.shape) != (qL, kL) or m.ndim == 4 and tuple(m.shape) != (B, H, qL, kL):
         raise invalid(f"mask: expected shape [q_len, kv_len] = {[qL, kL]} or [B, H, q_len, kv_len] = "
                       f"{[B, H, qL, kL]}, got {list(m.shape)}")
-    if m.dtype == bool:
-        m = m.view(np.uint8)
     strides = [0, 0, kL] if m.ndim == 2 else [H * qL * kL, qL * kL, kL]
-    return m, strides
+    if isinstance(m, _io.GpuArray):
+        if like is None:
+            raise invalid("mask: a GPU mask needs GPU q, k and v")
+        dtype = np.uint8 if m.dtype == bool else m.dtype
+        return device.wrap_device(m.ptr, m.nbytes, dtype, m.shape, keepalive=m.obj), strides
+    if like is not None:
+        raise invalid("mask: must be a GPU array when q, k and v are")
+    return _io.to_device(device, m.view(np.uint8) if m.dtype == bool else m), strides
 
 
 def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layout, return_lse, device, out,
@@ -75,9 +80,10 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     device = device or default_device()
     if layout not in _io.LAYOUTS:
         raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
-    q = _io.as_array(q, "q", ndims=(4,))
-    k = _io.as_array(k, "k", ndims=(4,))
-    v = _io.as_array(v, "v", ndims=(4,))
+    q = _io.as_array(q, "q", ndims=(4,), gpu=True)
+    k = _io.as_array(k, "k", ndims=(4,), gpu=True)
+    v = _io.as_array(v, "v", ndims=(4,), gpu=True)
+    like = _io.gpu_like(device, q, k, v)
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
             raise invalid(f"{name}: dtype {a.dtype} differs from q's {q.dtype} (k and v must have q's dtype)")
@@ -95,7 +101,8 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         window = _io.int_arg(window, "window", 1, _I32_MAX)
     q_offset = kL - qL if q_offset is None else _io.int_arg(q_offset, "q_offset", -_I32_MAX, _I32_MAX)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    mask_arr, mask_strides = (None, [0, 0, 0]) if mask is None else _mask_array(mask, q.dtype, B, H, qL, kL)
+    mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
+        _mask_buffer(device, mask, q.dtype, B, H, qL, kL, like)
 
     params = ffi.new("pyfa_flash_attn_prefill_params *", {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": qL, "kv_len": kL,
@@ -108,21 +115,19 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     dtype_code = dtypes.code(q.dtype)
     blk_bytes = ffi.new("uint64_t *")
     check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))
-    want_blk = mask_arr is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
+    want_blk = mask_buf is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
 
-    result, out_buf = _io.output(device, q.shape, q.dtype, out)
-    lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse") if return_lse else (None, None)
-    q_buf, k_buf, v_buf = (_io.to_device(device, a) for a in (q, k, v))
-    mask_buf = None if mask_arr is None else _io.to_device(device, mask_arr)
-    enc = device.encoder()
+    result, out_buf = _io.output(device, tuple(q.shape), q.dtype, out, like=like)
+    lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse", like=like) if return_lse else (None, None)
+    q_buf, k_buf, v_buf = (_io.to_device(device, a, like) for a in (q, k, v))
+    enc = _io.encoder(device, like)
     blk = None
     if want_blk:
-        blk = device.buffer((blk_bytes[0],), np.uint8, storage="private")
+        blk = _io.temporary(device, (blk_bytes[0],), np.uint8, like)
         check(lib.pyfa_flash_attn_prefill_blk(enc, params, dtype_code, mask_buf.handle, blk.handle))
     check(lib.pyfa_flash_attn_prefill(enc, params, q_buf.handle, k_buf.handle, v_buf.handle, _io.handle(mask_buf),
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
-    check(lib.pyfa_encoder_commit(enc))
-    check(lib.pyfa_encoder_wait(enc))
+    _io.submit(enc, like)
     _io.finish(device, result, out_buf)
     if return_lse:
         _io.finish(device, lse, lse_buf)
@@ -148,26 +153,26 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     device = device or default_device()
     if layout not in _io.LAYOUTS:
         raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
-    o_a = _io.as_array(o_a, "o_a", ndims=(4,))
-    o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,))
-    if o_b.shape != o_a.shape:
+    o_a = _io.as_array(o_a, "o_a", ndims=(4,), gpu=True)
+    o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,), gpu=True)
+    if tuple(o_b.shape) != tuple(o_a.shape):
         raise invalid(f"o_b: shape {o_b.shape} differs from o_a's {o_a.shape}")
     B, H, L, D = _io.layout_dims(o_a.shape, layout)
     f32 = (np.dtype(np.float32),)
-    lse_a = _io.as_array(lse_a, "lse_a", allowed=f32, ndims=(3,))
-    lse_b = _io.as_array(lse_b, "lse_b", allowed=f32, ndims=(3,))
+    lse_a = _io.as_array(lse_a, "lse_a", allowed=f32, ndims=(3,), gpu=True)
+    lse_b = _io.as_array(lse_b, "lse_b", allowed=f32, ndims=(3,), gpu=True)
+    like = _io.gpu_like(device, o_a, lse_a, o_b, lse_b)
     for name, a in (("lse_a", lse_a), ("lse_b", lse_b)):
-        if a.shape != (B, H, L):
+        if tuple(a.shape) != (B, H, L):
             raise invalid(f"{name}: expected shape [B, H, L] = {[B, H, L]}, got {list(a.shape)}")
     params = ffi.new("pyfa_merge_attn_params *", {
         "batch": B, "num_heads": H, "seq_len": L, "head_dim": D, "o_strides": _io.layout_strides(layout, H, L, D)})
-    result, out_buf = _io.output(device, o_a.shape, o_a.dtype, out)
-    lse, lse_buf = _io.output(device, (B, H, L), np.float32, None, "lse")
-    bufs = [_io.to_device(device, a) for a in (o_a, lse_a, o_b, lse_b)]
-    enc = device.encoder()
+    result, out_buf = _io.output(device, tuple(o_a.shape), o_a.dtype, out, like=like)
+    lse, lse_buf = _io.output(device, (B, H, L), np.float32, None, "lse", like=like)
+    bufs = [_io.to_device(device, a, like) for a in (o_a, lse_a, o_b, lse_b)]
+    enc = _io.encoder(device, like)
     check(lib.pyfa_merge_attention_states(enc, params, *(b.handle for b in bufs), out_buf.handle, lse_buf.handle))
-    check(lib.pyfa_encoder_commit(enc))
-    check(lib.pyfa_encoder_wait(enc))
+    _io.submit(enc, like)
     _io.finish(device, result, out_buf)
     _io.finish(device, lse, lse_buf)
     return result, lse

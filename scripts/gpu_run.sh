@@ -57,7 +57,8 @@ if has bench; then
 fi
 if has pytest-bench; then
     echo "== pytest-benchmark"
-    timeout 200 python3 -m pytest -q benchmarks/test_cuda_decode.py --benchmark-enable --benchmark-json="$out/pytest_benchmark.json" \
+    timeout 300 python3 -m pytest -q benchmarks/test_cuda_decode.py benchmarks/test_cuda_prefill.py --benchmark-enable \
+        --benchmark-json="$out/pytest_benchmark.json" --benchmark-columns=median \
         2>&1 | tail -15 || status=1
 fi
 if has sweep; then

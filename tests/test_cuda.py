@@ -138,3 +138,39 @@ def test_shared_buffer_round_trip():
     b = dev.buffer((4, 8), np.float32, storage="shared")
     b.numpy()[...] = np.arange(32, dtype=np.float32).reshape(4, 8)
     np.testing.assert_array_equal(b.read(), np.arange(32, dtype=np.float32).reshape(4, 8))
+
+
+@gpu
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+def test_torch_prefill_and_merge_in_place(rng, mask_kind):
+    """Prefill (with a GPU mask and the blk pre-pass) and merge take torch
+    tensors in place and return torch tensors."""
+    torch = pytest.importorskip("torch")
+    dev = pyfa.Device("cuda")
+    qL, kL, D = 100, 300, 128
+    q = rng.standard_normal((1, 4, qL, D)).astype(pyfa.bfloat16)
+    k = rng.standard_normal((1, 2, kL, D)).astype(pyfa.bfloat16)
+    v = rng.standard_normal((1, 2, kL, D)).astype(pyfa.bfloat16)
+    to = lambda a: torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16).cuda()
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((qL, kL)) > 0.25
+        mask[:, :128] = False  # whole blocked tiles for blk to skip
+    elif mask_kind == "additive":
+        mask = np.where(rng.random((qL, kL)) > 0.25, 0.0, -np.inf).astype(pyfa.bfloat16)
+    tmask = None if mask is None else (torch.from_numpy(mask).cuda() if mask.dtype == bool else to(mask))
+    out, lse = pyfa.attention(to(q), to(k), to(v), mask=tmask, causal=True, return_lse=True, device=dev)
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.bfloat16
+    assert isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention(q, k, v, mask=mask, causal=True, return_lse=True)
+    got = out.float().cpu().numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, atol=1e-2, rtol=0)  # bf16 output rounding (2^-8) on |o| <= ~2
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-4, rtol=0)
+    if mask is None:
+        oa, la = pyfa.attention(to(q), to(k)[:, :, :150], to(v)[:, :, :150], return_lse=True, device=dev)
+        ob, lb = pyfa.attention(to(q), to(k)[:, :, 150:], to(v)[:, :, 150:], return_lse=True, device=dev)
+        o, _ = pyfa.merge_attention_states(oa, la, ob, lb, device=dev)
+        assert isinstance(o, torch.Tensor)
+        np.testing.assert_allclose(o.float().cpu().numpy(), reference.attention(q, k, v), atol=2e-2, rtol=0)

@@ -1,0 +1,67 @@
+"""pytest-benchmark cases: CUDA prefill (causal bf16, B=1, H=16, H_kv=8)
+beside torch SDPA (flash and cuDNN) in the same run. pyfa takes the torch
+tensors in place; times come from CUDA events over back-to-back calls after a
+warm-up. TFLOP/s = 4·B·H·L²·D/2 / time (causal). Gates are ratios against
+torch flash measured in the same run (set below the H200 figures of
+docs/cuda/prefill_h200.md, as regression guards); D = 512 has no torch kernel
+and reports only.
+
+    python3 -m pytest benchmarks/test_cuda_prefill.py --benchmark-enable --benchmark-json=out.json
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import pyfa  # noqa: E402
+
+try:
+    DEVICE = pyfa.Device("cuda")
+except pyfa.PyfaError as e:
+    pytest.skip(f"pyfa cuda backend unavailable: {e}", allow_module_level=True)
+
+# (D, L, gate: pyfa TFLOP/s >= gate x torch flash TFLOP/s)
+CASES = [(128, 4096, 0.5), (128, 16384, 0.5), (256, 16384, 0.5), (512, 16384, None)]
+
+
+def event_ms(fn, iters=5):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(3):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return sorted(times)[1]
+
+
+@pytest.mark.parametrize("D,L,gate", CASES, ids=lambda v: str(v))
+def test_prefill_vs_torch(benchmark, D, L, gate):
+    H, Hkv = 16, 8
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((1, H, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    flops = 4 * H * L * L * D / 2
+    run = lambda: pyfa.attention(q, k, v, causal=True, device=DEVICE)
+    row = {"D": D, "L": L, "H": H, "Hkv": Hkv, "gpu": torch.cuda.get_device_name()}
+    row["pyfa_TFLOPs"] = flops / event_ms(run) / 1e9
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                ms = event_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+            row[f"{name}_TFLOPs"] = flops / ms / 1e9
+        except RuntimeError:
+            row[f"{name}_TFLOPs"] = None  # no kernel for this shape
+    benchmark.extra_info.update({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
+    benchmark.pedantic(lambda: (run(), torch.cuda.synchronize()), rounds=3, warmup_rounds=1)
+    if gate is not None and row["flash_TFLOPs"]:
+        assert row["pyfa_TFLOPs"] >= gate * row["flash_TFLOPs"], row
