@@ -24,6 +24,12 @@ static const char src_prelude[] = {
 static const char src_attn_vec[] = {
 #embed "../../shaders/cuda/attn_vec.cu"
 , 0};
+static const char src_attn_vec_reduce[] = {
+#embed "../../shaders/cuda/attn_vec_reduce.cuh"
+, 0};
+static const char src_turboquant[] = {
+#embed "../../shaders/cuda/turboquant.cu"
+, 0};
 
 static const struct {
     const char *name;
@@ -36,6 +42,8 @@ static const struct {
     {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
+    {"attn_vec_reduce.cuh", src_attn_vec_reduce, sizeof src_attn_vec_reduce - 1},
+    {"turboquant.cu", src_turboquant, sizeof src_turboquant - 1},
 };
 
 const char *pyfa_cuda_source(const char *file, size_t *length) {

@@ -19,6 +19,7 @@
  * (S, M) pairs are written in the natural-log domain the reduce contract uses.
  */
 #include "pyfa_cuda.cuh"
+#include "attn_vec_reduce.cuh"
 
 constexpr int flash_attn_vec_max_threads = 128;
 constexpr int flash_attn_vec_reduce_max_threads = 128;
@@ -352,19 +353,6 @@ __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
     const float *sm = tmp + (size_t)p.nrows * nwg * D + (size_t)row * nwg * 2;
     const float *part = tmp + (size_t)row * nwg * D;
     float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
-    float M = -INFINITY;
-    for (uint32_t w = 0; w < nwg; w++)
-        if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
-    for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) {
-        float acc = 0.0f, total = 0.0f;
-        if (M != -INFINITY) {
-            for (uint32_t w = 0; w < nwg; w++) {
-                if (!(sm[2 * w] > 0.0f)) continue;
-                const float f = __expf(sm[2 * w + 1] - M);
-                total += sm[2 * w] * f;
-                acc = fmaf(f, part[(size_t)w * D + e], acc);
-            }
-        }
-        o[e] = total > 0.0f ? acc / total : 0.0f;
-    }
+    const float M = attn_vec_reduce_max(sm, nwg);
+    for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) o[e] = attn_vec_reduce_element(sm, part, nwg, D, M, e);
 }

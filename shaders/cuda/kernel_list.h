@@ -8,3 +8,10 @@
  */
 PYFA_CUDA_KERNEL(flash_attn_vec, "attn_vec.cu", 128)
 PYFA_CUDA_KERNEL(flash_attn_vec_reduce, "attn_vec.cu", 128)
+PYFA_CUDA_KERNEL(hadamard_quantize_kv, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(tq_dequantize_kv, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(fwht, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(fwht_sign_premult, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(fwht_sign_undo, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(flash_attn_vec_reduce_tq_hb_undo, "turboquant.cu", 32)
+PYFA_CUDA_KERNEL(flash_attn_vec_tq, "turboquant.cu", 128)

@@ -177,10 +177,17 @@ struct CUDAPlan: BackendPlan {
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
-    /// One block per row of the TurboQuant row kernels.
-    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, Int(headDim) * 4) }
+    /// One warp per row of the TurboQuant row kernels (turboquant.cu; static shared memory).
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
 
-    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
-        (128, Int(headDim) * 4)
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
+
+    /// TurboQuant decode (turboquant.cu): 4 warps, static shared memory only;
+    /// nwg as the dense decode picks it (the same blocks per SM target).
+    func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
+        var g = flashAttnVec(p.attn, maxKvLen: maxKvLen)
+        g.threads = CUDAPlan.warps * 32
+        g.threadgroupMemory = 0
+        return g
     }
 }
