@@ -31,13 +31,28 @@ constexpr int fwht_sign_premult_max_threads = 32;
 constexpr int fwht_sign_undo_max_threads = 32;
 constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 32;
 constexpr int flash_attn_vec_tq_max_threads = 128;
+/* Blocks per SM the decode kernel's registers allow: 4 caps them at 128 (no
+ * spills when K and V bits are equal; a few dozen bytes otherwise). */
+#ifndef PYFA_TQ_VEC_MIN_BLOCKS
+#define PYFA_TQ_VEC_MIN_BLOCKS 4
+#endif
+#ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq 1
+#else
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq PYFA_TQ_VEC_MIN_BLOCKS
+#endif
 
-/* Tuning knobs of the decode kernel: query heads per pass and row loads per step. */
+/* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
+ * sizes shared memory with the same values): query heads per pass, row loads
+ * per lane and step, and the depth of the cp.async ring. */
 #ifndef PYFA_TQ_VEC_HEADS
 #define PYFA_TQ_VEC_HEADS 2
 #endif
 #ifndef PYFA_TQ_VEC_ROWS_PER_STEP
-#define PYFA_TQ_VEC_ROWS_PER_STEP 4
+#define PYFA_TQ_VEC_ROWS_PER_STEP 2
+#endif
+#ifndef PYFA_TQ_VEC_STAGES
+#define PYFA_TQ_VEC_STAGES 4
 #endif
 
 namespace tq {
@@ -272,28 +287,51 @@ constexpr int NW = 4;                         /* warps per block */
 constexpr int E = 16;                         /* coordinates per lane and row */
 constexpr int GT = PYFA_TQ_VEC_HEADS;         /* query heads per pass */
 constexpr int U = PYFA_TQ_VEC_ROWS_PER_STEP;  /* row loads per lane and step */
+constexpr int STAGES = PYFA_TQ_VEC_STAGES;    /* ring depth of the cp.async pipeline */
+constexpr int CB_FLOATS = 2 * 256;            /* both codebooks, each padded to 256 entries */
+static_assert(U % 2 == 0, "U even keeps every ring region 16-byte aligned");
+
+/* Geometry of one (K bits, V bits, D). A warp's share of a ring stage holds,
+ * for each u, the K codes of its PW rows, then their V codes, then the rows'
+ * K and V scales. */
+template <int KB, int VB, int D>
+struct shape {
+    static constexpr int LPR = D / E;                   /* lanes per row */
+    static constexpr int PW = 32 / LPR;                 /* rows per warp and load */
+    static constexpr int STEP = U * NW * PW;            /* positions per block step */
+    static constexpr int KROW = D * KB / 8, VROW = D * VB / 8;
+    static constexpr int KCH = KROW % 16 == 0 ? 16 : 8; /* copy size: never straddles two rows */
+    static constexpr int VCH = VROW % 16 == 0 ? 16 : 8;
+    static constexpr int K_OFF = 0, V_OFF = U * PW * KROW, S_OFF = V_OFF + U * PW * VROW;
+    static constexpr int WARP_BYTES = S_OFF + U * 2 * PW * 4;
+    static constexpr int RING_BYTES = STAGES * NW * WARP_BYTES;
+    static constexpr int MERGE_BYTES = NW * PW * GT * D * 4;
+    /* Dynamic shared memory: codebooks, (m, s) pairs, then the ring, which the merge area overlays. */
+    static constexpr int MS_FLOATS = NW * PW * GT * 2;
+    static constexpr int SMEM_BYTES = (CB_FLOATS + MS_FLOATS) * 4 + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+};
 
 /* A lane's share of a packed row: 2*BITS bytes in WORDS 32-bit words. */
 template <int BITS>
 struct lane_codes {
-    static constexpr int BYTES = E * BITS / 8;
-    static constexpr int WORDS = (BYTES + 3) / 4;
+    static constexpr int WORDS = (2 * BITS + 3) / 4;
 };
 
-/* Loads a lane's 2*BITS code bytes (aligned to their size; 3 bits: to 2). */
+/* A lane's 2*BITS code bytes from shared memory (aligned to their size; 3 bits: to 2). */
 template <int BITS>
-__device__ __forceinline__ void load_codes(const uint8_t *ptr, uint32_t *w) {
+__device__ __forceinline__ void lds_codes(const char *ptr, uint32_t *w) {
     if constexpr (BITS == 8) {
-        const uint4 v = pyfa_ld_stream16(ptr);
+        const uint4 v = *reinterpret_cast<const uint4 *>(ptr);
         w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else if constexpr (BITS == 4) {
-        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(ptr));
+        const uint2 v = *reinterpret_cast<const uint2 *>(ptr);
+        w[0] = v.x, w[1] = v.y;
     } else if constexpr (BITS == 2) {
-        asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(ptr));
+        w[0] = *reinterpret_cast<const uint32_t *>(ptr);
     } else {
         const uint16_t *h = reinterpret_cast<const uint16_t *>(ptr);
-        w[0] = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
-        w[1] = __ldg(h + 2);
+        w[0] = (uint32_t)h[0] | (uint32_t)h[1] << 16;
+        w[1] = h[2];
     }
 }
 
@@ -305,13 +343,36 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *w, int j) {
     return __funnelshift_r(w[word], w[word + 1], sh) & ((1u << BITS) - 1);
 }
 
-/* Codes and scales of one step, U rows. */
-template <int KB, int VB>
-struct step_regs {
-    uint32_t k[U][lane_codes<KB>::WORDS];
-    uint32_t v[U][lane_codes<VB>::WORDS];
-    float ks[U], vs[U];
-};
+/* Asynchronous global -> shared copy of N = 4, 8 or 16 bytes; bytes == 0 writes zeros. */
+template <int N>
+__device__ __forceinline__ void cp_async(void *smem_dst, const void *src, uint32_t bytes) {
+    if constexpr (N == 16) {
+        pyfa_cp_async16(smem_dst, src, bytes);
+    } else {
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem_dst);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(bytes) : "memory");
+    }
+}
+
+/* Copies the PW rows starting at position `first` (row bytes ROW, chunks of CH)
+ * into dst; rows at or past `end` become zeros and are not read. */
+template <int ROW, int CH, int PW>
+__device__ __forceinline__ void copy_rows(char *dst, const uint8_t *head, uint32_t first, uint32_t end, uint32_t ring,
+                                          uint32_t cap, int lane) {
+    constexpr int CPR = ROW / CH, N = PW * CPR;
+#pragma unroll
+    for (int c0 = 0; c0 < N; c0 += 32) {
+        const int c = c0 + lane;
+        if (N % 32 == 0 || c < N) {
+            const uint32_t pos = first + c / CPR;
+            uint32_t slot = pos + ring;
+            slot = slot >= cap ? slot - cap : slot;
+            const bool live = pos < end;
+            const uint8_t *src = head + (live ? (size_t)slot * ROW + (c % CPR) * CH : 0);
+            cp_async<CH>(dst + c * CH, src, live ? (uint32_t)CH : 0u);
+        }
+    }
+}
 } // namespace tq_vec
 
 #ifdef PYFA_COMPILE_CHECK
@@ -324,17 +385,16 @@ template <int KB, int VB, int D>
 __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
                                                                const bool DIRECT) {
     using namespace tq_vec;
-    constexpr int LPR = D / E;          /* lanes per row */
-    constexpr int PW = 32 / LPR;        /* rows per warp and load */
-    constexpr int STEP = U * NW * PW;   /* positions per block step */
-    constexpr int KROW = D * KB / 8, VROW = D * VB / 8;
+    using S = shape<KB, VB, D>;
+    constexpr int LPR = S::LPR, PW = S::PW, STEP = S::STEP, KROW = S::KROW, VROW = S::VROW;
     constexpr int KW = lane_codes<KB>::WORDS, VW = lane_codes<VB>::WORDS;
     const pyfa_flash_attn_vec_tq_params &tp = pyfa_param<pyfa_flash_attn_vec_tq_params>(a, PYFA_VEC_ARG_PARAMS);
     const pyfa_flash_attn_vec_params &p = tp.attn;
 
-    __shared__ float s_cbk[1 << KB], s_cbv[1 << VB];
-    __shared__ __align__(16) float s_acc[NW * PW * GT * D]; /* [state][GT][D], state = warp * PW + row group */
-    __shared__ float s_ms[NW * PW * GT * 2];
+    extern __shared__ __align__(16) float smem[];
+    float *s_cbk = smem, *s_cbv = smem + 256, *s_ms = smem + CB_FLOATS;
+    char *s_ring = reinterpret_cast<char *>(smem + CB_FLOATS + S::MS_FLOATS);
+    float *s_acc = reinterpret_cast<float *>(s_ring); /* [state][GT][D], state = warp * PW + row group */
     {
         const float *cbk = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
         const float *cbv = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_V_CODEBOOK);
@@ -360,36 +420,35 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     const uint32_t begin = lo + (uint32_t)(c0 < n ? c0 : n), end = lo + (uint32_t)(c1 < n ? c1 : n);
 
     const size_t head_rows = ((size_t)b * p.num_kv_heads + kvh) * cap;
-    const uint8_t *kbase = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * KROW + sub * (2 * KB);
-    const uint8_t *vbase = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * VROW + sub * (2 * VB);
+    const uint8_t *khead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * KROW;
+    const uint8_t *vhead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * VROW;
     const float *kscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_K_SCALES) + head_rows;
     const float *vscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_V_SCALES) + head_rows;
     const float *qrot = pyfa_ptr<const float>(a, PYFA_VEC_ARG_Q);
     const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
-    const uint32_t lane_pos = warp * PW + rg; /* this row group's offset within a load */
 
-    /* Rows of positions base + u*NW*PW + lane_pos; past `end` nothing is read. */
-    auto load = [&](uint32_t base, step_regs<KB, VB> &r) {
+    /* This warp's share of ring stage `stage`. */
+    auto warp_stage = [&](int stage) { return s_ring + (stage * NW + warp) * S::WARP_BYTES; };
+    /* Copies this warp's rows of the step at `base` (positions base + u*NW*PW + warp*PW + r). */
+    auto issue = [&](uint32_t base, int stage) {
+        char *w = warp_stage(stage);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const uint32_t pos = base + u * NW * PW + lane_pos;
-            if (pos < end) {
+            const uint32_t first = base + u * NW * PW + warp * PW;
+            copy_rows<KROW, S::KCH, PW>(w + S::K_OFF + u * PW * KROW, khead, first, end, ring, cap, lane);
+            copy_rows<VROW, S::VCH, PW>(w + S::V_OFF + u * PW * VROW, vhead, first, end, ring, cap, lane);
+            if (lane < 2 * PW) { /* lanes 0..PW-1: K scales, PW..2PW-1: V scales */
+                const int r = lane % PW;
+                const uint32_t pos = first + r;
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
-                load_codes<KB>(kbase + (size_t)slot * KROW, r.k[u]);
-                load_codes<VB>(vbase + (size_t)slot * VROW, r.v[u]);
-                r.ks[u] = __ldg(kscales + slot) * inv_sqrt_d;
-                r.vs[u] = __ldg(vscales + slot) * inv_sqrt_d;
-            } else {
-#pragma unroll
-                for (int i = 0; i < KW; i++) r.k[u][i] = 0;
-#pragma unroll
-                for (int i = 0; i < VW; i++) r.v[u][i] = 0;
-                r.ks[u] = 0.0f;
-                r.vs[u] = 0.0f;
+                const bool live = pos < end;
+                const float *src = (lane < PW ? kscales : vscales) + (live ? slot : 0);
+                cp_async<4>(w + S::S_OFF + (u * 2 * PW + lane) * 4, src, live ? 4u : 0u);
             }
         }
+        pyfa_cp_async_commit();
     };
 
     for (uint32_t g0 = 0; g0 < G; g0 += GT) {
@@ -411,17 +470,33 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             s[g] = 0.0f;
         }
 
-        step_regs<KB, VB> cur, nxt;
-        load(begin, cur);
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) issue(begin + st * STEP, st);
+        int stage = 0;
         for (uint32_t base = begin; base < end; base += STEP) {
-            load(base + STEP, nxt); /* one step ahead; masked past `end` */
+            __syncwarp(); /* every lane is done reading the stage the next issue overwrites */
+            issue(base + (STAGES - 1) * STEP, stage == 0 ? STAGES - 1 : stage - 1);
+            pyfa_cp_async_wait<STAGES - 1>();
+            __syncwarp(); /* the stage's bytes, copied by all lanes, are visible to all */
+            const char *w = warp_stage(stage);
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+            uint32_t kc[U][KW], vc[U][VW];
+            float ks[U], vs[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                lds_codes<KB>(w + S::K_OFF + u * PW * KROW + rg * KROW + sub * (2 * KB), kc[u]);
+                lds_codes<VB>(w + S::V_OFF + u * PW * VROW + rg * VROW + sub * (2 * VB), vc[u]);
+                const float *sc = reinterpret_cast<const float *>(w + S::S_OFF) + u * 2 * PW;
+                ks[u] = sc[rg] * inv_sqrt_d;
+                vs[u] = sc[PW + rg] * inv_sqrt_d;
+            }
             /* Scores: per-lane partial dots of the (row, head) pairs, summed over the row's lanes. */
             float sc[U][GT];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float kf[E];
 #pragma unroll
-                for (int j = 0; j < E; j++) kf[j] = s_cbk[code_at<KB>(cur.k[u], j)];
+                for (int j = 0; j < E; j++) kf[j] = s_cbk[code_at<KB>(kc[u], j)];
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
                     float d0 = 0.0f, d1 = 0.0f;
@@ -443,18 +518,23 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
                     for (int g = 0; g < GT; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const bool live = base + u * NW * PW + lane_pos < end;
+                const bool live = base + u * NW * PW + warp * PW + rg < end;
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
-                    float x = sc[u][g] * cur.ks[u];
+                    float x = sc[u][g] * ks[u];
                     if (SOFTCAP) x = p.softcap * tanhf(x * p.scale / p.softcap) * PYFA_LOG2E;
                     sc[u][g] = live ? x : -INFINITY;
                 }
             }
             /* Online softmax per row group; the accumulators rescale only when the maximum grows. */
-            float w[U][GT];
+            float wt[U][GT];
 #pragma unroll
             for (int g = 0; g < GT; g++) {
+                if ((uint32_t)g >= gn) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) wt[u][g] = 0.0f;
+                    continue;
+                }
                 float mx = sc[0][g];
 #pragma unroll
                 for (int u = 1; u < U; u++) mx = fmaxf(mx, sc[u][g]);
@@ -469,26 +549,28 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
                 for (int u = 0; u < U; u++) {
                     const float e = m[g] == -INFINITY ? 0.0f : exp2f(sc[u][g] - m[g]);
                     s[g] += e;
-                    w[u][g] = e * cur.vs[u];
+                    wt[u][g] = e * vs[u];
                 }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float vf[E];
 #pragma unroll
-                for (int j = 0; j < E; j++) vf[j] = s_cbv[code_at<VB>(cur.v[u], j)];
+                for (int j = 0; j < E; j++) vf[j] = s_cbv[code_at<VB>(vc[u], j)];
 #pragma unroll
                 for (int g = 0; g < GT; g++) {
                     if ((uint32_t)g < gn) {
 #pragma unroll
-                        for (int j = 0; j < E; j++) acc[g][j] = fmaf(w[u][g], vf[j], acc[g][j]);
+                        for (int j = 0; j < E; j++) acc[g][j] = fmaf(wt[u][g], vf[j], acc[g][j]);
                     }
                 }
             }
-            cur = nxt;
         }
 
-        /* Merge the row groups' states: each publishes, then all threads combine. */
+        /* Merge the row groups' states: each publishes, then all threads combine.
+         * The merge area overlays the ring: drain the (zero-fill) copies first. */
+        pyfa_cp_async_wait<0>();
+        __syncthreads();
         const int state = warp * PW + rg;
 #pragma unroll
         for (int g = 0; g < GT; g++) {

@@ -137,9 +137,29 @@ struct CUDAPlan: BackendPlan {
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 4)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
 
+    /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
+    /// and step (even), cp.async ring depth, blocks per SM (register cap).
+    static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
+    static let tqVecRowsPerStep = (envInt("PYFA_CUDA_TQ_VEC_ROWS_PER_STEP", 2) + 1) / 2 * 2
+    static let tqVecStages = max(2, envInt("PYFA_CUDA_TQ_VEC_STAGES", 4))
+    static let tqVecMinBlocks = envInt("PYFA_CUDA_TQ_VEC_MIN_BLOCKS", 4)
+
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
-         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)"]
+         "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
+         "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
+         "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)"]
+    }
+
+    /// Dynamic shared memory of one turboquant.cu decode block (mirrors
+    /// tq_vec::shape): both codebooks, the row groups' (m, s) pairs, then the
+    /// larger of the cp.async ring and the merge area.
+    static func tqVecSharedBytes(headDim: Int, kBits: Int, vBits: Int) -> Int {
+        let rowsPerWarp = 512 / headDim, w = Int(warps), u = tqVecRowsPerStep
+        let warpBytes = u * rowsPerWarp * headDim * (kBits + vBits) / 8 + u * 2 * rowsPerWarp * 4
+        let ring = tqVecStages * w * warpBytes
+        let merge = w * rowsPerWarp * tqVecHeads * headDim * 4
+        return (2 * 256 + w * rowsPerWarp * tqVecHeads * 2) * 4 + max(ring, merge)
     }
 
     /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
@@ -182,12 +202,13 @@ struct CUDAPlan: BackendPlan {
 
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
 
-    /// TurboQuant decode (turboquant.cu): 4 warps, static shared memory only;
-    /// nwg as the dense decode picks it (the same blocks per SM target).
+    /// TurboQuant decode (turboquant.cu): 4 warps; nwg as the dense decode
+    /// picks it (the same blocks-per-SM target).
     func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
         var g = flashAttnVec(p.attn, maxKvLen: maxKvLen)
         g.threads = CUDAPlan.warps * 32
-        g.threadgroupMemory = 0
+        g.threadgroupMemory = CUDAPlan.tqVecSharedBytes(headDim: Int(p.attn.head_dim), kBits: Int(p.k_bits),
+                                                        vBits: Int(p.v_bits))
         return g
     }
 }
