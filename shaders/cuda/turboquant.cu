@@ -2,24 +2,29 @@
  * TurboQuant kernels on CUDA; contracts in turboquant_params.h.
  *
  * Row kernels (hadamard_quantize_kv, tq_dequantize_kv, fwht,
- * fwht_sign_premult, fwht_sign_undo, flash_attn_vec_reduce_tq_hb_undo): one
- * warp per row, lane l holding the E = D/32 consecutive coordinates
- * [l*E, l*E + E). The FWHT runs its stages in the codec's order (in-lane
- * stages first, then one shuffle per stage), each output an add or subtract
- * of the same two operands as on the CPU, so every backend gets the same
- * bits. The codec's arithmetic is spelled with _rn intrinsics, which the
- * compiler never contracts into FMAs; its sums run in the codec's order (8
- * partial sums, one lane each, then the fixed tree).
+ * fwht_sign_premult, fwht_sign_undo): one warp per row, lane l holding the
+ * E = D/32 consecutive coordinates [l*E, l*E + E). The FWHT runs its stages
+ * in the codec's order (in-lane stages first, then one shuffle per stage),
+ * each output an add or subtract of the same two operands as on the CPU, so
+ * every backend gets the same bits. The codec's arithmetic is spelled with
+ * _rn intrinsics, which the compiler never contracts into FMAs; its sums run
+ * in the codec's order (8 partial sums, one lane each, then the fixed tree).
+ * flash_attn_vec_reduce_tq_hb_undo merges a row with 4 warps, then warp 0
+ * rotates it with the same transform as fwht_sign_undo.
  *
- * Decode (flash_attn_vec_tq): the dense decode's plan (attn_vec.cu) over
+ * Decode (flash_attn_vec_tq) follows the dense decode (attn_vec.cu) over
  * packed codes. Block = 4 warps = one workgroup (iwg, KV head, sequence). A
- * lane owns 16 coordinates of a row (2*bits bytes of its K and of its V
- * codes, one load each); D/16 lanes hold a row, so a warp covers 512/D rows
- * per load and U loads per step. Codes are loaded one step ahead into
- * registers, unpacked in registers and looked up in the codebooks in shared
- * memory (16 entries at 4 bits: conflict-free). GT query heads of the GQA
- * group share every code read. Each row group keeps its own online-softmax
- * state; the block merges them at the end as attn_vec.cu does.
+ * lane owns 16 coordinates of a row (2*bits bytes of its K codes and of its V
+ * codes); D/16 lanes hold a row, so a warp covers PW = 512/D consecutive rows
+ * per load, U loads per step. Each warp streams its rows' codes and scales
+ * with 16-byte cp.async copies into its own share of a STAGES-deep ring in
+ * shared memory, issued STAGES-1 steps ahead (the bytes in flight cost no
+ * registers); lanes read their codes back, unpack them in registers and look
+ * the values up in the codebooks in shared memory (16 entries at 4 bits:
+ * conflict-free). GT query heads of the GQA group share every code read. Each
+ * row group keeps its own online-softmax state (log2 domain, rescaled only
+ * when its maximum grows); the block merges them at the end as attn_vec.cu
+ * does, in a merge area that overlays the ring.
  */
 #include "pyfa_cuda.cuh"
 #include "attn_vec_reduce.cuh"
@@ -29,7 +34,7 @@ constexpr int tq_dequantize_kv_max_threads = 32;
 constexpr int fwht_max_threads = 32;
 constexpr int fwht_sign_premult_max_threads = 32;
 constexpr int fwht_sign_undo_max_threads = 32;
-constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 32;
+constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 128;
 constexpr int flash_attn_vec_tq_max_threads = 128;
 /* Blocks per SM the decode kernel's registers allow: 4 caps them at 128 (no
  * spills when K and V bits are equal; a few dozen bytes otherwise). */
@@ -166,20 +171,26 @@ __device__ void fwht_sign_undo_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, 
 
 /* flash_attn_vec_reduce of row blockIdx.x, then fwht_sign_undo of it: the
  * reduce's per-element function (attn_vec_reduce.cuh) and the undo's
- * transform (tq::transform_warp), so the bits equal the two kernels'. */
+ * transform (tq::transform_warp), so the bits equal the two kernels'. Every
+ * thread merges elements as the reduce kernel does (the loads over nwg
+ * partials are the latency); warp 0 then rotates the row. */
 template <int D>
 __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
     constexpr int E = D / 32;
     const pyfa_tq_reduce_undo_params &p = pyfa_param<pyfa_tq_reduce_undo_params>(a, PYFA_REDUCE_ARG_PARAMS);
-    const int lane = threadIdx.x & 31;
+    __shared__ float s_row[D];
     const uint32_t row = blockIdx.x, nwg = p.reduce.nwg;
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.reduce.nrows * nwg * D + (size_t)row * nwg * 2;
     const float *part = tmp + (size_t)row * nwg * D;
     const float M = attn_vec_reduce_max(sm, nwg);
+    for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) s_row[e] = attn_vec_reduce_element(sm, part, nwg, D, M, e);
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
     float u[E];
 #pragma unroll
-    for (int k = 0; k < E; k++) u[k] = attn_vec_reduce_element(sm, part, nwg, D, M, lane * E + k);
+    for (int k = 0; k < E; k++) u[k] = s_row[lane * E + k];
     tq::transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_UNDO, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
     float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
 #pragma unroll
@@ -188,30 +199,31 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
 
 /* ------------------------------------------------------------------ codec */
 
-/* Encodes token blockIdx.x of KV head blockIdx.y (one warp). */
-template <int SDT, int BITS, int D>
-__device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
+#ifdef PYFA_COMPILE_CHECK /* one encoder per (bits, head dim) behind a call, whatever the input dtype */
+#define PYFA_TQ_ENCODE_INLINE __noinline__
+#else
+#define PYFA_TQ_ENCODE_INLINE __forceinline__
+#endif
+
+/* Encodes the row s_x (f32, shared) into token blockIdx.x of KV head blockIdx.y. */
+template <int BITS, int D>
+__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, const float *s_x) {
     constexpr int E = D / 32, L = 1 << BITS;
     const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
     const float *cb = &pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK);
-    __shared__ float s_th[L], s_x[D], s_t[D], s_c[D];
+    __shared__ float s_th[L], s_t[D], s_c[D];
     __shared__ uint8_t s_idx[D];
     const int lane = threadIdx.x & 31;
     const uint32_t x = blockIdx.x, y = blockIdx.y;
     for (int k = lane; k < L; k += 32) s_th[k] = k == 0 ? -INFINITY : __fmul_rn(__fadd_rn(cb[k - 1], cb[k]), 0.5f);
+    __syncthreads();
 
-    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
-    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) + ((size_t)x * p.num_kv_heads + y) * D * ESZ;
     const uint64_t seed = tq::seed64(p.seed_lo, p.seed_hi);
     float u[E];
 #pragma unroll
-    for (int k = 0; k < E; k++) {
-        u[k] = pyfa_load_f32<SDT>(src, lane * E + k);
-        s_x[lane * E + k] = u[k];
-    }
+    for (int k = 0; k < E; k++) u[k] = s_x[lane * E + k];
     tq::apply_signs(u, seed, p.stream, lane);
     tq::fwht_warp(u, lane);
-    __syncthreads();
     const float norm = __fsqrt_rn(tq::dot_codec<D>(s_x, s_x, lane));
     const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
 #pragma unroll
@@ -251,6 +263,19 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
         if (ct > 0.0f) scale = __fmul_rn(norm, __fdiv_rn((float)D, ct));
     }
     if (lane == 0) pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES)[r] = scale;
+}
+
+/* Token blockIdx.x of KV head blockIdx.y (one warp): the row widened to f32
+ * (exact), then encoded. */
+template <int SDT, int BITS, int D>
+__device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
+    const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
+    __shared__ float s_x[D];
+    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) +
+                      ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
+    tq_encode_row<BITS, D>(a, s_x); /* its first barrier publishes s_x */
 }
 
 /* Decodes slot (first_slot + blockIdx.x) mod kv_capacity of KV head blockIdx.y

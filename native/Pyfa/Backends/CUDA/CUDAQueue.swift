@@ -200,7 +200,8 @@ struct CUDAPlan: BackendPlan {
     /// One warp per row of the TurboQuant row kernels (turboquant.cu; static shared memory).
     func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
 
-    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
+    /// The fused reduce + undo merges with 4 warps, as flash_attn_vec_reduce does.
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
     /// TurboQuant decode (turboquant.cu): 4 warps; nwg as the dense decode
     /// picks it (the same blocks-per-SM target).
