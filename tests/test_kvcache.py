@@ -69,3 +69,19 @@ def test_bad_input(device, rng):
     assert np.all(c.attend(rng.standard_normal((2, 64))) == 0)  # empty cache: no key visible
     with pytest.raises(pyfa.PyfaError, match="head_dim"):
         pyfa.KVCache(2, 80, 8, device=device).attend(rng.standard_normal((2, 64)))
+
+
+class _FakeGpuArray:
+    """Looks like a GPU array to pyfa (it has a __cuda_array_interface__)."""
+    __cuda_array_interface__ = {"shape": (1, 2, 64), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_caches_refuse_gpu_arrays(device):
+    for cache in (pyfa.KVCache(2, 64, 8, device=device), pyfa.TurboQuantKVCache(2, 64, 8, device=device)):
+        with pytest.raises(pyfa.PyfaError, match="k: caches take host"):
+            cache.append(_FakeGpuArray(), np.zeros((1, 2, 64), np.float32))
+        with pytest.raises(pyfa.PyfaError, match="q: caches take host"):
+            cache.attend(_FakeGpuArray())
+        assert len(cache) == 0
+    with pytest.raises(pyfa.PyfaError, match="x: caches take host"):
+        pyfa.turboquant.quantize(_FakeGpuArray(), 4, device=device)

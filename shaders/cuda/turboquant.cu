@@ -406,6 +406,53 @@ __device__ __forceinline__ void copy_rows(char *dst, const uint8_t *head, uint32
 #define PYFA_TQ_VEC_IMPL_INLINE __forceinline__
 #endif
 
+namespace tq_vec {
+/* Per-lane partial dots of the U rows' K codes with the GT heads' q slices
+ * (heads at or past gn give 0). Behind a call in the compile check, so its
+ * unrolled body compiles once per bit width. */
+template <int KB>
+__device__ PYFA_TQ_VEC_IMPL_INLINE void partial_scores(const float (&q)[GT][E], const uint32_t (&kc)[U][lane_codes<KB>::WORDS],
+                                                       const float *s_cbk, uint32_t gn, float (&sc)[U][GT]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[E];
+#pragma unroll
+        for (int j = 0; j < E; j++) kf[j] = s_cbk[code_at<KB>(kc[u], j)];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            float d0 = 0.0f, d1 = 0.0f;
+            if ((uint32_t)g < gn) {
+#pragma unroll
+                for (int j = 0; j < E; j += 2) {
+                    d0 = fmaf(q[g][j], kf[j], d0);
+                    d1 = fmaf(q[g][j + 1], kf[j + 1], d1);
+                }
+            }
+            sc[u][g] = d0 + d1;
+        }
+    }
+}
+
+/* acc[g] += wt[u][g] * c_V[codes of row u], rows in order, for heads below gn. */
+template <int VB>
+__device__ PYFA_TQ_VEC_IMPL_INLINE void accumulate_values(float (&acc)[GT][E], const uint32_t (&vc)[U][lane_codes<VB>::WORDS],
+                                                          const float *s_cbv, uint32_t gn, const float (&wt)[U][GT]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[E];
+#pragma unroll
+        for (int j = 0; j < E; j++) vf[j] = s_cbv[code_at<VB>(vc[u], j)];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            if ((uint32_t)g < gn) {
+#pragma unroll
+                for (int j = 0; j < E; j++) acc[g][j] = fmaf(wt[u][g], vf[j], acc[g][j]);
+            }
+        }
+    }
+}
+} // namespace tq_vec
+
 template <int KB, int VB, int D>
 __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
                                                                const bool DIRECT) {
@@ -511,30 +558,13 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             for (int u = 0; u < U; u++) {
                 lds_codes<KB>(w + S::K_OFF + u * PW * KROW + rg * KROW + sub * (2 * KB), kc[u]);
                 lds_codes<VB>(w + S::V_OFF + u * PW * VROW + rg * VROW + sub * (2 * VB), vc[u]);
-                const float *sc = reinterpret_cast<const float *>(w + S::S_OFF) + u * 2 * PW;
-                ks[u] = sc[rg] * inv_sqrt_d;
-                vs[u] = sc[PW + rg] * inv_sqrt_d;
+                const float *sp = reinterpret_cast<const float *>(w + S::S_OFF) + u * 2 * PW; /* K, then V scales */
+                ks[u] = sp[rg] * inv_sqrt_d;
+                vs[u] = sp[PW + rg] * inv_sqrt_d;
             }
             /* Scores: per-lane partial dots of the (row, head) pairs, summed over the row's lanes. */
             float sc[U][GT];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float kf[E];
-#pragma unroll
-                for (int j = 0; j < E; j++) kf[j] = s_cbk[code_at<KB>(kc[u], j)];
-#pragma unroll
-                for (int g = 0; g < GT; g++) {
-                    float d0 = 0.0f, d1 = 0.0f;
-                    if ((uint32_t)g < gn) {
-#pragma unroll
-                        for (int j = 0; j < E; j += 2) {
-                            d0 = fmaf(q[g][j], kf[j], d0);
-                            d1 = fmaf(q[g][j + 1], kf[j + 1], d1);
-                        }
-                    }
-                    sc[u][g] = d0 + d1;
-                }
-            }
+            partial_scores<KB>(q, kc, s_cbk, gn, sc);
 #pragma unroll
             for (int o = 1; o < LPR; o <<= 1)
 #pragma unroll
@@ -577,19 +607,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
                     wt[u][g] = e * vs[u];
                 }
             }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float vf[E];
-#pragma unroll
-                for (int j = 0; j < E; j++) vf[j] = s_cbv[code_at<VB>(vc[u], j)];
-#pragma unroll
-                for (int g = 0; g < GT; g++) {
-                    if ((uint32_t)g < gn) {
-#pragma unroll
-                        for (int j = 0; j < E; j++) acc[g][j] = fmaf(wt[u][g], vf[j], acc[g][j]);
-                    }
-                }
-            }
+            accumulate_values<VB>(acc, vc, s_cbv, gn, wt);
         }
 
         /* Merge the row groups' states: each publishes, then all threads combine.
