@@ -23,6 +23,7 @@ __device__ __forceinline__ float attn_vec_reduce_element(const float *sm, const 
                                                          uint32_t head_dim, float M, uint32_t e) {
     float acc = 0.0f, total = 0.0f;
     if (M != -INFINITY) {
+#pragma unroll 8 /* several partials' loads in flight: the loop is latency-bound */
         for (uint32_t w = 0; w < nwg; w++) {
             if (!(sm[2 * w] > 0.0f)) continue;
             const float f = __expf(sm[2 * w + 1] - M);

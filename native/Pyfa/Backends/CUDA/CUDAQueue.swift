@@ -203,13 +203,19 @@ struct CUDAPlan: BackendPlan {
     /// The fused reduce + undo merges with 4 warps, as flash_attn_vec_reduce does.
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
-    /// TurboQuant decode (turboquant.cu): 4 warps; nwg as the dense decode
-    /// picks it (the same blocks-per-SM target).
+    /// TurboQuant decode (turboquant.cu): 4 warps; as many workgroups per
+    /// sequence as fill the resident block slots (tqVecMinBlocks per SM) in
+    /// whole waves (a second, partial wave would run on an idle GPU), never
+    /// fewer than vecMinRows positions each.
     func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
-        var g = flashAttnVec(p.attn, maxKvLen: maxKvLen)
-        g.threads = CUDAPlan.warps * 32
-        g.threadgroupMemory = CUDAPlan.tqVecSharedBytes(headDim: Int(p.attn.head_dim), kBits: Int(p.k_bits),
-                                                        vBits: Int(p.v_bits))
-        return g
+        let a = p.attn
+        let groups = max(1, a.batch * a.num_kv_heads)
+        let slots = smCount * UInt32(CUDAPlan.tqVecMinBlocks)
+        let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
+        var nwg = groups >= slots ? 1 : slots / groups
+        nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32,
+                           threadgroupMemory: CUDAPlan.tqVecSharedBytes(headDim: Int(a.head_dim), kBits: Int(p.k_bits),
+                                                                        vBits: Int(p.v_bits)))
     }
 }
