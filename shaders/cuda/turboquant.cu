@@ -464,6 +464,11 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     const pyfa_flash_attn_vec_params &p = tp.attn;
 
     extern __shared__ __align__(16) float smem[];
+    { /* the plan's size (CUDAPlan.tqVecSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
+        uint32_t dynamic_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+        if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
+    }
     float *s_cbk = smem, *s_cbv = smem + 256, *s_ms = smem + CB_FLOATS;
     char *s_ring = reinterpret_cast<char *>(smem + CB_FLOATS + S::MS_FLOATS);
     float *s_acc = reinterpret_cast<float *>(s_ring); /* [state][GT][D], state = warp * PW + row group */
