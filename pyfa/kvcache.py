@@ -15,12 +15,18 @@ import math
 
 import numpy as np
 
-from . import _io, dtypes
+from . import _io, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Device, default_device
 from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
+
+
+def _host_only(x, name: str) -> None:
+    """Caches copy host rows into their own device buffers: GPU arrays are refused by name."""
+    if cuda_interop.is_gpu_array(x):
+        raise invalid(f"{name}: caches take host (numpy) arrays and copy them to their device; got a GPU array")
 
 
 def _positive_int(value, name: str) -> int:
@@ -53,6 +59,7 @@ class _RingCache:
 
     def _rows(self, x, name: str) -> np.ndarray:
         """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1."""
+        _host_only(x, name)
         a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,))
         if a.shape[0] < 1 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
             raise invalid(f"{name}: expected shape [n >= 1, num_kv_heads={self.num_kv_heads}, "
@@ -80,6 +87,7 @@ class _RingCache:
         return self.capacity, self._total % self.capacity
 
     def _check_query(self, q, scale, softcap):
+        _host_only(q, "q")
         q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,))
         if q.dtype == np.float64:
             q = q.astype(np.float32)

@@ -48,7 +48,7 @@ from . import _io
 from ._native import ffi, lib
 from .device import Device, default_device
 from .errors import check, invalid
-from .kvcache import _RingCache
+from .kvcache import _RingCache, _host_only
 
 BIT_WIDTHS = (2, 3, 4, 8)
 HEAD_DIMS = (64, 128, 256, 512)
@@ -226,6 +226,7 @@ def quantize(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correc
              device: Device | None = None):
     """Encodes rows ``x [n, D]`` with hadamard_quantize_kv -> (codes uint8 ``[n, D*bits/8]``,
     scales float32 ``[n]``)."""
+    _host_only(x, "x")
     x = _io.as_array(x, "x", ndims=(2,))
     cache = TurboQuantKVCache(1, x.shape[1], max(1, x.shape[0]), k_bits=bits, v_bits=bits, seed=seed,
                               norm_correction=norm_correction, device=device)

@@ -47,25 +47,41 @@ def test_ring_buffer_attends_over_last_tokens(device, rng):
     np.testing.assert_allclose(w.attend(q), ref, atol=TOL, rtol=0)
 
 
-def test_overflow_without_window_changes_nothing(cpu, rng):
-    c = pyfa.KVCache(2, 64, 10, dtype=np.float32, device=cpu)
+def test_overflow_without_window_changes_nothing(device, rng):
+    c = pyfa.KVCache(2, 64, 10, dtype=np.float32, device=device)
     k = rng.standard_normal((8, 2, 64))
     c.append(k, k)
-    before = c._k.numpy().copy()
+    before = c._k.read()
     with pytest.raises(pyfa.PyfaError, match="exceed capacity 10"):
         c.append(rng.standard_normal((3, 2, 64)), rng.standard_normal((3, 2, 64)))
     assert len(c) == 8
-    np.testing.assert_array_equal(c._k.numpy(), before)
+    np.testing.assert_array_equal(c._k.read(), before)
 
 
-def test_bad_input(cpu, rng):
+def test_bad_input(device, rng):
     with pytest.raises(pyfa.PyfaError, match="dtype"):
-        pyfa.KVCache(2, 64, 8, dtype=np.int8)
+        pyfa.KVCache(2, 64, 8, dtype=np.int8, device=device)
     with pytest.raises(pyfa.PyfaError, match="capacity: 8 must be >= sliding_window"):
-        pyfa.KVCache(2, 64, 8, sliding_window=9)
-    c = pyfa.KVCache(2, 64, 8, device=cpu)
+        pyfa.KVCache(2, 64, 8, sliding_window=9, device=device)
+    c = pyfa.KVCache(2, 64, 8, device=device)
     with pytest.raises(pyfa.PyfaError, match="k: expected shape"):
         c.append(rng.standard_normal((1, 3, 64)), rng.standard_normal((1, 3, 64)))
     assert np.all(c.attend(rng.standard_normal((2, 64))) == 0)  # empty cache: no key visible
     with pytest.raises(pyfa.PyfaError, match="head_dim"):
-        pyfa.KVCache(2, 80, 8).attend(rng.standard_normal((2, 64)))
+        pyfa.KVCache(2, 80, 8, device=device).attend(rng.standard_normal((2, 64)))
+
+
+class _FakeGpuArray:
+    """Looks like a GPU array to pyfa (it has a __cuda_array_interface__)."""
+    __cuda_array_interface__ = {"shape": (1, 2, 64), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_caches_refuse_gpu_arrays(device):
+    for cache in (pyfa.KVCache(2, 64, 8, device=device), pyfa.TurboQuantKVCache(2, 64, 8, device=device)):
+        with pytest.raises(pyfa.PyfaError, match="k: caches take host"):
+            cache.append(_FakeGpuArray(), np.zeros((1, 2, 64), np.float32))
+        with pytest.raises(pyfa.PyfaError, match="q: caches take host"):
+            cache.attend(_FakeGpuArray())
+        assert len(cache) == 0
+    with pytest.raises(pyfa.PyfaError, match="x: caches take host"):
+        pyfa.turboquant.quantize(_FakeGpuArray(), 4, device=device)

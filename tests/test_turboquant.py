@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pyfa
-from pyfa import reference
+from pyfa import _io, reference
 from pyfa import turboquant as tq
 from pyfa._native import ffi, lib
 
@@ -91,26 +91,27 @@ def test_struct_sizes_match_library():
 # --------------------------------------------------------------------------- rotation
 
 @pytest.mark.parametrize("D", [64, 128, 256, 512])
-def test_fwht_kernels_match_reference(rng, D):
+def test_fwht_kernels_match_reference(device, rng, D):
     x = rng.standard_normal((5, D)).astype(np.float32)
     H = tq.hadamard(D)
     # f32 FWHT over <= 9 stages: error ~ log2(D) ulps of |x|_inf * sqrt(D) / sqrt(D).
-    np.testing.assert_allclose(tq.fwht(x, "fwht"), x @ H.T / math.sqrt(D), atol=2e-5)
-    y = tq.fwht(x, "sign_premult", seed=7, stream=1)
+    np.testing.assert_allclose(tq.fwht(x, "fwht", device=device), x @ H.T / math.sqrt(D), atol=2e-5)
+    y = tq.fwht(x, "sign_premult", seed=7, stream=1, device=device)
     np.testing.assert_allclose(y, tq.rotate(x, 7, 1), atol=2e-5)
-    np.testing.assert_allclose(tq.fwht(y, "sign_undo", seed=7, stream=1), x, atol=2e-5)
-    np.testing.assert_allclose(tq.fwht(x.astype(np.float16), "fwht"),
+    np.testing.assert_allclose(tq.fwht(y, "sign_undo", seed=7, stream=1, device=device), x, atol=2e-5)
+    np.testing.assert_allclose(tq.fwht(x.astype(np.float16), "fwht", device=device),
                                x.astype(np.float16).astype(np.float64) @ H.T / math.sqrt(D), atol=2e-5)
 
 
-def test_signs_are_seeded_and_spread_a_constant_vector():
+def test_signs_are_seeded_and_spread_a_constant_vector(device):
     s = tq.signs(0, 0, 128)
     assert set(np.unique(s)) == {-1.0, 1.0}
     assert not np.array_equal(s, tq.signs(1, 0, 128)) and not np.array_equal(s, tq.signs(0, 1, 128))
-    y = tq.fwht(np.ones((1, 128), np.float32), "sign_premult", seed=3)[0]
+    y = tq.fwht(np.ones((1, 128), np.float32), "sign_premult", seed=3, device=device)[0]
     assert np.abs(y).max() < 0.5 * np.linalg.norm(y)  # no single-coordinate spike (|y| = sqrt(128))
     # The kernels' signs are the documented splitmix64 ones: premult of the identity is H diag(s) / sqrt(D).
-    np.testing.assert_allclose(tq.fwht(np.eye(64, dtype=np.float32), "sign_premult", seed=2**63 + 5, stream=1),
+    np.testing.assert_allclose(tq.fwht(np.eye(64, dtype=np.float32), "sign_premult", seed=2**63 + 5, stream=1,
+                                       device=device),
                                (tq.hadamard(64) * tq.signs(2**63 + 5, 1, 64)).T / 8, atol=1e-7)
 
 
@@ -126,9 +127,9 @@ def _f32_sumsq(x):
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("nc", ["none", "norm_preserving", "unbiased"])
-def test_codes_match_float64_reference(rng, bits, nc):
+def test_codes_match_float64_reference(device, rng, bits, nc):
     x = (rng.standard_normal((256, 128)) * rng.uniform(0.1, 10, (256, 1))).astype(np.float32)
-    codes, scales = tq.quantize(x, bits, seed=11, stream=0, norm_correction=nc)
+    codes, scales = tq.quantize(x, bits, seed=11, stream=0, norm_correction=nc, device=device)
     idx, ref_scales = tq.reference_encode(x, bits, seed=11, stream=0, norm_correction=nc)
     # float32 vs float64 rotation: a coordinate within ~1e-6 of a cell boundary may
     # land on the other side; that is rare (< 0.1% of coordinates) and never further.
@@ -182,19 +183,20 @@ def _golden_rows():
     return (np.sin(0.37 * (r + 1) * i + r) * (1 + 0.5 * r)).astype(np.float32)
 
 
-def _golden_now():
-    # The CPU backend's codes (what "auto" opens would be a GPU on a GPU machine).
+def _golden_now(device=None):
+    """Codes of the golden rows on `device` (default: the CPU backend, not
+    "auto", which opens the GPU on a GPU machine)."""
     x = _golden_rows()
     out = {}
-    cpu = pyfa.Device("cpu")
+    device = device or pyfa.Device("cpu")
     for (bits, nc) in GOLDEN:
-        codes, scales = tq.quantize(x, bits, seed=GOLDEN_SEED, stream=1, norm_correction=nc, device=cpu)
+        codes, scales = tq.quantize(x, bits, seed=GOLDEN_SEED, stream=1, norm_correction=nc, device=device)
         out[(bits, nc)] = [(c.tobytes().hex(), f"{s.view(np.uint32).item():08x}") for c, s in zip(codes, scales)]
     return out
 
 
-def test_golden_rows():
-    assert _golden_now() == GOLDEN
+def test_golden_rows(device):
+    assert _golden_now(device) == GOLDEN
 
 
 def test_golden_rows_generic_isa():
@@ -206,10 +208,10 @@ def test_golden_rows_generic_isa():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
-def _roundtrip(x, bits, seed=0, nc=False):
+def _roundtrip(x, bits, seed=0, nc=False, device=None):
     """x [n, D] through the library's encoder and decoder."""
     n, D = x.shape
-    cache = pyfa.TurboQuantKVCache(1, D, n, k_bits=bits, v_bits=bits, seed=seed, norm_correction=nc)
+    cache = pyfa.TurboQuantKVCache(1, D, n, k_bits=bits, v_bits=bits, seed=seed, norm_correction=nc, device=device)
     cache.append(x[:, None], x[:, None])
     return cache.dequantize()[0][:, 0].astype(np.float64)
 
@@ -224,15 +226,15 @@ DMSE_FINITE_D = {64: (0.11455, 0.033444, 0.0091712), 128: (0.11601, 0.033979, 0.
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
-def test_dmse_of_gaussian_directions(rng, D):
+def test_dmse_of_gaussian_directions(device, rng, D):
     x = rng.standard_normal((8192, D))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     dmse = {}
     for bits, expected in zip((2, 3, 4), DMSE_FINITE_D[D]):
-        dmse[bits] = np.mean(np.sum((_roundtrip(x, bits, seed=D) - x) ** 2, axis=1))
+        dmse[bits] = np.mean(np.sum((_roundtrip(x, bits, seed=D, device=device) - x) ** 2, axis=1))
         assert dmse[bits] == pytest.approx(expected, rel=0.02)
         assert 4.0 ** -bits <= dmse[bits] <= math.sqrt(3) * math.pi / 2 * 4.0 ** -bits  # Theorem 1 bounds
-    d8 = np.mean(np.sum((_roundtrip(x[:1024], 8, seed=D) - x[:1024]) ** 2, axis=1))
+    d8 = np.mean(np.sum((_roundtrip(x[:1024], 8, seed=D, device=device) - x[:1024]) ** 2, axis=1))
     assert d8 < dmse[4] / 100  # 8 bits: ~2.6e-5 (Panter-Dite), 4 bits: ~9e-3
 
 
@@ -265,21 +267,22 @@ def test_structured_rows():
         assert 0.5 * theory < ds < 2.0 * theory
 
 
-def test_zero_rows_and_scaling():
+def test_zero_rows_and_scaling(device):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 64)).astype(np.float32)
     x[1] = 0
     for nc in ("none", "norm_preserving", "unbiased"):
-        codes, scales = tq.quantize(x, 4, norm_correction=nc)
+        codes, scales = tq.quantize(x, 4, norm_correction=nc, device=device)
         assert scales[1] == 0
-        rt = _roundtrip(x, 4, nc=nc)
+        rt = _roundtrip(x, 4, nc=nc, device=device)
         assert np.all(np.isfinite(rt)) and np.all(rt[1] == 0)
         # Power-of-two scaling is exact in f32: same codes, scale times 4 exactly.
-        codes4, scales4 = tq.quantize(x * 4, 4, norm_correction=nc)
+        codes4, scales4 = tq.quantize(x * 4, 4, norm_correction=nc, device=device)
         np.testing.assert_array_equal(codes4, codes)
         np.testing.assert_array_equal(scales4, scales * 4)
-        np.testing.assert_allclose(_roundtrip(x * 3.5, 4, nc=nc), 3.5 * rt, rtol=0, atol=1e-3 * np.abs(rt).max())
-    cache = pyfa.TurboQuantKVCache(2, 64, 8)
+        np.testing.assert_allclose(_roundtrip(x * 3.5, 4, nc=nc, device=device), 3.5 * rt, rtol=0,
+                                   atol=1e-3 * np.abs(rt).max())
+    cache = pyfa.TurboQuantKVCache(2, 64, 8, device=device)
     cache.append(np.zeros((3, 2, 64)), np.zeros((3, 2, 64)))
     out = cache.attend(rng.standard_normal((4, 64)))
     assert np.all(out == 0)
@@ -312,10 +315,10 @@ CASES = [  # (H, Hkv, D, k_bits, v_bits, capacity, appended, window, softcap, nw
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_rotated_domain_decode_equals_dense_on_dequantized(case):
+def test_rotated_domain_decode_equals_dense_on_dequantized(device, case):
     H, Hkv, D, kb, vb, cap, n, window, softcap, nwg = case
     rng = np.random.default_rng(sum(case[:6]))
-    cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=kb, v_bits=vb, seed=42, sliding_window=window)
+    cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=kb, v_bits=vb, seed=42, sliding_window=window, device=device)
     for chunk in np.array_split(np.arange(n), 3):
         cache.append(rng.standard_normal((len(chunk), Hkv, D)), rng.standard_normal((len(chunk), Hkv, D)))
     q = rng.standard_normal((H, D)).astype(np.float32) * 2
@@ -328,15 +331,15 @@ def test_rotated_domain_decode_equals_dense_on_dequantized(case):
     # The dense kernel on the dequantized rows agrees too.
     k, v = cache.dequantize()
     dense = pyfa.decode_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), k.shape[0], softcap=softcap,
-                                  window=window)
+                                  window=window, device=device)
     np.testing.assert_allclose(cache.attend(q, softcap=softcap), dense, atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("D", [64, 128, 256, 512])
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
-def test_fused_tail_is_bit_identical(D, bits):
+def test_fused_tail_is_bit_identical(device, D, bits):
     rng = np.random.default_rng(D + bits)
-    cache = pyfa.TurboQuantKVCache(2, D, 600, k_bits=bits, v_bits=bits, seed=bits)
+    cache = pyfa.TurboQuantKVCache(2, D, 600, k_bits=bits, v_bits=bits, seed=bits, device=device)
     cache.append(rng.standard_normal((600, 2, D)), rng.standard_normal((600, 2, D)))
     q = rng.standard_normal((4, D)).astype(np.float32)
     for nwg in (None, 1, 2, 5):
@@ -363,30 +366,30 @@ def test_attention_accuracy_4bit():
 
 # --------------------------------------------------------------------------- cache
 
-def test_ring_buffer_attends_over_last_tokens():
+def test_ring_buffer_attends_over_last_tokens(device):
     rng = np.random.default_rng(3)
     k, v = rng.standard_normal((150, 2, 64)), rng.standard_normal((150, 2, 64))
-    ring = pyfa.TurboQuantKVCache(2, 64, 64, sliding_window=64, seed=9)
+    ring = pyfa.TurboQuantKVCache(2, 64, 64, sliding_window=64, seed=9, device=device)
     start = 0
     for size in (7, 50, 1, 64, 28):
         ring.append(k[start:start + size], v[start:start + size])
         start += size
     assert start == 150 and len(ring) == 64
-    fresh = pyfa.TurboQuantKVCache(2, 64, 64, seed=9)
+    fresh = pyfa.TurboQuantKVCache(2, 64, 64, seed=9, device=device)
     fresh.append(k[-64:], v[-64:])
     for a, b in zip(ring.dequantize(), fresh.dequantize()):
         np.testing.assert_array_equal(a, b)  # the same tokens, the same codes
     q = rng.standard_normal((4, 64))
     np.testing.assert_allclose(ring.attend(q), fresh.attend(q), atol=2e-6, rtol=0)
     # One append larger than the ring keeps its last `capacity` rows.
-    big = pyfa.TurboQuantKVCache(2, 64, 64, sliding_window=64, seed=9)
+    big = pyfa.TurboQuantKVCache(2, 64, 64, sliding_window=64, seed=9, device=device)
     big.append(k, v)
     for a, b in zip(big.dequantize(), fresh.dequantize()):
         np.testing.assert_array_equal(a, b)
 
 
-def test_cache_storage_and_dtypes(rng):
-    c = pyfa.TurboQuantKVCache(8, 128, 100, k_bits=4, v_bits=3)
+def test_cache_storage_and_dtypes(device, rng):
+    c = pyfa.TurboQuantKVCache(8, 128, 100, k_bits=4, v_bits=3, device=device)
     assert c.nbytes == 8 * 100 * (64 + 48 + 4 + 4)
     x = rng.standard_normal((5, 8, 128))
     for dt in (np.float16, pyfa.bfloat16, np.float32, np.float64):
@@ -396,8 +399,8 @@ def test_cache_storage_and_dtypes(rng):
     assert k.shape == (20, 8, 128) and k.dtype == np.float32
 
 
-def test_overflow_without_window_changes_nothing(rng):
-    c = pyfa.TurboQuantKVCache(2, 64, 10)
+def test_overflow_without_window_changes_nothing(device, rng):
+    c = pyfa.TurboQuantKVCache(2, 64, 10, device=device)
     c.append(rng.standard_normal((8, 2, 64)), rng.standard_normal((8, 2, 64)))
     before = c.codes()
     with pytest.raises(pyfa.PyfaError, match="capacity"):
@@ -472,14 +475,15 @@ def test_bad_kernel_params(cpu):
         tq.fwht(np.zeros((1, 96), np.float32))
 
 
-def test_batched_kernels_match_single_sequence_caches(cpu, rng):
+def test_batched_kernels_match_single_sequence_caches(device, rng):
     """The kernel contract's batch dimension: hadamard_quantize_kv writes sequence b of a
     [B, Hkv, capacity, ...] cache, flash_attn_vec_tq reads per-sequence kv_len."""
     B, Hkv, D, cap, H = 2, 2, 64, 40, 4
     lens = [40, 23]
-    caches = [pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=3, v_bits=4, seed=5, device=cpu) for _ in range(B)]
-    codes = [cpu.buffer((B, Hkv, cap, D * b // 8), np.uint8) for b in (3, 4)]
-    scales = [cpu.buffer((B, Hkv, cap), np.float32) for _ in range(2)]
+    caches = [pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=3, v_bits=4, seed=5, device=device) for _ in range(B)]
+    codes = [device.buffer((B, Hkv, cap, D * b // 8), np.uint8) for b in (3, 4)]
+    scales = [device.buffer((B, Hkv, cap), np.float32) for _ in range(2)]
+    keep = []  # device copies of host inputs live until their encoder has run
     for b in range(B):
         kv = [rng.standard_normal((lens[b], Hkv, D)).astype(np.float32) for _ in range(2)]
         caches[b].append(*kv)
@@ -487,35 +491,36 @@ def test_batched_kernels_match_single_sequence_caches(cpu, rng):
             p = ffi.new("pyfa_tq_quantize_params *", dict(
                 num_tokens=lens[b], num_kv_heads=Hkv, head_dim=D, kv_capacity=cap, write_pos=0, bits=bits,
                 stream=stream, norm_correction=caches[b].norm_correction, seed_lo=5, sequence=b))
-            enc = cpu.encoder()
-            assert lib.pyfa_hadamard_quantize_kv(enc, p, cpu.wrap(kv[stream]).handle, codes[stream].handle,
+            enc = device.encoder()
+            keep.append(_io.to_device(device, kv[stream]))
+            assert lib.pyfa_hadamard_quantize_kv(enc, p, keep[-1].handle, codes[stream].handle,
                                                  scales[stream].handle) == 0
             assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
     for stream in range(2):  # the same bytes as each single-sequence cache
         for b in range(B):
-            np.testing.assert_array_equal(codes[stream].numpy()[b, :, :lens[b]],
+            np.testing.assert_array_equal(codes[stream].read()[b, :, :lens[b]],
                                           caches[b].codes()[2 * stream][:, :lens[b]])
     q = rng.standard_normal((B, H, D)).astype(np.float32)
     params = ffi.new("pyfa_flash_attn_vec_tq_params *", {
         "attn": dict(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D, kv_capacity=cap, nwg=0, scale=0.125),
         "k_bits": 3, "v_bits": 4, "seed_lo": 5, "fused": 1})
     tmp_bytes = ffi.new("uint64_t *")
-    assert lib.pyfa_flash_attn_vec_tq_plan(cpu.handle, params, max(lens), tmp_bytes) == 0
-    tmp = cpu.buffer((tmp_bytes[0] // 4,), np.float32)
-    out = np.zeros((B, H, D), np.float32)
-    kv_len, ring = np.array(lens, np.int32), np.zeros(B, np.int32)
-    enc = cpu.encoder()
-    assert lib.pyfa_flash_attn_vec_tq(enc, params, cpu.wrap(q).handle, codes[0].handle, scales[0].handle,
-                                      codes[1].handle, scales[1].handle, cpu.wrap(kv_len).handle,
-                                      cpu.wrap(ring).handle, tmp.handle, cpu.wrap(out).handle) == 0
+    assert lib.pyfa_flash_attn_vec_tq_plan(device.handle, params, max(lens), tmp_bytes) == 0
+    tmp = device.buffer((tmp_bytes[0] // 4,), np.float32)
+    out = device.buffer((B, H, D), np.float32)
+    qb, kv_len, ring = (_io.to_device(device, a) for a in (q, np.array(lens, np.int32), np.zeros(B, np.int32)))
+    enc = device.encoder()
+    assert lib.pyfa_flash_attn_vec_tq(enc, params, qb.handle, codes[0].handle, scales[0].handle,
+                                      codes[1].handle, scales[1].handle, kv_len.handle,
+                                      ring.handle, tmp.handle, out.handle) == 0
     assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
     for b in range(B):
-        np.testing.assert_allclose(out[b], caches[b].attend(q[b]), atol=2e-6, rtol=0)
+        np.testing.assert_allclose(out.read()[b], caches[b].attend(q[b]), atol=2e-6, rtol=0)
 
 
-def test_query_dtypes(rng):
+def test_query_dtypes(device, rng):
     """q as float16 / bfloat16 equals the same rounded values given as float32."""
-    c = pyfa.TurboQuantKVCache(2, 128, 300)
+    c = pyfa.TurboQuantKVCache(2, 128, 300, device=device)
     c.append(rng.standard_normal((300, 2, 128)), rng.standard_normal((300, 2, 128)))
     q = rng.standard_normal((4, 128))
     for dt in (np.float16, pyfa.bfloat16):
@@ -562,3 +567,33 @@ def test_bad_decode_and_dequantize_params(cpu):
     fp = ffi.new("pyfa_tq_fwht_params *", dict(nrows=2, head_dim=64, transform=0))
     half = cpu.buffer((2, 64), np.float16)
     assert "dst: dtype f16" in _abi_error(lib.pyfa_fwht(cpu.encoder(), fp, q.handle, half.handle))
+
+
+# --------------------------------------------------------------------------- cross-backend
+
+@pytest.mark.skipif("cuda" not in pyfa.available_backends(), reason="no CUDA device here")
+@pytest.mark.parametrize("D", [64, 128, 256, 512])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_cuda_codec_is_byte_identical_to_cpu(cpu, D, bits):
+    """The codec is a pure function of the row (turboquant_params.h): CUDA and CPU store the same
+    code bytes and the same scale bits, for every input dtype and scale mode, and decode them to
+    the same floats (the same FWHT additions in the same order)."""
+    gpu = pyfa.Device("cuda")
+    rng = np.random.default_rng(10 * D + bits)
+    x = (rng.standard_normal((257, D)) * rng.uniform(1e-3, 1e3, (257, 1))).astype(np.float32)
+    x[5] = 0.0
+    x[7] = 0.0
+    x[7, 3] = 1.0  # one-hot: every rotated coordinate is +-1, next to no threshold
+    for dt in (np.float32, np.float16, pyfa.bfloat16):
+        xd = x.astype(dt)
+        for nc in ("none", "norm_preserving", "unbiased"):
+            for stream in (tq.STREAM_K, tq.STREAM_V):
+                got = tq.quantize(xd, bits, seed=0xDEADBEEF12345678, stream=stream, norm_correction=nc, device=gpu)
+                want = tq.quantize(xd, bits, seed=0xDEADBEEF12345678, stream=stream, norm_correction=nc, device=cpu)
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
+    caches = [pyfa.TurboQuantKVCache(1, D, 257, k_bits=bits, v_bits=bits, seed=3, device=d) for d in (gpu, cpu)]
+    for c in caches:
+        c.append(x[:, None], x[::-1, None])
+    for a, b in zip(caches[0].dequantize(), caches[1].dequantize()):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

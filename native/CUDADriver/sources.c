@@ -28,6 +28,12 @@ static const char src_attn_vec[] = {
 static const char src_attn_prefill[] = {
 #embed "../../shaders/cuda/attn_prefill.cu"
 , 0};
+static const char src_attn_vec_reduce[] = {
+#embed "../../shaders/cuda/attn_vec_reduce.cuh"
+, 0};
+static const char src_turboquant[] = {
+#embed "../../shaders/cuda/turboquant.cu"
+, 0};
 
 static const struct {
     const char *name;
@@ -41,6 +47,8 @@ static const struct {
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
     {"attn_prefill.cu", src_attn_prefill, sizeof src_attn_prefill - 1},
+    {"attn_vec_reduce.cuh", src_attn_vec_reduce, sizeof src_attn_vec_reduce - 1},
+    {"turboquant.cu", src_turboquant, sizeof src_turboquant - 1},
 };
 
 const char *pyfa_cuda_source(const char *file, size_t *length) {

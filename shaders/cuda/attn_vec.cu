@@ -19,6 +19,7 @@
  * (S, M) pairs are written in the natural-log domain the reduce contract uses.
  */
 #include "pyfa_cuda.cuh"
+#include "attn_vec_reduce.cuh"
 
 constexpr int flash_attn_vec_max_threads = 128;
 constexpr int flash_attn_vec_reduce_max_threads = 512;
@@ -343,62 +344,16 @@ __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
     flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0);
 }
 
-/* Merges the nwg partial states of row blockIdx.x (contract in pyfa_params.h).
- * The block first turns the (S, M) pairs into weights f_w = exp(M_w - M) in
- * shared memory (M = max over workgroups that saw a key), then each thread
- * sums its output elements over w with independent, coalesced loads. */
+/* Merges the nwg partial states of row blockIdx.x (contract in pyfa_params.h)
+ * with the block-size-independent merge of attn_vec_reduce.cuh. */
 template <int D>
 __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
-    constexpr int MAX_NWG = 1024; /* FlashAttnVec.maxWorkgroups */
-    __shared__ float weight[MAX_NWG];
-    __shared__ float partial[32];
+    __shared__ float weight[PYFA_REDUCE_MAX_NWG];
     const pyfa_attn_reduce_params &p = pyfa_param<pyfa_attn_reduce_params>(a, PYFA_REDUCE_ARG_PARAMS);
-    const uint32_t row = blockIdx.x, nwg = p.nwg < MAX_NWG ? p.nwg : MAX_NWG;
+    const uint32_t row = blockIdx.x, nwg = p.nwg < PYFA_REDUCE_MAX_NWG ? p.nwg : PYFA_REDUCE_MAX_NWG;
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.nrows * p.nwg * D + (size_t)row * p.nwg * 2;
     const float *part = tmp + (size_t)row * p.nwg * D;
     float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-
-    /* Block-wide max of M over workgroups with S > 0. */
-    float M = -INFINITY;
-    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x)
-        if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    if (lane == 0) partial[warp] = M;
-    __syncthreads();
-    M = -INFINITY;
-    for (int w = 0; w < nwarps; w++) M = fmaxf(M, partial[w]);
-    __syncthreads();
-
-    /* Weights and the block-wide total S * f. */
-    float total = 0.0f;
-    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x) {
-        const float S = sm[2 * w];
-        const float f = (S > 0.0f && M != -INFINITY) ? __expf(sm[2 * w + 1] - M) : 0.0f;
-        weight[w] = f;
-        total += S * f;
-    }
-    total = pyfa_warp_sum(total);
-    if (lane == 0) partial[warp] = total;
-    __syncthreads();
-    total = 0.0f;
-    for (int w = 0; w < nwarps; w++) total += partial[w];
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-
-    for (uint32_t e = threadIdx.x; e < (uint32_t)D; e += blockDim.x) {
-        /* 8 independent loads in flight per thread. */
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        uint32_t w = 0;
-        for (; w + 8 <= nwg; w += 8) {
-            float x[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) x[i] = part[(size_t)(w + i) * D + e];
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[i] = fmaf(weight[w + i], x[i], acc[i]);
-        }
-        for (; w < nwg; w++) acc[0] = fmaf(weight[w], part[(size_t)w * D + e], acc[0]);
-        o[e] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) * inv;
-    }
+    attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { o[e] = x; });
 }

@@ -13,7 +13,10 @@
 #endif
 
 #define PYFA_CUDA_MAX_ARGS 16
-#define PYFA_CUDA_INLINE_BYTES 512
+/* Inline bytes of one dispatch: room for the largest set, TurboQuant decode's
+ * params and two 8-bit codebooks (2 x 1 KB); the whole struct stays well under
+ * the 4 KB kernel-parameter limit. */
+#define PYFA_CUDA_INLINE_BYTES 2304
 
 typedef struct pyfa_cuda_args {
     uint64_t arg[PYFA_CUDA_MAX_ARGS];

@@ -72,6 +72,15 @@ public protocol BackendPlan {
     func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Threads and threadgroup memory of flash_attn_vec_reduce_tq_hb_undo.
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Decode geometry of flash_attn_vec_tq (nwg, threads, threadgroup memory).
+    func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry
+}
+
+extension BackendPlan {
+    /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
+    public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
+        flashAttnVec(p.attn, maxKvLen: maxKvLen)
+    }
 }
 
 /// Runs submitted commands in order; one per encoder.

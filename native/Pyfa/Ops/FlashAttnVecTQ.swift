@@ -23,7 +23,15 @@ public enum FlashAttnVecTQ {
     public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_tq_params,
                             maxKvLen: UInt32) throws -> (VecGeometry, Int, Int) {
         try validate(params)
-        let (geometry, partialBytes) = try FlashAttnVec.plan(device, &params.attn, maxKvLen: maxKvLen)
+        try require(maxKvLen <= params.attn.kv_capacity,
+                    "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.attn.kv_capacity))")
+        var geometry = device.backend.plan.flashAttnVecTQ(params, maxKvLen: max(1, maxKvLen))
+        if params.attn.nwg == 0 {
+            params.attn.nwg = geometry.nwg
+        } else {
+            geometry.nwg = params.attn.nwg
+        }
+        let partialBytes = FlashAttnVec.tmpBytes(params.attn)
         let qBytes = Int(params.attn.batch) * Int(params.attn.num_heads) * Int(params.attn.head_dim) * 4
         return (geometry, partialBytes, partialBytes + qBytes)
     }

@@ -7,7 +7,7 @@ import PyfaShaderCommon
 /// a backend plan take that plan.
 enum KernelSpecialisations {
     static func all(plan: BackendPlan) -> [(name: String, constants: [[Int32]])] {
-        flashAttnVec + prefill(plan: plan)
+        flashAttnVec + prefill(plan: plan) + turboQuant
     }
 
     static let floatCodes: [Int32] = FlashAttnVec.floatTypes.map(\.rawValue)
@@ -67,5 +67,28 @@ enum KernelSpecialisations {
             }
         }
         return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
+    }
+
+    static var turboQuant: [(name: String, constants: [[Int32]])] {
+        let bits = TurboQuant.bitWidths.map { Int32($0) }, dims = TurboQuant.headDims.map { Int32($0) }
+        let srcCodes = TurboQuant.floatTypes.map(\.rawValue)
+        var quantize: [[Int32]] = [], dequantize: [[Int32]] = [], fwht: [[Int32]] = [], vec: [[Int32]] = []
+        for d in dims {
+            for src in srcCodes {
+                fwht.append([src, d])
+                for b in bits { quantize.append([src, b, d]) }
+            }
+            for b in bits { dequantize.append([b, d]) }
+            for kb in bits {
+                for vb in bits {
+                    for softcap: Int32 in [0, 1] {
+                        for direct: Int32 in [0, 1] { vec.append([kb, vb, d, softcap, direct]) }
+                    }
+                }
+            }
+        }
+        return [("hadamard_quantize_kv", quantize), ("tq_dequantize_kv", dequantize)]
+            + TurboQuant.fwhtKernels.map { ($0, fwht) }
+            + [(FlashAttnVecTQ.kernel, vec), (FlashAttnVecTQ.fusedReduceKernel, dims.map { [$0] })]
     }
 }

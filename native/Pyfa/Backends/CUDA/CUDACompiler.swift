@@ -8,8 +8,9 @@ import Glibc
 ///
 /// A specialisation's entry point is generated: for registry name `n` with
 /// function constants c0, c1, ...:
-///   extern "C" __global__ void __launch_bounds__(<max threads>) <entry>(const __grid_constant__ pyfa_cuda_args a)
+///   extern "C" __global__ void __launch_bounds__(<max threads>, PYFA_MIN_BLOCKS_n) <entry>(const __grid_constant__ pyfa_cuda_args a)
 ///   { n_body<c0, c1, ...>(a); }
+/// PYFA_MIN_BLOCKS_n (blocks resident per SM, a register cap) is 1 unless the source defines it.
 final class CUDACompiler {
     let arch: String
     let nvrtcVersion: (Int32, Int32)
@@ -52,8 +53,11 @@ final class CUDACompiler {
             throw PyfaError.unsupported("kernel '\(name)': no CUDA implementation yet (shaders/cuda/kernel_list.h)")
         }
         var source = try CUDACompiler.embedded(String(cString: file)) + "\n"
+        // A source may ask for a minimum of resident blocks per SM (a register cap).
+        let minBlocks = "PYFA_MIN_BLOCKS_\(name)"
+        source += "#ifndef \(minBlocks)\n#define \(minBlocks) 1\n#endif\n"
         for c in specialisations {
-            source += "extern \"C\" __global__ void __launch_bounds__(\(maxThreads)) \(CUDACompiler.entryName(name, c))"
+            source += "extern \"C\" __global__ void __launch_bounds__(\(maxThreads), \(minBlocks)) \(CUDACompiler.entryName(name, c))"
             source += "(const __grid_constant__ pyfa_cuda_args a) { \(name)_body<"
             source += c.map { String($0) }.joined(separator: ", ") + ">(a); }\n"
         }

@@ -145,11 +145,30 @@ struct CUDAPlan: BackendPlan {
     /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
     /// accuracy, less tensor-core work).
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 2), 2)
+    /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
+    /// and step (even), cp.async ring depth, blocks per SM (register cap).
+    static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
+    static let tqVecRowsPerStep = (envInt("PYFA_CUDA_TQ_VEC_ROWS_PER_STEP", 2) + 1) / 2 * 2
+    static let tqVecStages = max(2, envInt("PYFA_CUDA_TQ_VEC_STAGES", 4))
+    static let tqVecMinBlocks = envInt("PYFA_CUDA_TQ_VEC_MIN_BLOCKS", 4)
 
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
-         "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)"]
+         "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
+         "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
+         "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)"]
+    }
+
+    /// Dynamic shared memory of one turboquant.cu decode block (mirrors
+    /// tq_vec::shape): both codebooks, the row groups' (m, s) pairs, then the
+    /// larger of the cp.async ring and the merge area.
+    static func tqVecSharedBytes(headDim: Int, kBits: Int, vBits: Int) -> Int {
+        let rowsPerWarp = 512 / headDim, w = Int(warps), u = tqVecRowsPerStep
+        let warpBytes = u * rowsPerWarp * headDim * (kBits + vBits) / 8 + u * 2 * rowsPerWarp * 4
+        let ring = tqVecStages * w * warpBytes
+        let merge = w * rowsPerWarp * tqVecHeads * headDim * 4
+        return (2 * 256 + w * rowsPerWarp * tqVecHeads * 2) * 4 + max(ring, merge)
     }
 
     /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
@@ -207,7 +226,26 @@ struct CUDAPlan: BackendPlan {
     }
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
-    // TurboQuant geometry (shaders/cuda/turboquant.cu).
-    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+
+    /// One warp per row of the TurboQuant row kernels (turboquant.cu; static shared memory).
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
+
+    /// The fused reduce + undo merges with 4 warps, as flash_attn_vec_reduce does.
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
+
+    /// TurboQuant decode (turboquant.cu): 4 warps; as many workgroups per
+    /// sequence as fill the resident block slots (tqVecMinBlocks per SM) in
+    /// whole waves (a second, partial wave would run on an idle GPU), never
+    /// fewer than vecMinRows positions each.
+    func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
+        let a = p.attn
+        let groups = max(1, a.batch * a.num_kv_heads)
+        let slots = smCount * UInt32(CUDAPlan.tqVecMinBlocks)
+        let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
+        var nwg = groups >= slots ? 1 : slots / groups
+        nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32,
+                           threadgroupMemory: CUDAPlan.tqVecSharedBytes(headDim: Int(a.head_dim), kBits: Int(p.k_bits),
+                                                                        vBits: Int(p.v_bits)))
+    }
 }

@@ -1,0 +1,46 @@
+/*
+ * The merge of flash_attn_vec_reduce (contract in pyfa_params.h), shared by
+ * the dense reduce kernel (attn_vec.cu) and the fused TurboQuant reduce + undo
+ * (turboquant.cu). Both call attn_vec_reduce_row, whose result bits do not
+ * depend on the block size: M is a max (exact in any order), each weight is
+ * computed by one thread, the total is summed by every thread in w order, and
+ * each output element by one thread with a fixed accumulator pattern; every
+ * multiply-add is written out (fmaf). So fused and unfused tails agree bit
+ * for bit whatever threads the plan gives each kernel.
+ */
+#pragma once
+#include "pyfa_cuda.cuh"
+
+#define PYFA_REDUCE_MAX_NWG 1024 /* FlashAttnVec.maxWorkgroups */
+
+/* Merges one row: sm = its (S, M) pairs, part = its nwg partial outputs
+ * [nwg, D]; writes element e through store(e, value). weight: shared
+ * float[nwg] scratch. A row whose workgroups saw no key gives zeros. Every
+ * thread of the block must call it (it synchronises). */
+template <class Store>
+__device__ __forceinline__ void attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
+                                                    float *weight, Store store) {
+    float M = -INFINITY;
+    for (uint32_t w = 0; w < nwg; w++)
+        if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
+    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x)
+        weight[w] = (sm[2 * w] > 0.0f && M != -INFINITY) ? __expf(sm[2 * w + 1] - M) : 0.0f;
+    __syncthreads();
+    float total = 0.0f;
+    for (uint32_t w = 0; w < nwg; w++) total = fmaf(sm[2 * w], weight[w], total);
+    const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
+    for (uint32_t e = threadIdx.x; e < D; e += blockDim.x) {
+        /* 8 independent loads in flight per thread: the loop is latency-bound. */
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        uint32_t w = 0;
+        for (; w + 8 <= nwg; w += 8) {
+            float x[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) x[i] = part[(size_t)(w + i) * D + e];
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = fmaf(weight[w + i], x[i], acc[i]);
+        }
+        for (; w < nwg; w++) acc[0] = fmaf(weight[w], part[(size_t)w * D + e], acc[0]);
+        store(e, __fmul_rn(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])), inv));
+    }
+}

@@ -1,0 +1,669 @@
+/*
+ * TurboQuant kernels on CUDA; contracts in turboquant_params.h.
+ *
+ * Row kernels (hadamard_quantize_kv, tq_dequantize_kv, fwht,
+ * fwht_sign_premult, fwht_sign_undo): one warp per row, lane l holding the
+ * E = D/32 consecutive coordinates [l*E, l*E + E). The FWHT runs its stages
+ * in the codec's order (in-lane stages first, then one shuffle per stage),
+ * each output an add or subtract of the same two operands as on the CPU, so
+ * every backend gets the same bits. The codec's arithmetic is spelled with
+ * _rn intrinsics, which the compiler never contracts into FMAs; its sums run
+ * in the codec's order (8 partial sums, one lane each, then the fixed tree).
+ * flash_attn_vec_reduce_tq_hb_undo merges a row with 4 warps, then warp 0
+ * rotates it with the same transform as fwht_sign_undo.
+ *
+ * Decode (flash_attn_vec_tq) follows the dense decode (attn_vec.cu) over
+ * packed codes. Block = 4 warps = one workgroup (iwg, KV head, sequence). A
+ * lane owns 16 coordinates of a row (2*bits bytes of its K codes and of its V
+ * codes); D/16 lanes hold a row, so a warp covers PW = 512/D consecutive rows
+ * per load, U loads per step. Each warp streams its rows' codes and scales
+ * with 16-byte cp.async copies into its own share of a STAGES-deep ring in
+ * shared memory, issued STAGES-1 steps ahead (the bytes in flight cost no
+ * registers); lanes read their codes back, unpack them in registers and look
+ * the values up in the codebooks in shared memory (16 entries at 4 bits:
+ * conflict-free). GT query heads of the GQA group share every code read. Each
+ * row group keeps its own online-softmax state (log2 domain, rescaled only
+ * when its maximum grows); the block merges them at the end as attn_vec.cu
+ * does, in a merge area that overlays the ring.
+ */
+#include "pyfa_cuda.cuh"
+#include "attn_vec_reduce.cuh"
+
+constexpr int hadamard_quantize_kv_max_threads = 32;
+constexpr int tq_dequantize_kv_max_threads = 32;
+constexpr int fwht_max_threads = 32;
+constexpr int fwht_sign_premult_max_threads = 32;
+constexpr int fwht_sign_undo_max_threads = 32;
+constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 128;
+constexpr int flash_attn_vec_tq_max_threads = 128;
+/* Blocks per SM the decode kernel's registers allow: 4 caps them at 128 (no
+ * spills when K and V bits are equal; a few dozen bytes otherwise). */
+#ifndef PYFA_TQ_VEC_MIN_BLOCKS
+#define PYFA_TQ_VEC_MIN_BLOCKS 4
+#endif
+#ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq 1
+#else
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq PYFA_TQ_VEC_MIN_BLOCKS
+#endif
+
+/* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
+ * sizes shared memory with the same values): query heads per pass, row loads
+ * per lane and step, and the depth of the cp.async ring. */
+#ifndef PYFA_TQ_VEC_HEADS
+#define PYFA_TQ_VEC_HEADS 2
+#endif
+#ifndef PYFA_TQ_VEC_ROWS_PER_STEP
+#define PYFA_TQ_VEC_ROWS_PER_STEP 2
+#endif
+#ifndef PYFA_TQ_VEC_STAGES
+#define PYFA_TQ_VEC_STAGES 4
+#endif
+
+namespace tq {
+
+/* Sign of coordinate i of stream `stream`: bit 63 of splitmix64 output number (stream << 32 | i) + 1. */
+__device__ __forceinline__ bool sign_negative(uint64_t seed, uint32_t stream, uint32_t i) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * ((((uint64_t)stream << 32) | i) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = z ^ (z >> 31);
+    return (z >> 63) != 0;
+}
+
+__device__ __forceinline__ uint64_t seed64(uint32_t lo, uint32_t hi) { return (uint64_t)lo | (uint64_t)hi << 32; }
+
+/* u[k] *= s[lane*E + k] (exact: a sign flip). */
+template <int E>
+__device__ __forceinline__ void apply_signs(float (&u)[E], uint64_t seed, uint32_t stream, int lane) {
+#pragma unroll
+    for (int k = 0; k < E; k++)
+        if (sign_negative(seed, stream, (uint32_t)(lane * E + k))) u[k] = -u[k];
+}
+
+/* Unnormalised FWHT of a warp's row, natural order, stages h = 1, 2, .. D/2. */
+template <int E>
+__device__ __forceinline__ void fwht_warp(float (&u)[E], int lane) {
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int k = 0; k < E; k++)
+            if ((k & h) == 0) {
+                const float a = u[k], b = u[k + h];
+                u[k] = __fadd_rn(a, b);
+                u[k + h] = __fsub_rn(a, b);
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) { /* h = m * E: the partner holds the same k */
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const float other = __shfl_xor_sync(0xffffffffu, u[k], m);
+            u[k] = upper ? __fsub_rn(other, u[k]) : __fadd_rn(u[k], other);
+        }
+    }
+}
+
+/* sum_i a[i]*b[i] of two shared rows in the codec's order: lane l < 8 sums
+ * a[8k+l]*b[8k+l] over k ascending, then ((p0+p4)+(p1+p5))+((p2+p6)+(p3+p7)).
+ * Every lane of the warp gets the result. */
+template <int D>
+__device__ __forceinline__ float dot_codec(const float *a, const float *b, int lane) {
+    float p = 0.0f;
+    if (lane < 8)
+        for (int k = 0; k < D / 8; k++) p = __fadd_rn(p, __fmul_rn(a[8 * k + lane], b[8 * k + lane]));
+    p = __fadd_rn(p, __shfl_down_sync(0xffffffffu, p, 4)); /* lanes 0..3: p_l + p_{l+4} */
+    p = __fadd_rn(p, __shfl_down_sync(0xffffffffu, p, 1)); /* lanes 0, 2: pairs */
+    p = __fadd_rn(p, __shfl_down_sync(0xffffffffu, p, 2)); /* lane 0: the tree */
+    return __shfl_sync(0xffffffffu, p, 0);
+}
+
+/* The three transforms of turboquant_params.h on a warp's row; one copy
+ * serves fwht_sign_undo and the fused reduce + undo. */
+template <int D>
+__device__ __forceinline__ void transform_warp(float (&u)[D / 32], uint32_t transform, uint64_t seed,
+                                               uint32_t stream, int lane) {
+    if (transform == PYFA_TQ_FWHT_SIGN_PREMULT) apply_signs(u, seed, stream, lane);
+    fwht_warp(u, lane);
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn((float)D));
+#pragma unroll
+    for (int k = 0; k < D / 32; k++) u[k] = __fmul_rn(u[k], r);
+    if (transform == PYFA_TQ_FWHT_SIGN_UNDO) apply_signs(u, seed, stream, lane);
+}
+
+/* Index of coordinate i of a packed row: bits [BITS*i, BITS*i + BITS) of the
+ * row read as a little-endian bit stream (the packing of turboquant_params.h). */
+template <int BITS>
+__device__ __forceinline__ uint32_t code_from_bytes(const uint8_t *row, uint32_t i) {
+    const uint32_t bit = BITS * i, byte = bit >> 3, sh = bit & 7;
+    uint32_t w = row[byte];
+    if (sh + BITS > 8) w |= (uint32_t)row[byte + 1] << 8;
+    return (w >> sh) & ((1u << BITS) - 1);
+}
+
+} // namespace tq
+
+/* ------------------------------------------------------------------ FWHT kernels */
+
+template <int SDT, int D>
+__device__ __forceinline__ void tq_fwht_row(const pyfa_cuda_args &a, uint32_t transform) {
+    constexpr int E = D / 32;
+    const pyfa_tq_fwht_params &p = pyfa_param<pyfa_tq_fwht_params>(a, PYFA_TQ_FWHT_ARG_PARAMS);
+    const int lane = threadIdx.x & 31;
+    const size_t row = blockIdx.x;
+    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_FWHT_ARG_SRC) + row * D * ESZ;
+    float u[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<SDT>(src, lane * E + k);
+    tq::transform_warp<D>(u, transform, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
+    float *dst = pyfa_ptr<float>(a, PYFA_TQ_FWHT_ARG_DST) + row * D;
+#pragma unroll
+    for (int k = 0; k < E; k++) dst[lane * E + k] = u[k];
+}
+
+template <int SDT, int D>
+__device__ void fwht_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_PLAIN); }
+template <int SDT, int D>
+__device__ void fwht_sign_premult_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_SIGN_PREMULT); }
+template <int SDT, int D>
+__device__ void fwht_sign_undo_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_SIGN_UNDO); }
+
+/* flash_attn_vec_reduce of row blockIdx.x, then fwht_sign_undo of it: the
+ * reduce's per-element function (attn_vec_reduce.cuh) and the undo's
+ * transform (tq::transform_warp), so the bits equal the two kernels'. Every
+ * thread merges elements as the reduce kernel does (the loads over nwg
+ * partials are the latency); warp 0 then rotates the row. */
+template <int D>
+__device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
+    constexpr int E = D / 32;
+    const pyfa_tq_reduce_undo_params &p = pyfa_param<pyfa_tq_reduce_undo_params>(a, PYFA_REDUCE_ARG_PARAMS);
+    __shared__ float s_row[D];
+    __shared__ float weight[PYFA_REDUCE_MAX_NWG];
+    const uint32_t row = blockIdx.x, nwg = p.reduce.nwg < PYFA_REDUCE_MAX_NWG ? p.reduce.nwg : PYFA_REDUCE_MAX_NWG;
+    const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
+    const float *sm = tmp + (size_t)p.reduce.nrows * p.reduce.nwg * D + (size_t)row * p.reduce.nwg * 2;
+    const float *part = tmp + (size_t)row * p.reduce.nwg * D;
+    attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { s_row[e] = x; });
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    float u[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = s_row[lane * E + k];
+    tq::transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_UNDO, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
+    float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
+#pragma unroll
+    for (int k = 0; k < E; k++) o[lane * E + k] = u[k];
+}
+
+/* ------------------------------------------------------------------ codec */
+
+#ifdef PYFA_COMPILE_CHECK /* one encoder per (bits, head dim) behind a call, whatever the input dtype */
+#define PYFA_TQ_ENCODE_INLINE __noinline__
+#else
+#define PYFA_TQ_ENCODE_INLINE __forceinline__
+#endif
+
+/* Encodes the row s_x (f32, shared) into token blockIdx.x of KV head blockIdx.y. */
+template <int BITS, int D>
+__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, const float *s_x) {
+    constexpr int E = D / 32, L = 1 << BITS;
+    const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
+    const float *cb = &pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK);
+    __shared__ float s_th[L], s_t[D], s_c[D];
+    __shared__ uint8_t s_idx[D];
+    const int lane = threadIdx.x & 31;
+    const uint32_t x = blockIdx.x, y = blockIdx.y;
+    for (int k = lane; k < L; k += 32) s_th[k] = k == 0 ? -INFINITY : __fmul_rn(__fadd_rn(cb[k - 1], cb[k]), 0.5f);
+    __syncthreads();
+
+    const uint64_t seed = tq::seed64(p.seed_lo, p.seed_hi);
+    float u[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = s_x[lane * E + k];
+    tq::apply_signs(u, seed, p.stream, lane);
+    tq::fwht_warp(u, lane);
+    const float norm = __fsqrt_rn(tq::dot_codec<D>(s_x, s_x, lane));
+    const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+        const float t = __fmul_rn(u[k], inv);
+        uint32_t idx = 0;
+        if constexpr (L <= 16) { /* #{k : th[k] < t} */
+#pragma unroll
+            for (int j = 1; j < L; j++) idx += s_th[j] < t ? 1u : 0u;
+        } else { /* the same count by binary search over the sorted thresholds */
+#pragma unroll
+            for (uint32_t step = L / 2; step > 0; step /= 2) idx += s_th[idx + step] < t ? step : 0u;
+        }
+        s_t[lane * E + k] = t;
+        s_c[lane * E + k] = cb[idx];
+        s_idx[lane * E + k] = (uint8_t)idx;
+    }
+    __syncthreads();
+
+    uint32_t slot = p.write_pos + x;
+    if (slot >= p.kv_capacity) slot -= p.kv_capacity;
+    const size_t r = ((size_t)p.sequence * p.num_kv_heads + y) * p.kv_capacity + slot;
+    uint8_t *codes = pyfa_ptr<uint8_t>(a, PYFA_TQ_QUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
+    for (int g = lane; g < D / 8; g += 32) {
+        uint64_t w = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) w |= (uint64_t)s_idx[8 * g + j] << (BITS * j);
+#pragma unroll
+        for (int k = 0; k < BITS; k++) codes[g * BITS + k] = (uint8_t)(w >> (8 * k));
+    }
+    float scale = norm;
+    if (p.norm_correction == PYFA_TQ_NORM_PRESERVING) {
+        const float q2 = tq::dot_codec<D>(s_c, s_c, lane);
+        if (q2 > 0.0f) scale = __fmul_rn(norm, __fsqrt_rn(__fdiv_rn((float)D, q2)));
+    } else if (p.norm_correction == PYFA_TQ_NORM_UNBIASED) {
+        const float ct = tq::dot_codec<D>(s_c, s_t, lane);
+        if (ct > 0.0f) scale = __fmul_rn(norm, __fdiv_rn((float)D, ct));
+    }
+    if (lane == 0) pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES)[r] = scale;
+}
+
+/* Token blockIdx.x of KV head blockIdx.y (one warp): the row widened to f32
+ * (exact), then encoded. */
+template <int SDT, int BITS, int D>
+__device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
+    const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
+    __shared__ float s_x[D];
+    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) +
+                      ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
+    tq_encode_row<BITS, D>(a, s_x); /* its first barrier publishes s_x */
+}
+
+/* Decodes slot (first_slot + blockIdx.x) mod kv_capacity of KV head blockIdx.y
+ * into the original domain: x~ = s . FWHT(c[idx]) * (scale / D). */
+template <int BITS, int D>
+__device__ void tq_dequantize_kv_body(const pyfa_cuda_args &a) {
+    constexpr int E = D / 32;
+    const pyfa_tq_dequantize_params &p = pyfa_param<pyfa_tq_dequantize_params>(a, PYFA_TQ_DEQUANT_ARG_PARAMS);
+    const float *cb = &pyfa_param<float>(a, PYFA_TQ_DEQUANT_ARG_CODEBOOK);
+    const int lane = threadIdx.x & 31;
+    const uint32_t x = blockIdx.x, y = blockIdx.y;
+    uint32_t slot = p.first_slot + x;
+    if (slot >= p.kv_capacity) slot -= p.kv_capacity;
+    const size_t r = ((size_t)p.sequence * p.num_kv_heads + y) * p.kv_capacity + slot;
+    const uint8_t *codes = pyfa_ptr<const uint8_t>(a, PYFA_TQ_DEQUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
+    const float scale = pyfa_ptr<const float>(a, PYFA_TQ_DEQUANT_ARG_SCALES)[r];
+    float u[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = cb[tq::code_from_bytes<BITS>(codes, lane * E + k)];
+    tq::fwht_warp(u, lane);
+    const float f = __fdiv_rn(scale, (float)D);
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = __fmul_rn(u[k], f);
+    tq::apply_signs(u, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
+    float *out = pyfa_ptr<float>(a, PYFA_TQ_DEQUANT_ARG_OUT) + ((size_t)x * p.num_kv_heads + y) * D;
+#pragma unroll
+    for (int k = 0; k < E; k++) out[lane * E + k] = u[k];
+}
+
+/* ------------------------------------------------------------------ decode */
+
+namespace tq_vec {
+constexpr int NW = 4;                         /* warps per block */
+constexpr int E = 16;                         /* coordinates per lane and row */
+constexpr int GT = PYFA_TQ_VEC_HEADS;         /* query heads per pass */
+constexpr int U = PYFA_TQ_VEC_ROWS_PER_STEP;  /* row loads per lane and step */
+constexpr int STAGES = PYFA_TQ_VEC_STAGES;    /* ring depth of the cp.async pipeline */
+constexpr int CB_FLOATS = 2 * 256;            /* both codebooks, each padded to 256 entries */
+static_assert(U % 2 == 0, "U even keeps every ring region 16-byte aligned");
+
+/* Geometry of one (K bits, V bits, D). A warp's share of a ring stage holds,
+ * for each u, the K codes of its PW rows, then their V codes, then the rows'
+ * K and V scales. */
+template <int KB, int VB, int D>
+struct shape {
+    static constexpr int LPR = D / E;                   /* lanes per row */
+    static constexpr int PW = 32 / LPR;                 /* rows per warp and load */
+    static constexpr int STEP = U * NW * PW;            /* positions per block step */
+    static constexpr int KROW = D * KB / 8, VROW = D * VB / 8;
+    static constexpr int KCH = KROW % 16 == 0 ? 16 : 8; /* copy size: never straddles two rows */
+    static constexpr int VCH = VROW % 16 == 0 ? 16 : 8;
+    static constexpr int K_OFF = 0, V_OFF = U * PW * KROW, S_OFF = V_OFF + U * PW * VROW;
+    static constexpr int WARP_BYTES = S_OFF + U * 2 * PW * 4;
+    static constexpr int RING_BYTES = STAGES * NW * WARP_BYTES;
+    static constexpr int MERGE_BYTES = NW * PW * GT * D * 4;
+    /* Dynamic shared memory: codebooks, (m, s) pairs, then the ring, which the merge area overlays. */
+    static constexpr int MS_FLOATS = NW * PW * GT * 2;
+    static constexpr int SMEM_BYTES = (CB_FLOATS + MS_FLOATS) * 4 + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+};
+
+/* A lane's share of a packed row: 2*BITS bytes in WORDS 32-bit words. */
+template <int BITS>
+struct lane_codes {
+    static constexpr int WORDS = (2 * BITS + 3) / 4;
+};
+
+/* A lane's 2*BITS code bytes from shared memory (aligned to their size; 3 bits: to 2). */
+template <int BITS>
+__device__ __forceinline__ void lds_codes(const char *ptr, uint32_t *w) {
+    if constexpr (BITS == 8) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(ptr);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (BITS == 4) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(ptr);
+        w[0] = v.x, w[1] = v.y;
+    } else if constexpr (BITS == 2) {
+        w[0] = *reinterpret_cast<const uint32_t *>(ptr);
+    } else {
+        const uint16_t *h = reinterpret_cast<const uint16_t *>(ptr);
+        w[0] = (uint32_t)h[0] | (uint32_t)h[1] << 16;
+        w[1] = h[2];
+    }
+}
+
+/* Index j (0..15) of a lane's codes: bits [BITS*j, BITS*j + BITS) of its words. */
+template <int BITS>
+__device__ __forceinline__ uint32_t code_at(const uint32_t *w, int j) {
+    const int bit = BITS * j, word = bit >> 5, sh = bit & 31;
+    if (sh + BITS <= 32) return (w[word] >> sh) & ((1u << BITS) - 1);
+    return __funnelshift_r(w[word], w[word + 1], sh) & ((1u << BITS) - 1);
+}
+
+/* Asynchronous global -> shared copy of N = 4, 8 or 16 bytes; bytes == 0 writes zeros. */
+template <int N>
+__device__ __forceinline__ void cp_async(void *smem_dst, const void *src, uint32_t bytes) {
+    if constexpr (N == 16) {
+        pyfa_cp_async16(smem_dst, src, bytes);
+    } else {
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem_dst);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(bytes) : "memory");
+    }
+}
+
+/* Copies the PW rows starting at position `first` (row bytes ROW, chunks of CH)
+ * into dst; rows at or past `end` become zeros and are not read. */
+template <int ROW, int CH, int PW>
+__device__ __forceinline__ void copy_rows(char *dst, const uint8_t *head, uint32_t first, uint32_t end, uint32_t ring,
+                                          uint32_t cap, int lane) {
+    constexpr int CPR = ROW / CH, N = PW * CPR;
+#pragma unroll
+    for (int c0 = 0; c0 < N; c0 += 32) {
+        const int c = c0 + lane;
+        if (N % 32 == 0 || c < N) {
+            const uint32_t pos = first + c / CPR;
+            uint32_t slot = pos + ring;
+            slot = slot >= cap ? slot - cap : slot;
+            const bool live = pos < end;
+            const uint8_t *src = head + (live ? (size_t)slot * ROW + (c % CPR) * CH : 0);
+            cp_async<CH>(dst + c * CH, src, live ? (uint32_t)CH : 0u);
+        }
+    }
+}
+} // namespace tq_vec
+
+#ifdef PYFA_COMPILE_CHECK
+#define PYFA_TQ_VEC_IMPL_INLINE __noinline__
+#else
+#define PYFA_TQ_VEC_IMPL_INLINE __forceinline__
+#endif
+
+namespace tq_vec {
+/* Per-lane partial dots of the U rows' K codes with the GT heads' q slices
+ * (heads at or past gn give 0). Behind a call in the compile check, so its
+ * unrolled body compiles once per bit width. */
+template <int KB>
+__device__ PYFA_TQ_VEC_IMPL_INLINE void partial_scores(const float (&q)[GT][E], const uint32_t (&kc)[U][lane_codes<KB>::WORDS],
+                                                       const float *s_cbk, uint32_t gn, float (&sc)[U][GT]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[E];
+#pragma unroll
+        for (int j = 0; j < E; j++) kf[j] = s_cbk[code_at<KB>(kc[u], j)];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            float d0 = 0.0f, d1 = 0.0f;
+            if ((uint32_t)g < gn) {
+#pragma unroll
+                for (int j = 0; j < E; j += 2) {
+                    d0 = fmaf(q[g][j], kf[j], d0);
+                    d1 = fmaf(q[g][j + 1], kf[j + 1], d1);
+                }
+            }
+            sc[u][g] = d0 + d1;
+        }
+    }
+}
+
+/* acc[g] += wt[u][g] * c_V[codes of row u], rows in order, for heads below gn. */
+template <int VB>
+__device__ PYFA_TQ_VEC_IMPL_INLINE void accumulate_values(float (&acc)[GT][E], const uint32_t (&vc)[U][lane_codes<VB>::WORDS],
+                                                          const float *s_cbv, uint32_t gn, const float (&wt)[U][GT]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[E];
+#pragma unroll
+        for (int j = 0; j < E; j++) vf[j] = s_cbv[code_at<VB>(vc[u], j)];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            if ((uint32_t)g < gn) {
+#pragma unroll
+                for (int j = 0; j < E; j++) acc[g][j] = fmaf(wt[u][g], vf[j], acc[g][j]);
+            }
+        }
+    }
+}
+} // namespace tq_vec
+
+template <int KB, int VB, int D>
+__device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
+                                                               const bool DIRECT) {
+    using namespace tq_vec;
+    using S = shape<KB, VB, D>;
+    constexpr int LPR = S::LPR, PW = S::PW, STEP = S::STEP, KROW = S::KROW, VROW = S::VROW;
+    constexpr int KW = lane_codes<KB>::WORDS, VW = lane_codes<VB>::WORDS;
+    const pyfa_flash_attn_vec_tq_params &tp = pyfa_param<pyfa_flash_attn_vec_tq_params>(a, PYFA_VEC_ARG_PARAMS);
+    const pyfa_flash_attn_vec_params &p = tp.attn;
+
+    extern __shared__ __align__(16) float smem[];
+    { /* the plan's size (CUDAPlan.tqVecSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
+        uint32_t dynamic_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+        if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
+    }
+    float *s_cbk = smem, *s_cbv = smem + 256, *s_ms = smem + CB_FLOATS;
+    char *s_ring = reinterpret_cast<char *>(smem + CB_FLOATS + S::MS_FLOATS);
+    float *s_acc = reinterpret_cast<float *>(s_ring); /* [state][GT][D], state = warp * PW + row group */
+    {
+        const float *cbk = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
+        const float *cbv = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_V_CODEBOOK);
+        for (int i = threadIdx.x; i < (1 << KB); i += blockDim.x) s_cbk[i] = cbk[i];
+        for (int i = threadIdx.x; i < (1 << VB); i += blockDim.x) s_cbv[i] = cbv[i];
+    }
+    __syncthreads();
+
+    const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rg = lane / LPR, sub = lane % LPR;
+    const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
+
+    /* Lengths may be device-resident and unchecked: clamp them into range. */
+    uint32_t kv_len = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
+    uint32_t ring = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
+    kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
+    ring = ring < cap ? ring : 0;
+
+    const uint32_t lo = (p.window && kv_len > p.window) ? kv_len - p.window : 0;
+    const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
+    const uint64_t c0 = (uint64_t)iwg * chunk, c1 = c0 + chunk;
+    const uint32_t begin = lo + (uint32_t)(c0 < n ? c0 : n), end = lo + (uint32_t)(c1 < n ? c1 : n);
+
+    const size_t head_rows = ((size_t)b * p.num_kv_heads + kvh) * cap;
+    const uint8_t *khead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * KROW;
+    const uint8_t *vhead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * VROW;
+    const float *kscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_K_SCALES) + head_rows;
+    const float *vscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_V_SCALES) + head_rows;
+    const float *qrot = pyfa_ptr<const float>(a, PYFA_VEC_ARG_Q);
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
+
+    /* This warp's share of ring stage `stage`. */
+    auto warp_stage = [&](int stage) { return s_ring + (stage * NW + warp) * S::WARP_BYTES; };
+    /* Copies this warp's rows of the step at `base` (positions base + u*NW*PW + warp*PW + r). */
+    auto issue = [&](uint32_t base, int stage) {
+        char *w = warp_stage(stage);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint32_t first = base + u * NW * PW + warp * PW;
+            copy_rows<KROW, S::KCH, PW>(w + S::K_OFF + u * PW * KROW, khead, first, end, ring, cap, lane);
+            copy_rows<VROW, S::VCH, PW>(w + S::V_OFF + u * PW * VROW, vhead, first, end, ring, cap, lane);
+            if (lane < 2 * PW) { /* lanes 0..PW-1: K scales, PW..2PW-1: V scales */
+                const int r = lane % PW;
+                const uint32_t pos = first + r;
+                uint32_t slot = pos + ring;
+                slot = slot >= cap ? slot - cap : slot;
+                const bool live = pos < end;
+                const float *src = (lane < PW ? kscales : vscales) + (live ? slot : 0);
+                cp_async<4>(w + S::S_OFF + (u * 2 * PW + lane) * 4, src, live ? 4u : 0u);
+            }
+        }
+        pyfa_cp_async_commit();
+    };
+
+    for (uint32_t g0 = 0; g0 < G; g0 += GT) {
+        const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
+        float q[GT][E], acc[GT][E], m[GT], s[GT];
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
+            const bool live = (uint32_t)g < gn;
+#pragma unroll
+            for (int t = 0; t < E; t += 2) { /* q_rot sits at an 8-byte aligned offset of tmp */
+                const float2 v = live ? *reinterpret_cast<const float2 *>(qrot + row * D + sub * E + t)
+                                      : make_float2(0.0f, 0.0f);
+                q[g][t] = v.x * qscale, q[g][t + 1] = v.y * qscale;
+            }
+#pragma unroll
+            for (int t = 0; t < E; t++) acc[g][t] = 0.0f;
+            m[g] = -INFINITY;
+            s[g] = 0.0f;
+        }
+
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) issue(begin + st * STEP, st);
+        int stage = 0;
+        for (uint32_t base = begin; base < end; base += STEP) {
+            __syncwarp(); /* every lane is done reading the stage the next issue overwrites */
+            issue(base + (STAGES - 1) * STEP, stage == 0 ? STAGES - 1 : stage - 1);
+            pyfa_cp_async_wait<STAGES - 1>();
+            __syncwarp(); /* the stage's bytes, copied by all lanes, are visible to all */
+            const char *w = warp_stage(stage);
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+            uint32_t kc[U][KW], vc[U][VW];
+            float ks[U], vs[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                lds_codes<KB>(w + S::K_OFF + u * PW * KROW + rg * KROW + sub * (2 * KB), kc[u]);
+                lds_codes<VB>(w + S::V_OFF + u * PW * VROW + rg * VROW + sub * (2 * VB), vc[u]);
+                const float *sp = reinterpret_cast<const float *>(w + S::S_OFF) + u * 2 * PW; /* K, then V scales */
+                ks[u] = sp[rg] * inv_sqrt_d;
+                vs[u] = sp[PW + rg] * inv_sqrt_d;
+            }
+            /* Scores: per-lane partial dots of the (row, head) pairs, summed over the row's lanes. */
+            float sc[U][GT];
+            partial_scores<KB>(q, kc, s_cbk, gn, sc);
+#pragma unroll
+            for (int o = 1; o < LPR; o <<= 1)
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int g = 0; g < GT; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const bool live = base + u * NW * PW + warp * PW + rg < end;
+#pragma unroll
+                for (int g = 0; g < GT; g++) {
+                    float x = sc[u][g] * ks[u];
+                    if (SOFTCAP) x = p.softcap * tanhf(x * p.scale / p.softcap) * PYFA_LOG2E;
+                    sc[u][g] = live ? x : -INFINITY;
+                }
+            }
+            /* Online softmax per row group; the accumulators rescale only when the maximum grows. */
+            float wt[U][GT];
+#pragma unroll
+            for (int g = 0; g < GT; g++) {
+                if ((uint32_t)g >= gn) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) wt[u][g] = 0.0f;
+                    continue;
+                }
+                float mx = sc[0][g];
+#pragma unroll
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, sc[u][g]);
+                if (mx > m[g]) {
+                    const float alpha = exp2f(m[g] - mx);
+                    s[g] *= alpha;
+#pragma unroll
+                    for (int t = 0; t < E; t++) acc[g][t] *= alpha;
+                    m[g] = mx;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const float e = m[g] == -INFINITY ? 0.0f : exp2f(sc[u][g] - m[g]);
+                    s[g] += e;
+                    wt[u][g] = e * vs[u];
+                }
+            }
+            accumulate_values<VB>(acc, vc, s_cbv, gn, wt);
+        }
+
+        /* Merge the row groups' states: each publishes, then all threads combine.
+         * The merge area overlays the ring: drain the (zero-fill) copies first. */
+        pyfa_cp_async_wait<0>();
+        __syncthreads();
+        const int state = warp * PW + rg;
+#pragma unroll
+        for (int g = 0; g < GT; g++) {
+            float4 *dst = reinterpret_cast<float4 *>(s_acc + (state * GT + g) * D + sub * E);
+#pragma unroll
+            for (int t = 0; t < E; t += 4) dst[t / 4] = make_float4(acc[g][t], acc[g][t + 1], acc[g][t + 2], acc[g][t + 3]);
+            if (sub == 0) {
+                s_ms[(state * GT + g) * 2] = m[g];
+                s_ms[(state * GT + g) * 2 + 1] = s[g];
+            }
+        }
+        __syncthreads();
+        const uint32_t nrows = p.batch * p.num_heads;
+        for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
+            const uint32_t g = i / D, e = i % D;
+            float M = -INFINITY;
+#pragma unroll 8
+            for (int st = 0; st < NW * PW; st++) M = fmaxf(M, s_ms[(st * GT + g) * 2]);
+            float o = 0.0f, total = 0.0f;
+            if (M != -INFINITY) {
+#pragma unroll 8
+                for (int st = 0; st < NW * PW; st++) {
+                    const float f = exp2f(s_ms[(st * GT + g) * 2] - M);
+                    total += s_ms[(st * GT + g) * 2 + 1] * f;
+                    o += s_acc[(st * GT + g) * D + e] * f;
+                }
+            }
+            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
+            if (DIRECT) {
+                pyfa_ptr<float>(a, PYFA_VEC_ARG_OUT)[row * D + e] = total > 0.0f ? o / total : 0.0f;
+            } else {
+                float *tmp = pyfa_ptr<float>(a, PYFA_VEC_ARG_TMP);
+                tmp[(row * nwg + iwg) * D + e] = o;
+                if (e == 0) {
+                    float *sm = tmp + (size_t)nrows * nwg * D + (row * nwg + iwg) * 2;
+                    sm[0] = total;
+                    sm[1] = M == -INFINITY ? -INFINITY : M * PYFA_LN2;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int KB, int VB, int D, int SOFTCAP, int DIRECT>
+__device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
+    flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0);
+}
