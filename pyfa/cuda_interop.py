@@ -60,7 +60,7 @@ def _torch_dtypes():
     import torch
 
     return {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: dtypes.bfloat16,
-            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
+            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(bool)}
 
 
 def _torch_from_np(name):
