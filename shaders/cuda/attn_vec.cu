@@ -307,34 +307,8 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
             }
         }
         __syncthreads();
-        const uint32_t nrows = p.batch * p.num_heads;
-        for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
-            const uint32_t g = i / D, e = i % D;
-            float M = -INFINITY;
-#pragma unroll
-            for (int r = 0; r < RG; r++) M = fmaxf(M, s_ms[(r * GT + g) * 2]);
-            float o = 0.0f, total = 0.0f;
-            if (M != -INFINITY) {
-#pragma unroll
-                for (int r = 0; r < RG; r++) {
-                    const float f = exp2f(s_ms[(r * GT + g) * 2] - M);
-                    total += s_ms[(r * GT + g) * 2 + 1] * f;
-                    o += s_acc[(r * GT + g) * D + e] * f;
-                }
-            }
-            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
-            if (DIRECT) {
-                pyfa_ptr<float>(a, PYFA_VEC_ARG_OUT)[row * D + e] = total > 0.0f ? o / total : 0.0f;
-            } else {
-                float *tmp = pyfa_ptr<float>(a, PYFA_VEC_ARG_TMP);
-                tmp[(row * nwg + iwg) * D + e] = o;
-                if (e == 0) {
-                    float *sm = tmp + (size_t)nrows * nwg * D + (row * nwg + iwg) * 2;
-                    sm[0] = total;
-                    sm[1] = M == -INFINITY ? -INFINITY : M * PYFA_LN2;
-                }
-            }
-        }
+        attn_vec_write_states<RG, GT, D>(a, s_ms, s_acc, gn, (size_t)b * p.num_heads + (size_t)kvh * G + g0,
+                                           p.batch * p.num_heads, nwg, iwg, DIRECT);
         __syncthreads();
     }
 }

@@ -44,3 +44,43 @@ __device__ __forceinline__ void attn_vec_reduce_row(const float *sm, const float
         store(e, __fmul_rn(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])), inv));
     }
 }
+
+/* The end of one decode workgroup (flash_attn_vec and flash_attn_vec_tq):
+ * merges the STATES partial softmax states each of its gn query heads left
+ * in shared memory — s_ms[(state * GT + g) * 2 + {0, 1}] = (m in the log2
+ * domain, s), s_acc[(state * GT + g) * D + e] = the unnormalised output — and
+ * writes head g0 + g either normalised to out (direct: nwg == 1) or as this
+ * workgroup's partial (o, S, M) in tmp (contract in pyfa_params.h). Every
+ * thread of the block takes part. */
+template <int STATES, int GT, int D>
+__device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, const float *s_ms, const float *s_acc,
+                                                      uint32_t gn, size_t row0, uint32_t nrows, uint32_t nwg,
+                                                      uint32_t iwg, bool direct) {
+    for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
+        const uint32_t g = i / D, e = i % D;
+        float M = -INFINITY;
+#pragma unroll 8
+        for (int st = 0; st < STATES; st++) M = fmaxf(M, s_ms[(st * GT + g) * 2]);
+        float o = 0.0f, total = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll 8
+            for (int st = 0; st < STATES; st++) {
+                const float f = exp2f(s_ms[(st * GT + g) * 2] - M);
+                total += s_ms[(st * GT + g) * 2 + 1] * f;
+                o += s_acc[(st * GT + g) * D + e] * f;
+            }
+        }
+        const size_t row = row0 + g;
+        if (direct) {
+            pyfa_ptr<float>(a, PYFA_VEC_ARG_OUT)[row * D + e] = total > 0.0f ? o / total : 0.0f;
+        } else {
+            float *tmp = pyfa_ptr<float>(a, PYFA_VEC_ARG_TMP);
+            tmp[(row * nwg + iwg) * D + e] = o;
+            if (e == 0) {
+                float *sm = tmp + (size_t)nrows * nwg * D + (row * nwg + iwg) * 2;
+                sm[0] = total;
+                sm[1] = M == -INFINITY ? -INFINITY : M * PYFA_LN2;
+            }
+        }
+    }
+}
