@@ -112,3 +112,35 @@ def test_blk_skips_blocked_tiles(benchmark, kind):
     benchmark.extra_info.update({"gflops": flops / t_blk / 1e9, "gflops_without_blk": flops / t_no / 1e9,
                                  "speedup": t_no / t_blk, "shape": f"B={B} H={H} L={L} D={D} bf16 {kind} causal mask"})
     assert t_no / t_blk >= 1.3, benchmark.extra_info
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_prefill_vs_torch_sdpa(benchmark, D):
+    """pyfa beside torch's CPU SDPA (bf16, causal, L=2048, 2 torch threads) in
+    the same run, when torch is installed. Gate: at least as fast as torch."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    L = 2048 if not benchmark.disabled else 256
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, L, D)).astype(pyfa.bfloat16) for _ in range(3))
+    tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) for x in (q, k, v))
+    device = pyfa.Device("cpu")
+    run = lambda: pyfa.attention(q, k, v, causal=True, device=device)  # noqa: E731
+    benchmark(run)
+    peer = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).float().numpy()
+    assert np.abs(run().astype(np.float32) - peer).max() < 3e-2  # two bf16 roundings of outputs ~1
+    if benchmark.disabled:
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(pyfa.Device("cpu").compute_units)
+    try:
+        t_pyfa = best_time(run, 3)
+        t_torch = best_time(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True), 3)
+    finally:
+        torch.set_num_threads(threads)
+    flops = 4 * B * H * L * L * D * 0.5
+    benchmark.extra_info.update({"gflops": flops / t_pyfa / 1e9, "torch_sdpa_gflops": flops / t_torch / 1e9,
+                                 "ratio_vs_torch": t_torch / t_pyfa, "torch": torch.__version__,
+                                 "shape": f"B={B} H={H} L={L} D={D} bf16 causal"})
+    assert t_torch / t_pyfa >= 1.0, benchmark.extra_info
