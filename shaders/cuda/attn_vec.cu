@@ -119,16 +119,8 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
     const bool active = c < C;
     const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
 
-    /* Lengths may be device-resident and unchecked: clamp them into range. */
-    uint32_t kv_len = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
-    uint32_t ring = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
-    kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
-    ring = ring < cap ? ring : 0;
-
-    const uint32_t lo = (p.window && kv_len > p.window) ? kv_len - p.window : 0;
-    const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
-    const uint64_t c0 = (uint64_t)iwg * chunk, c1 = c0 + chunk;
-    const uint32_t begin = lo + (uint32_t)(c0 < n ? c0 : n), end = lo + (uint32_t)(c1 < n ? c1 : n);
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const uint32_t ring = span.ring, begin = span.begin, end = span.end;
 
     const size_t row_bytes = (size_t)D * ESZ;
     const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;

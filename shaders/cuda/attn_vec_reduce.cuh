@@ -84,3 +84,23 @@ __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, c
         }
     }
 }
+
+/* The logical positions [begin, end) workgroup iwg of sequence b covers, and
+ * the sequence's ring_start, for flash_attn_vec and flash_attn_vec_tq (whose
+ * kv_len / ring_start slots share the decode's numbers). Lengths may be
+ * device-resident and unchecked, so they are clamped into range. */
+struct attn_vec_span {
+    uint32_t ring, begin, end;
+};
+
+__device__ __forceinline__ attn_vec_span attn_vec_workgroup_span(const pyfa_cuda_args &a, uint32_t b, uint32_t cap,
+                                                                 uint32_t window, uint32_t nwg, uint32_t iwg) {
+    uint32_t kv_len = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
+    uint32_t ring = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
+    kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
+    ring = ring < cap ? ring : 0;
+    const uint32_t lo = (window && kv_len > window) ? kv_len - window : 0;
+    const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
+    const uint64_t c0 = (uint64_t)iwg * chunk, c1 = c0 + chunk;
+    return {ring, lo + (uint32_t)(c0 < n ? c0 : n), lo + (uint32_t)(c1 < n ? c1 : n)};
+}
