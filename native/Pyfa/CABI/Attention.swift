@@ -21,8 +21,7 @@ public func pyfa_flash_attn_vec_impl(_ encoder: OpaquePointer?, _ params: Unsafe
                                      _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try FlashAttnVec.encode(e, params.pointee, q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
+        try FlashAttnVec.encode(e, try value(params, "params"), q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
                                 kvLen: optionalObject(kvLen), ringStart: optionalObject(ringStart),
                                 tmp: optionalObject(tmp), out: optionalObject(out))
     }

@@ -21,8 +21,7 @@ public func pyfa_flash_attn_prefill_blk_impl(_ encoder: OpaquePointer?,
                                              _ dtype: Int32, _ mask: OpaquePointer?, _ blk: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try FlashAttnPrefill.encodeBlk(e, params.pointee, dtype: try DType(code: dtype),
+        try FlashAttnPrefill.encodeBlk(e, try value(params, "params"), dtype: try DType(code: dtype),
                                        mask: optionalObject(mask), blk: optionalObject(blk))
     }
 }
@@ -35,8 +34,7 @@ public func pyfa_flash_attn_prefill_impl(_ encoder: OpaquePointer?,
                                          _ lse: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try FlashAttnPrefill.encode(e, params.pointee, q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
+        try FlashAttnPrefill.encode(e, try value(params, "params"), q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
                                     mask: optionalObject(mask), blk: optionalObject(blk), out: optionalObject(out),
                                     lse: optionalObject(lse))
     }
@@ -48,8 +46,7 @@ public func pyfa_merge_attention_states_impl(_ encoder: OpaquePointer?, _ params
                                              _ lseB: OpaquePointer?, _ out: OpaquePointer?, _ lseOut: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try MergeAttentionStates.encode(e, params.pointee, oA: optionalObject(oA), lseA: optionalObject(lseA),
+        try MergeAttentionStates.encode(e, try value(params, "params"), oA: optionalObject(oA), lseA: optionalObject(lseA),
                                         oB: optionalObject(oB), lseB: optionalObject(lseB), out: optionalObject(out),
                                         lseOut: optionalObject(lseOut))
     }

@@ -42,6 +42,12 @@ func releaseHandle<T: AnyObject>(_ handle: OpaquePointer?, as: T.Type) {
     Unmanaged<T>.fromOpaque(UnsafeRawPointer(handle)).release()
 }
 
+/// The struct a const pointer argument points at.
+func value<T>(_ p: UnsafePointer<T>?, _ what: String) throws -> T {
+    guard let p else { throw PyfaError.invalid("\(what): NULL") }
+    return p.pointee
+}
+
 func string(_ p: UnsafePointer<CChar>?, _ what: String) throws -> String {
     guard let p else { throw PyfaError.invalid("\(what): NULL string") }
     return String(cString: p)

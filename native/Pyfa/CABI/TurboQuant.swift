@@ -9,8 +9,7 @@ public func pyfa_hadamard_quantize_kv_impl(_ encoder: OpaquePointer?, _ params: 
                                            _ scales: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try TurboQuant.encodeQuantize(e, params.pointee, src: optionalObject(src), codes: optionalObject(codes),
+        try TurboQuant.encodeQuantize(e, try value(params, "params"), src: optionalObject(src), codes: optionalObject(codes),
                                       scales: optionalObject(scales))
     }
 }
@@ -21,8 +20,7 @@ public func pyfa_tq_dequantize_kv_impl(_ encoder: OpaquePointer?, _ params: Unsa
                                        _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try TurboQuant.encodeDequantize(e, params.pointee, codes: optionalObject(codes), scales: optionalObject(scales),
+        try TurboQuant.encodeDequantize(e, try value(params, "params"), codes: optionalObject(codes), scales: optionalObject(scales),
                                         out: optionalObject(out))
     }
 }
@@ -32,8 +30,7 @@ public func pyfa_fwht_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<py
                            _ src: OpaquePointer?, _ dst: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try TurboQuant.encodeFwht(e, params.pointee, src: optionalObject(src), dst: optionalObject(dst))
+        try TurboQuant.encodeFwht(e, try value(params, "params"), src: optionalObject(src), dst: optionalObject(dst))
     }
 }
 
@@ -59,8 +56,7 @@ public func pyfa_flash_attn_vec_tq_impl(_ encoder: OpaquePointer?, _ params: Uns
                                         _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let params else { throw PyfaError.invalid("params: NULL") }
-        try FlashAttnVecTQ.encode(e, params.pointee, q: optionalObject(q), kCodes: optionalObject(kCodes),
+        try FlashAttnVecTQ.encode(e, try value(params, "params"), q: optionalObject(q), kCodes: optionalObject(kCodes),
                                   kScales: optionalObject(kScales), vCodes: optionalObject(vCodes),
                                   vScales: optionalObject(vScales), kvLen: optionalObject(kvLen),
                                   ringStart: optionalObject(ringStart), tmp: optionalObject(tmp),

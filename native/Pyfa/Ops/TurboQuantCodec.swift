@@ -45,13 +45,19 @@ public enum TurboQuant {
 
     // MARK: encoder / decoder
 
+    /// The rules hadamard_quantize_kv and tq_dequantize_kv share.
+    static func checkRowShape(heads: UInt32, headDim: UInt32, bits: UInt32, stream: UInt32, capacity: UInt32) throws {
+        try require(heads > 0, "num_kv_heads: must be > 0")
+        try checkHeadDim(headDim)
+        try checkBits(bits, "bits")
+        try checkStream(stream)
+        try require(capacity > 0, "kv_capacity: must be > 0")
+    }
+
     public static func encodeQuantize(_ encoder: CommandEncoder, _ p: pyfa_tq_quantize_params,
                                       src: Buffer?, codes: Buffer?, scales: Buffer?) throws {
-        try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
-        try checkHeadDim(p.head_dim)
-        try checkBits(p.bits, "bits")
-        try checkStream(p.stream)
-        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try checkRowShape(heads: p.num_kv_heads, headDim: p.head_dim, bits: p.bits, stream: p.stream,
+                          capacity: p.kv_capacity)
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
                     "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
         try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")
@@ -77,11 +83,8 @@ public enum TurboQuant {
 
     public static func encodeDequantize(_ encoder: CommandEncoder, _ p: pyfa_tq_dequantize_params,
                                         codes: Buffer?, scales: Buffer?, out: Buffer?) throws {
-        try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
-        try checkHeadDim(p.head_dim)
-        try checkBits(p.bits, "bits")
-        try checkStream(p.stream)
-        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try checkRowShape(heads: p.num_kv_heads, headDim: p.head_dim, bits: p.bits, stream: p.stream,
+                          capacity: p.kv_capacity)
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
                     "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity))")
         try require(p.first_slot < p.kv_capacity, "first_slot: \(p.first_slot) must be < kv_capacity (\(p.kv_capacity))")
