@@ -33,7 +33,8 @@ CASES = [
     (32, 8, 128, 16384, 1), (32, 8, 128, 65536, 8),
     (16, 2, 512, 16384, 1), (16, 2, 512, 65536, 1), (16, 2, 512, 65536, 8),
 ]
-QUICK = [(16, 8, 256, 16384, 1), (16, 8, 256, 65536, 8), (16, 2, 512, 65536, 1), (16, 2, 512, 65536, 8)]
+QUICK = [(16, 8, 256, 16384, 1), (16, 8, 256, 65536, 8), (16, 2, 512, 65536, 1), (16, 2, 512, 65536, 8),
+         (32, 8, 128, 16384, 1), (32, 8, 128, 65536, 8)]
 
 
 def timed(launch, iters, reps, prepare=None):
@@ -62,7 +63,8 @@ class PyfaDecode:
             "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": cap,
             "nwg": 0, "window": 0, "scale": 1.0 / math.sqrt(D), "softcap": 0.0})
         tmp_bytes = ffi.new("uint64_t *")
-        check(lib.pyfa_flash_attn_vec_plan(dev.handle, self.params, kv_len, tmp_bytes))
+        kv_dtype = lib.PYFA_DTYPE_F16 if k.dtype == torch.float16 else lib.PYFA_DTYPE_BF16
+        check(lib.pyfa_flash_attn_vec_plan(dev.handle, self.params, kv_dtype, kv_len, tmp_bytes))
         self.out = torch.empty((B, H, D), dtype=torch.float32, device="cuda")
         lens = torch.full((B,), kv_len, dtype=torch.int32, device="cuda")
         rings = torch.zeros((B,), dtype=torch.int32, device="cuda")
@@ -181,7 +183,7 @@ def main():
         r["label"] = args.label
         rows.append(r)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
-                          if k.endswith("_us") or k in ("D", "kv_len", "B", "nwg", "label")}), flush=True)
+                          if k.endswith("_us") or k in ("Hq", "Hkv", "D", "kv_len", "B", "nwg", "label", "pyfa_kernel_GBps")}), flush=True)
     result = {"gpu": gpu, "device": dev.name, "torch": torch.__version__, "copy_GBps": copy_gbps, "rows": rows}
     with open(args.out, "a" if args.quick else "w") as f:
         f.write(json.dumps(result, indent=None if args.quick else 1) + "\n")

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import _io
+from . import _io, dtypes
 from ._native import ffi, lib
 from .device import Device, default_device
 from .errors import check, invalid
@@ -74,7 +74,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     })
     tmp_bytes = ffi.new("uint64_t *")
     max_len = int(min(max(lens.max(), 0), 0xFFFFFFFF))
-    check(lib.pyfa_flash_attn_vec_plan(device.handle, params, min(max_len, capacity), tmp_bytes))
+    check(lib.pyfa_flash_attn_vec_plan(device.handle, params, dtypes.code(k.dtype), min(max_len, capacity),
+                                       tmp_bytes))
 
     result, out_buf = _io.output(device, (B, H, D), np.float32, None if out is None else
                                  (out[None] if single and hasattr(out, "shape") else out), like=like)

@@ -178,7 +178,7 @@ class KVCache(_RingCache):
             "kv_capacity": self.capacity, "nwg": 0, "window": self.sliding_window or 0,
             "scale": scale, "softcap": softcap})
         tmp_bytes = ffi.new("uint64_t *")
-        check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, kv_len, tmp_bytes))
+        check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, dtypes.code(self.dtype), kv_len, tmp_bytes))
         tmp = self._scratch(int(tmp_bytes[0]))
         result, out = _io.output(self.device, (H, D), np.float32, None)
         lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))

@@ -6,7 +6,9 @@
 # (or <bundle>/results):
 #   env.txt  pytest.txt  sanitizer.txt  ops_check.txt  bench.json  bench.md  decode.png  pytest_benchmark.json
 # PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer ops bench pytest-bench";
-# "sweep" adds the decode knob sweep, written to sweep.jsonl).
+# "sweep" adds the decode knob sweep, "variants" the decode kernel variants
+# side by side, both written to sweep.jsonl; "variant-tests" reruns the decode
+# tests with each variant forced).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
@@ -67,6 +69,21 @@ if has sweep; then
                  "PYFA_CUDA_VEC_STAGES=2" "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2" \
                  "PYFA_CUDA_VEC_MIN_ROWS=64"; do
         env $knobs timeout 40 python3 benchmarks/cuda_decode_bench.py --quick --label "$knobs" --out "$out/sweep.jsonl" \
+            --iters 10 --reps 5 2>&1 | grep '^{' || status=1
+    done
+fi
+if has variant-tests; then
+    echo "== decode tests with each kernel variant forced"
+    for knobs in "PYFA_CUDA_VEC_MMA=0 PYFA_CUDA_TQ_VEC_MMA=0" "PYFA_CUDA_VEC_MMA=1"; do
+        echo "-- $knobs" >> "$out/pytest.txt"
+        env $knobs timeout 200 python3 -m pytest -q -n ${PYFA_TEST_WORKERS:-12} -k cuda tests/test_decode.py \
+            tests/test_kvcache.py tests/test_turboquant.py 2>&1 | tail -3 | tee -a "$out/pytest.txt" || status=1
+    done
+fi
+if has variants; then
+    echo "== decode kernel variants (quick cases)"
+    for knobs in "PYFA_CUDA_VEC_MMA=0" "PYFA_CUDA_VEC_MMA=1" ${PYFA_GPU_VARIANT_KNOBS:-}; do
+        env $knobs timeout 60 python3 benchmarks/cuda_decode_bench.py --quick --label "$knobs" --out "$out/sweep.jsonl" \
             --iters 10 --reps 5 2>&1 | grep '^{' || status=1
     done
 fi

@@ -218,7 +218,7 @@ def dense_recorder(dev, fw, B, Hq, Hkv, D, L):
         "batch": B, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": L, "nwg": 0,
         "window": 0, "scale": 1.0 / math.sqrt(D), "softcap": 0.0})
     tmp_bytes = ffi.new("uint64_t *")
-    check(lib.pyfa_flash_attn_vec_plan(dev.handle, params, L, tmp_bytes))
+    check(lib.pyfa_flash_attn_vec_plan(dev.handle, params, lib.PYFA_DTYPE_F16, L, tmp_bytes))
     r = Recorder(dev, [q, k, v, fw.full_i32(B, L), fw.full_i32(B, 0), fw.empty_f32(max(1, tmp_bytes[0] // 4)),
                        fw.empty_f32(B * Hq * D)])
     b = r.bufs

@@ -48,6 +48,18 @@ def test_gqa_and_lengths(device, rng, group, kv_len):
     check(pyfa.decode_attention(q, k, v, kv_len, device=device), reference.decode_attention(q, k, v, kv_len))
 
 
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 192, 256, 512])
+@pytest.mark.parametrize("dtype", [np.float16, pyfa.bfloat16])
+@pytest.mark.parametrize("group", [4, 12])
+def test_wide_groups(device, rng, D, dtype, group):
+    # Wide GQA groups take the CUDA tensor-core decode (12 = a pass of 8 heads, then 4),
+    # here with a partial last tile and a window that ends mid-tile.
+    q, k, v = make(rng, 2, 2 * group, 2, D, 300, dtype)
+    check(pyfa.decode_attention(q, k, v, [300, 77], device=device), reference.decode_attention(q, k, v, [300, 77]))
+    out = pyfa.decode_attention(q, k, v, 300, window=123, ring_start=[5, 299], softcap=4.0, device=device)
+    check(out, reference.decode_attention(q, k, v, 300, window=123, ring_start=[5, 299], softcap=4.0))
+
+
 @pytest.mark.parametrize("window", [1, 7, 64, 500])
 @pytest.mark.parametrize("ring_start", [0, 1, 77, 199])
 def test_window_and_ring(device, rng, window, ring_start):

@@ -311,6 +311,9 @@ CASES = [  # (H, Hkv, D, k_bits, v_bits, capacity, appended, window, softcap, nw
     (2, 1, 512, 8, 3, 128, 128, None, 5.0, 2),  # softcap
     (4, 2, 128, 4, 2, 96, 250, 96, 2.0, 1),     # ring + softcap, nwg = 1
     (16, 2, 64, 3, 4, 2048, 1500, None, 0.0, 7),
+    (24, 2, 256, 4, 4, 300, 700, 250, 3.0, 5),  # 4-bit K and V: two passes of heads, ring, window
+    (4, 1, 512, 4, 4, 200, 200, None, 0.0, None),
+    (2, 2, 64, 4, 4, 100, 90, None, 0.0, 2),
 ]
 
 

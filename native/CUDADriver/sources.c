@@ -31,6 +31,15 @@ static const char src_attn_prefill[] = {
 static const char src_attn_vec_reduce[] = {
 #embed "../../shaders/cuda/attn_vec_reduce.cuh"
 , 0};
+static const char src_attn_vec_mma[] = {
+#embed "../../shaders/cuda/attn_vec_mma.cuh"
+, 0};
+static const char src_mma[] = {
+#embed "../../shaders/cuda/pyfa_mma.cuh"
+, 0};
+static const char src_turboquant_mma[] = {
+#embed "../../shaders/cuda/turboquant_mma.cuh"
+, 0};
 static const char src_turboquant[] = {
 #embed "../../shaders/cuda/turboquant.cu"
 , 0};
@@ -48,6 +57,9 @@ static const struct {
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
     {"attn_prefill.cu", src_attn_prefill, sizeof src_attn_prefill - 1},
     {"attn_vec_reduce.cuh", src_attn_vec_reduce, sizeof src_attn_vec_reduce - 1},
+    {"attn_vec_mma.cuh", src_attn_vec_mma, sizeof src_attn_vec_mma - 1},
+    {"pyfa_mma.cuh", src_mma, sizeof src_mma - 1},
+    {"turboquant_mma.cuh", src_turboquant_mma, sizeof src_turboquant_mma - 1},
     {"turboquant.cu", src_turboquant, sizeof src_turboquant - 1},
 };
 

@@ -53,7 +53,7 @@ var params = pyfa_flash_attn_vec_params(batch: 1, num_heads: UInt32(heads), num_
                                         head_dim: UInt32(headDim), kv_capacity: UInt32(capacity), nwg: 0, window: 0,
                                         scale: 1 / Float(headDim).squareRoot(), softcap: 0, reserved: 0)
 var tmpBytes: UInt64 = 0
-check(pyfa_flash_attn_vec_plan(device, &params, UInt32(kvLen), &tmpBytes), "pyfa_flash_attn_vec_plan")
+check(pyfa_flash_attn_vec_plan(device, &params, PYFA_DTYPE_F32, UInt32(kvLen), &tmpBytes), "pyfa_flash_attn_vec_plan")
 let tmp = tmpBytes > 0 ? makeBuffer(PYFA_DTYPE_U8, [Int64(tmpBytes)]) : nil
 var tmpF32: OpaquePointer? = nil
 if tmpBytes > 0 {

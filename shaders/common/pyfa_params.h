@@ -67,7 +67,14 @@ typedef struct pyfa_flash_attn_vec_params {
 #define PYFA_VEC_FC_HEAD_DIM 2    /**< head_dim, so loops have a known trip count */
 #define PYFA_VEC_FC_HAS_SOFTCAP 3 /**< bool */
 #define PYFA_VEC_FC_DIRECT_OUT 4  /**< bool: nwg == 1, normalise into out, no reduce */
-#define PYFA_VEC_FC_COUNT 5
+#define PYFA_VEC_FC_VARIANT 5     /**< kernel variant the backend's plan picked (below) */
+#define PYFA_VEC_FC_COUNT 6
+
+/* Variants of flash_attn_vec: one contract, different hardware routes. A
+ * backend's plan picks one per dispatch; backends without a variant run the
+ * portable kernel for every value. */
+#define PYFA_VEC_VARIANT_PORTABLE 0 /**< vector units, any cache dtype */
+#define PYFA_VEC_VARIANT_MMA 1      /**< tensor cores over 16-bit caches (CUDA) */
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_reduce: merges the nwg partial (o, S, M) states of each row.

@@ -305,9 +305,16 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
     }
 }
 
-template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT>
+/* The tensor-core variant for 16-bit caches (it reads q through load_q). */
+#include "attn_vec_mma.cuh"
+
+template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT>
 __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
-    flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0);
+    if constexpr (VARIANT == PYFA_VEC_VARIANT_MMA && KVDT != PYFA_DTYPE_F32) {
+        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0);
+    } else {
+        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0);
+    }
 }
 
 /* Merges the nwg partial states of row blockIdx.x (contract in pyfa_params.h)

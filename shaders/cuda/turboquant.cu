@@ -36,15 +36,20 @@ constexpr int fwht_sign_premult_max_threads = 32;
 constexpr int fwht_sign_undo_max_threads = 32;
 constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 128;
 constexpr int flash_attn_vec_tq_max_threads = 128;
-/* Blocks per SM the decode kernel's registers allow: 4 caps them at 128 (no
- * spills when K and V bits are equal; a few dozen bytes otherwise). */
+/* Blocks per SM the decode kernel's registers allow: for the vector kernel 4
+ * caps them at 128 (no spills when K and V bits are equal; a few dozen bytes
+ * otherwise); the tensor-core kernel (4-bit K and V), which shared memory
+ * holds to 2 blocks per SM, takes the registers of 2 (it measured faster). */
 #ifndef PYFA_TQ_VEC_MIN_BLOCKS
 #define PYFA_TQ_VEC_MIN_BLOCKS 4
 #endif
+#ifndef PYFA_TQ_VEC_MMA
+#define PYFA_TQ_VEC_MMA 1
+#endif
 #ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
-#define PYFA_MIN_BLOCKS_flash_attn_vec_tq 1
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(...) 1
 #else
-#define PYFA_MIN_BLOCKS_flash_attn_vec_tq PYFA_TQ_VEC_MIN_BLOCKS
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, ...) (PYFA_TQ_VEC_MMA && KB == 4 && VB == 4 ? 2 : PYFA_TQ_VEC_MIN_BLOCKS)
 #endif
 
 /* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
@@ -629,7 +634,14 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     }
 }
 
+/* 4-bit K and V take the tensor-core decode (it copies scales with tq_vec::cp_async). */
+#include "turboquant_mma.cuh"
+
 template <int KB, int VB, int D, int SOFTCAP, int DIRECT>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
-    flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0);
+    if constexpr (PYFA_TQ_VEC_MMA && KB == 4 && VB == 4) {
+        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0);
+    } else {
+        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0);
+    }
 }

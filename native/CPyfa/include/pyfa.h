@@ -100,9 +100,9 @@ int pyfa_encoder_commit(pyfa_encoder *encoder);
 int pyfa_encoder_wait(pyfa_encoder *encoder);
 
 /* ---- decode: flash_attn_vec (+ reduce) ----
- * params->nwg == 0 asks the backend's plan; the chosen value is written back.
- * tmp may be NULL when the plan picks nwg == 1. */
-int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *params,
+ * params->nwg == 0 asks the backend's plan for a cache of dtype kv_dtype; the
+ * chosen value is written back. tmp may be NULL when the plan picks nwg == 1. */
+int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *params, pyfa_dtype kv_dtype,
                              uint32_t max_kv_len, uint64_t *tmp_bytes);
 int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,

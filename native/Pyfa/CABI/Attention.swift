@@ -3,12 +3,13 @@ import PyfaShaderCommon
 
 @_cdecl("pyfa_flash_attn_vec_plan")
 public func pyfa_flash_attn_vec_plan_impl(_ device: OpaquePointer?, _ params: UnsafeMutablePointer<pyfa_flash_attn_vec_params>?,
-                                          _ maxKvLen: UInt32, _ tmpBytes: UnsafeMutablePointer<UInt64>?) -> Int32 {
+                                          _ kvDType: Int32, _ maxKvLen: UInt32,
+                                          _ tmpBytes: UnsafeMutablePointer<UInt64>?) -> Int32 {
     abiCall {
         let d: Device = try object(device, "device")
         guard let params else { throw PyfaError.invalid("params: NULL") }
         var p = params.pointee
-        let (_, bytes) = try FlashAttnVec.plan(d, &p, maxKvLen: maxKvLen)
+        let (_, bytes) = try FlashAttnVec.plan(d, &p, kvDType: try DType(code: kvDType), maxKvLen: maxKvLen)
         params.pointee = p
         try writeOut(tmpBytes, UInt64(bytes), "tmp_bytes")
     }

@@ -39,12 +39,13 @@ public enum EncodedCommand {
     case barrier
 }
 
-/// Geometry a backend picks for decode: workgroups per sequence and what one
-/// workgroup needs.
+/// Geometry a backend picks for decode: workgroups per sequence, what one
+/// workgroup needs, and the kernel variant (PYFA_VEC_VARIANT_*) that runs it.
 public struct VecGeometry {
     public var nwg: UInt32
     public var threads: UInt32
     public var threadgroupMemory: Int
+    public var variant: Int32 = PYFA_VEC_VARIANT_PORTABLE
 }
 
 /// Geometry a backend picks for prefill: the (block_q, block_k) tile, which
@@ -59,7 +60,8 @@ public struct PrefillGeometry {
 /// The per-backend choices dispatchers ask for. Dispatchers stay
 /// backend-neutral; a backend answers these from its own limits.
 public protocol BackendPlan {
-    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry
+    /// Decode geometry for a K/V cache of dtype kvDType.
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
     /// Threads and threadgroup memory of the decode reduce pass.
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Prefill tile shape and threadgroup needs; depends on head_dim and the
@@ -79,7 +81,7 @@ public protocol BackendPlan {
 extension BackendPlan {
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
-        flashAttnVec(p.attn, maxKvLen: maxKvLen)
+        flashAttnVec(p.attn, kvDType: .u8, maxKvLen: maxKvLen)
     }
 }
 

@@ -13,12 +13,13 @@ public enum FlashAttnVec {
 
     /// Checks the shape fields and fills `nwg` from the backend's plan when 0.
     /// Returns the geometry and the tmp bytes the dispatch needs (0 if nwg == 1).
-    public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_params,
+    public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_params, kvDType: DType,
                             maxKvLen: UInt32) throws -> (VecGeometry, Int) {
         try validate(params)
+        try require(floatTypes.contains(kvDType), "kv_dtype: \(kvDType) is not one of f32, f16, bf16")
         try require(maxKvLen <= params.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.kv_capacity))")
-        var geometry = device.backend.plan.flashAttnVec(params, maxKvLen: max(1, maxKvLen))
+        var geometry = device.backend.plan.flashAttnVec(params, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
         if params.nwg == 0 {
             params.nwg = geometry.nwg
         } else {
@@ -77,7 +78,7 @@ public enum FlashAttnVec {
         let ringStart = try Check.buffer(ringStart, "ring_start", dtypes: indexTypes, elements: B)
         let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
         let maxLen = try validateLengths(kvLen, ringStart, p)
-        let (geometry, needTmp) = try plan(encoder.device, &p, maxKvLen: maxLen)
+        let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
@@ -85,7 +86,8 @@ public enum FlashAttnVec {
         try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
 
         let direct = p.nwg == 1
-        let constants = [q.dtype.rawValue, k.dtype.rawValue, Int32(D), p.softcap > 0 ? 1 : 0, direct ? 1 : 0]
+        let constants = [q.dtype.rawValue, k.dtype.rawValue, Int32(D), p.softcap > 0 ? 1 : 0, direct ? 1 : 0,
+                         geometry.variant]
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         var args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),

@@ -18,8 +18,12 @@ enum KernelSpecialisations {
         for q in floatCodes {
             for kv in floatCodes {
                 for d in headDims {
+                    let variants = kv == DType.f32.rawValue ? [PYFA_VEC_VARIANT_PORTABLE]
+                        : [PYFA_VEC_VARIANT_PORTABLE, PYFA_VEC_VARIANT_MMA]
                     for softcap: Int32 in [0, 1] {
-                        for direct: Int32 in [0, 1] { vec.append([q, kv, d, softcap, direct]) }
+                        for direct: Int32 in [0, 1] {
+                            for variant in variants { vec.append([q, kv, d, softcap, direct, variant]) }
+                        }
                     }
                 }
             }

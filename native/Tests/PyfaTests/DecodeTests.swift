@@ -31,7 +31,7 @@ final class DecodeTests: XCTestCase {
         rings.contents!.storeBytes(of: UInt32(0), as: UInt32.self)
         let out = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
         var p = params(heads: UInt32(H), kvHeads: UInt32(Hkv), headDim: UInt32(D), capacity: UInt32(cap))
-        let (_, tmpBytes) = try FlashAttnVec.plan(device, &p, maxKvLen: UInt32(n))
+        let (_, tmpBytes) = try FlashAttnVec.plan(device, &p, kvDType: .f32, maxKvLen: UInt32(n))
         let tmp = try device.makeBuffer(dtype: .f32, shape: [max(1, tmpBytes / 4)])
         let encoder = try device.makeEncoder()
         try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: lens, ringStart: rings, tmp: tmp, out: out)
@@ -74,13 +74,13 @@ final class DecodeTests: XCTestCase {
     func testRulesThrowInvalidArgument() throws {
         let device = try Device.open("cpu")
         var p = params(heads: 6, kvHeads: 4, headDim: 64, capacity: 8)
-        XCTAssertThrowsError(try FlashAttnVec.plan(device, &p, maxKvLen: 4)) { error in
+        XCTAssertThrowsError(try FlashAttnVec.plan(device, &p, kvDType: .f32, maxKvLen: 4)) { error in
             let e = error as! PyfaError
             XCTAssertEqual(e.status, PYFA_ERR_INVALID_ARGUMENT)
             XCTAssertTrue(e.message.hasPrefix("num_heads: 6 must be a multiple of num_kv_heads"))
         }
         var q = params(heads: 4, kvHeads: 2, headDim: 100, capacity: 8)
-        XCTAssertThrowsError(try FlashAttnVec.plan(device, &q, maxKvLen: 4))
+        XCTAssertThrowsError(try FlashAttnVec.plan(device, &q, kvDType: .f32, maxKvLen: 4))
         XCTAssertThrowsError(try Device.open("tpu"))
         XCTAssertThrowsError(try device.makeBuffer(dtype: .f32, shape: [-1]))
     }
@@ -88,7 +88,7 @@ final class DecodeTests: XCTestCase {
     func testPlanFillsWorkgroupsAndTmpSize() throws {
         let device = try Device.open("cpu")
         var p = params(heads: 16, kvHeads: 8, headDim: 256, capacity: 16384)
-        let (geometry, tmpBytes) = try FlashAttnVec.plan(device, &p, maxKvLen: 16384)
+        let (geometry, tmpBytes) = try FlashAttnVec.plan(device, &p, kvDType: .f32, maxKvLen: 16384)
         XCTAssertGreaterThanOrEqual(p.nwg, 1)
         XCTAssertEqual(geometry.nwg, p.nwg)
         XCTAssertEqual(tmpBytes, p.nwg == 1 ? 0 : 16 * Int(p.nwg) * (256 + 2) * 4)

@@ -174,7 +174,7 @@ final class CPUQueue: CommandQueue {
 struct CPUPlan: BackendPlan {
     let threads: UInt32
 
-    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry {
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
         let groups = max(1, p.batch * p.num_kv_heads)
         let target = threads * 4
         var nwg: UInt32 = groups >= target ? 1 : (target + groups - 1) / groups

@@ -67,13 +67,15 @@ final class CUDABackend: Backend {
         context = try CUDAContext(device: dev)
         compiler = try CUDACompiler(arch: CUDABackend.arch(major: major, minor: minor),
                                     extraOptions: CUDAPlan.compileDefines())
-        let occupancy = VecOccupancy()
-        plan = CUDAPlan(smCount: smCount, vecBlocksPerSMAt: { [unowned occupancy] d in occupancy.blocks(headDim: d) })
+        let occupancy = Occupancy()
+        plan = CUDAPlan(smCount: smCount, residentBlocks: { [unowned occupancy] name, constants, bytes in
+            occupancy.blocks(name, constants: constants, sharedBytes: bytes)
+        })
         occupancy.backend = self
-        vecOccupancy = occupancy
+        self.occupancy = occupancy
     }
 
-    private var vecOccupancy: VecOccupancy? = nil
+    private var occupancy: Occupancy? = nil
 
     /// NVRTC's -arch for a compute capability: the arch-specific "a" target on
     /// Hopper so wgmma / TMA are available.
@@ -148,23 +150,19 @@ final class CUDABackend: Backend {
     }
 }
 
-/// Occupancy of the decode kernel per head dim, measured once per process on
-/// its f16-cache specialisation (the common case; bf16 compiles alike).
-final class VecOccupancy {
+/// Resident blocks per SM of a decode kernel specialisation at its shared
+/// memory, measured once per process (the plans size nwg from it).
+final class Occupancy {
     weak var backend: CUDABackend?
     private let lock = Lock()
-    private var cache: [UInt32: UInt32] = [:]
+    private var cache: [String: UInt32] = [:]
 
-    func blocks(headDim: UInt32) -> UInt32 {
-        if let b = lock.withLock({ cache[headDim] }) { return b }
-        guard let backend else { return 0 }
-        let f16 = DType.f16.rawValue
-        guard let pipeline = try? backend.compile(name: FlashAttnVec.kernel, constants: [f16, f16, Int32(headDim), 0, 0]) else {
-            return 0
-        }
-        let smem = CUDAPlan.vecSharedFloats(headDim: Int(headDim), elementSize: 2) * 4
-        let b = backend.residentBlocks(pipeline, threads: Int(CUDAPlan.warps) * 32, sharedBytes: smem)
-        lock.withLock { cache[headDim] = b }
+    func blocks(_ name: String, constants: [Int32], sharedBytes: Int) -> UInt32 {
+        let key = "\(name) \(constants) \(sharedBytes)"
+        if let b = lock.withLock({ cache[key] }) { return b }
+        guard let backend, let pipeline = try? backend.compile(name: name, constants: constants) else { return 0 }
+        let b = backend.residentBlocks(pipeline, threads: Int(CUDAPlan.warps) * 32, sharedBytes: sharedBytes)
+        lock.withLock { cache[key] = b }
         return b
     }
 }

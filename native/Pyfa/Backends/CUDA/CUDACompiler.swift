@@ -8,10 +8,11 @@ import Glibc
 ///
 /// A specialisation's entry point is generated: for registry name `n` with
 /// function constants c0, c1, ...:
-///   extern "C" __global__ void __launch_bounds__(<max threads>[, PYFA_MIN_BLOCKS_n]) <entry>(const __grid_constant__ pyfa_cuda_args a)
-///   { n_body<c0, c1, ...>(a); }
+///   extern "C" __global__ void __launch_bounds__(<max threads>[, PYFA_MIN_BLOCKS_n(c0, c1, ...)])
+///   <entry>(const __grid_constant__ pyfa_cuda_args a) { n_body<c0, c1, ...>(a); }
 /// The minimum of resident blocks per SM (a register cap) appears only where the
-/// source defines PYFA_MIN_BLOCKS_n: even a minimum of 1 changes ptxas's register
+/// source defines the macro PYFA_MIN_BLOCKS_n(...) of the specialisation's
+/// constants: even a minimum of 1 changes ptxas's register
 /// choice (flash_attn_vec at D=256 went from 165 to 191 registers, 3 to 2 blocks per SM).
 final class CUDACompiler {
     let arch: String
@@ -55,12 +56,15 @@ final class CUDACompiler {
             throw PyfaError.unsupported("kernel '\(name)': no CUDA implementation yet (shaders/cuda/kernel_list.h)")
         }
         var source = try CUDACompiler.embedded(String(cString: file)) + "\n"
-        // A source may ask for a minimum of resident blocks per SM (a register cap).
+        // A source may ask for a minimum of resident blocks per SM (a register
+        // cap), per specialisation: PYFA_MIN_BLOCKS_n(c0, c1, ...).
         let minBlocks = "PYFA_MIN_BLOCKS_\(name)"
-        source += "#ifdef \(minBlocks)\n#define PYFA_LAUNCH_BOUNDS_\(name) __launch_bounds__(\(maxThreads), \(minBlocks))\n"
-        source += "#else\n#define PYFA_LAUNCH_BOUNDS_\(name) __launch_bounds__(\(maxThreads))\n#endif\n"
+        source += "#ifdef \(minBlocks)\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads), "
+        source += "\(minBlocks)(__VA_ARGS__))\n"
+        source += "#else\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads))\n#endif\n"
         for c in specialisations {
-            source += "extern \"C\" __global__ void PYFA_LAUNCH_BOUNDS_\(name) \(CUDACompiler.entryName(name, c))"
+            let args = c.map { String($0) }.joined(separator: ", ")
+            source += "extern \"C\" __global__ void PYFA_LAUNCH_BOUNDS_\(name)(\(args)) \(CUDACompiler.entryName(name, c))"
             source += "(const __grid_constant__ pyfa_cuda_args a) { \(name)_body<"
             source += c.map { String($0) }.joined(separator: ", ") + ">(a); }\n"
         }

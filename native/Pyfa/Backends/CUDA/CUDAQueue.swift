@@ -122,8 +122,9 @@ final class CUDAQueue: CommandQueue {
 /// SMs, and never fewer than ~128 positions per workgroup.
 struct CUDAPlan: BackendPlan {
     let smCount: UInt32
-    /// Resident flash_attn_vec blocks per SM for a head dim (16-bit cache), 0 if unknown.
-    let vecBlocksPerSMAt: (UInt32) -> UInt32
+    /// Resident blocks per SM of (kernel, function constants) at a dynamic
+    /// shared-memory size, 0 if unknown.
+    let residentBlocks: (String, [Int32], Int) -> UInt32
 
     static let warps: UInt32 = 4
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -140,6 +141,11 @@ struct CUDAPlan: BackendPlan {
     /// Overrides the occupancy query when set.
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 0)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
+    /// The tensor-core decode (attn_vec_mma.cuh) for 16-bit caches:
+    /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
+    /// (vecVariant). Its ring depth in tiles.
+    static let vecMma: Int? = getenv("PYFA_CUDA_VEC_MMA").flatMap { Int(String(cString: $0)) }
+    static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 3))
 
     /// attn_prefill.cu's terms of P in the I/O dtype for P V: 2 (default)
     /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
@@ -151,13 +157,19 @@ struct CUDAPlan: BackendPlan {
     static let tqVecRowsPerStep = (envInt("PYFA_CUDA_TQ_VEC_ROWS_PER_STEP", 2) + 1) / 2 * 2
     static let tqVecStages = max(2, envInt("PYFA_CUDA_TQ_VEC_STAGES", 4))
     static let tqVecMinBlocks = envInt("PYFA_CUDA_TQ_VEC_MIN_BLOCKS", 4)
+    /// The tensor-core TurboQuant decode (turboquant_mma.cuh) at 4-bit K and V:
+    /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles.
+    static let tqVecMma = getenv("PYFA_CUDA_TQ_VEC_MMA").flatMap { Int(String(cString: $0)) } ?? 1
+    static let tqMmaStages = max(2, envInt("PYFA_CUDA_TQ_MMA_STAGES", 3))
 
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
+         "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)",
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
-         "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)"]
+         "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
+         "-DPYFA_TQ_VEC_MMA=\(tqVecMma != 0 ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)"]
     }
 
     /// Dynamic shared memory of one turboquant.cu decode block (mirrors
@@ -169,6 +181,20 @@ struct CUDAPlan: BackendPlan {
         let ring = tqVecStages * w * warpBytes
         let merge = w * rowsPerWarp * tqVecHeads * headDim * 4
         return (2 * 256 + w * rowsPerWarp * tqVecHeads * 2) * 4 + max(ring, merge)
+    }
+
+    /// Shared bytes of one turboquant_mma.cuh block (mirrors tq_mma::shape):
+    /// the code-byte table, Qᵀ fragments, scores, (m, s) pairs, then the
+    /// larger of the ring (padded code rows and scales) and the merge area.
+    static func tqMmaSharedBytes(headDim D: Int) -> Int {
+        let tp = 64, ldc = D / 2 + 16
+        let ring = tqMmaStages * (2 * tp * ldc + 2 * tp * 4), merge = 8 * D * 4
+        return 256 * 16 * 8 + D / 16 * 32 * 16 + tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
+    }
+
+    /// Whether flash_attn_vec_tq runs turboquant_mma.cuh (mirrors turboquant.cu's choice).
+    static func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
+        tqVecMma != 0 && p.k_bits == 4 && p.v_bits == 4
     }
 
     /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
@@ -184,20 +210,45 @@ struct CUDAPlan: BackendPlan {
         return 2 * Int(warps) * vecRowsPerStep * gt + max(ringFloats, groups * gt * (headDim + 2))
     }
 
-    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> VecGeometry {
+    /// Shared bytes of one attn_vec_mma.cuh block (mirrors vec_mma::shape):
+    /// Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring of
+    /// K + V tiles (padded rows) and the merge area.
+    static func vecMmaSharedBytes(headDim D: Int) -> Int {
+        let ks = D > 256 ? 2 : 1, tp = 16 * Int(warps) / ks, ld = 2 * D + 16
+        let ring = vecMmaStages * 2 * tp * ld, merge = 8 * D * 4
+        return D / 16 * 32 * 16 + ks * tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
+    }
+
+    /// The tensor-core variant for 16-bit caches wherever a query head group
+    /// is wide (G >= 4: the vector kernel re-reads or runs out of issue
+    /// slots) or rows are 1 KB (D = 512); the vector kernel elsewhere.
+    static func vecVariant(_ p: pyfa_flash_attn_vec_params, kvDType: DType) -> Int32 {
+        guard kvDType == .f16 || kvDType == .bf16 else { return PYFA_VEC_VARIANT_PORTABLE }
+        if let forced = vecMma { return forced != 0 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE }
+        let group = p.num_heads / max(1, p.num_kv_heads)
+        return group >= 4 || p.head_dim >= 512 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE
+    }
+
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
         let D = Int(p.head_dim)
-        // The params carry no dtype: size shared memory for the larger of f32 and 16-bit caches.
-        let floats = max(CUDAPlan.vecSharedFloats(headDim: D, elementSize: 4),
-                         CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2))
+        let variant = CUDAPlan.vecVariant(p, kvDType: kvDType)
+        let bytes = variant == PYFA_VEC_VARIANT_MMA ? CUDAPlan.vecMmaSharedBytes(headDim: D)
+            : CUDAPlan.vecSharedFloats(headDim: D, elementSize: kvDType == .f32 ? 4 : 2) * 4
         let groups = max(1, p.batch * p.num_kv_heads)
         var perSM = UInt32(CUDAPlan.vecBlocksPerSM)
-        if perSM == 0 { perSM = vecBlocksPerSMAt(p.head_dim) }
+        if perSM == 0 {
+            // Measured on the f16-cache specialisation (bf16 compiles alike; f32 is the rare case).
+            let f16 = DType.f16.rawValue
+            perSM = residentBlocks(FlashAttnVec.kernel, [f16, f16, Int32(D), 0, 0, variant],
+                                   variant == PYFA_VEC_VARIANT_MMA ? bytes
+                                       : CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2) * 4)
+        }
         if perSM == 0 { perSM = 2 }
         let target = smCount * perSM
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
         var nwg = target / groups
         nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
-        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: floats * 4)
+        return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes, variant: variant)
     }
 
     /// One thread per output element (head dims are 64...512), so each
@@ -240,6 +291,15 @@ struct CUDAPlan: BackendPlan {
     func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
         let a = p.attn
         let groups = max(1, a.batch * a.num_kv_heads)
+        if CUDAPlan.tqUsesMma(p) {
+            let bytes = CUDAPlan.tqMmaSharedBytes(headDim: Int(a.head_dim))
+            var perSM = residentBlocks(FlashAttnVecTQ.kernel, [4, 4, Int32(a.head_dim), 0, 0], bytes)
+            if perSM == 0 { perSM = 1 }
+            let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
+            var nwg = max(1, smCount * perSM / groups)
+            nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+            return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes)
+        }
         let slots = smCount * UInt32(CUDAPlan.tqVecMinBlocks)
         let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
         var nwg = groups >= slots ? 1 : slots / groups

@@ -1,0 +1,33 @@
+"""A few TQ-4 and dense f16 decodes (32K positions, Hq/Hkv = 16/8), recorded and run
+once, for a profiler to take apart kernel by kernel:
+
+    ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/gpu_tq_profile.py --once
+
+Without a profiler it prints the per-call time of each (CUDA events, as gpu_tq_check.py).
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_tq_check as chk  # noqa: E402
+import pyfa  # noqa: E402
+
+
+def main():
+    dev, fw = pyfa.Device("cuda"), chk.Frame()
+    L = 32768
+    for B, D in [(1, 256), (1, 128)]:
+        tr, trec, tbytes, tnwg, _ = chk.tq_recorder(dev, fw, B, 16, 8, D, L, 4)
+        dr, drec, dbytes, dnwg = chk.dense_recorder(dev, fw, B, 16, 8, D, L)
+        for name, r, rec, nwg in (("tq4", tr, trec, tnwg), ("f16", dr, drec, dnwg)):
+            rec(2)
+            r.commit()
+            fw.torch.cuda.synchronize()
+            if "--once" in sys.argv:
+                continue
+            us = fw.timed(r.commit, 10, 3, lambda: rec(10))
+            print(f"B={B} D={D} {name}: {us:.1f} us per call (nwg {nwg})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+/*
+ * Tensor-core decode (flash_attn_vec variant PYFA_VEC_VARIANT_MMA) for 16-bit
+ * K/V caches; contracts in pyfa_params.h. Block = 4 warps = one workgroup
+ * (iwg, KV head, sequence), serving up to HEADS = 8 query heads of the GQA
+ * group per pass: the n = 8 of mma m16n8k16, so a whole group costs one read
+ * of K and V however wide it is.
+ *
+ * The block streams tiles of TP positions through a cp.async ring in shared
+ * memory (STAGES deep, rows padded by 16 bytes so ldmatrix rows fall in
+ * distinct banks). Per tile:
+ *   A. scores Sᵀ[pos][head] = K · Qᵀ: each warp takes 16 positions (and, for
+ *      D = 512, half the dims, partial sums meeting in shared memory); K by
+ *      ldmatrix, Qᵀ fragments prepared once per pass in shared memory;
+ *   B. every warp reads all TP x 8 scores and runs the same online softmax
+ *      (same values, same order: identical m and s in every warp), then adds
+ *      Pᵀ into its own slice of the output Oᵀ[dim][head] += Vᵀ · Pᵀ, V by
+ *      ldmatrix.trans.
+ * q (scaled by scale * log2 e) and P are each split into hi + lo 16-bit
+ * halves, two products each, so scores and weights keep about f32 accuracy
+ * (2^-22 relative for f16, 2^-16 for bf16) while K and V are used exactly.
+ * Softmax statistics stay in f32, in the log2 domain; the partial (S, M)
+ * pairs go out in the natural-log domain of the reduce contract.
+ */
+#pragma once
+#include "pyfa_mma.cuh"
+#include "attn_vec_reduce.cuh"
+
+#ifndef PYFA_VEC_MMA_STAGES
+#define PYFA_VEC_MMA_STAGES 3
+#endif
+
+namespace vec_mma {
+constexpr int NW = 4;    /* warps per block */
+constexpr int HEADS = 8; /* query heads per pass */
+constexpr int STAGES = PYFA_VEC_MMA_STAGES;
+
+template <int D>
+struct shape {
+    static constexpr int KSTEPS = D / 16;          /* 16-dim blocks: k-steps of K Qᵀ, m-blocks of Vᵀ Pᵀ */
+    static constexpr int KS = D > 256 ? 2 : 1;     /* warps sharing one position block's dims in phase A */
+    static constexpr int PB = NW / KS;             /* 16-position blocks per tile */
+    static constexpr int TP = 16 * PB;             /* positions per tile */
+    static constexpr int KSPAN = KSTEPS / KS;      /* k-steps per warp in phase A */
+    static constexpr int MB = (KSTEPS + NW - 1) / NW; /* output m-blocks per warp (at most) */
+    static constexpr int LD = D * 2 + 16;          /* bytes per ring row */
+    static constexpr int STAGE_BYTES = 2 * TP * LD; /* K rows, then V rows */
+    static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
+    static constexpr int Q_BYTES = KSTEPS * 32 * 16;      /* Qᵀ fragments: [kstep][lane] x uint4 */
+    static constexpr int SCORE_BYTES = KS * TP * HEADS * 4; /* [ks][pos][head] f32 */
+    static constexpr int MS_BYTES = HEADS * 2 * 4;
+    static constexpr int MERGE_BYTES = HEADS * D * 4;
+    static constexpr int SMEM_BYTES =
+        Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+    static_assert(KSTEPS % KS == 0, "phase A splits the k-steps evenly");
+    static_assert(D % 16 == 0, "head dims are multiples of 16");
+};
+} // namespace vec_mma
+
+template <int QDT, int KVDT, int D>
+__device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP, const bool DIRECT) {
+    static_assert(KVDT != PYFA_DTYPE_F32, "the tensor-core decode reads 16-bit caches");
+    using S = vec_mma::shape<D>;
+    constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, STAGES = vec_mma::STAGES;
+    constexpr int TP = S::TP, LD = S::LD, CPR = D / 8; /* 16-byte chunks per row */
+    const pyfa_flash_attn_vec_params &p = pyfa_param<pyfa_flash_attn_vec_params>(a, PYFA_VEC_ARG_PARAMS);
+    const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3; /* fragment row / column group of this lane */
+    const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
+
+    extern __shared__ __align__(16) char smem_mma[];
+    { /* the plan's size (CUDAPlan.vecMmaSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
+        uint32_t dynamic_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+        if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
+    }
+    uint4 *s_q = reinterpret_cast<uint4 *>(smem_mma);
+    float *s_score = reinterpret_cast<float *>(smem_mma + S::Q_BYTES);
+    float *s_ms = reinterpret_cast<float *>(smem_mma + S::Q_BYTES + S::SCORE_BYTES);
+    char *s_ring = smem_mma + S::Q_BYTES + S::SCORE_BYTES + S::MS_BYTES;
+    float *s_acc = reinterpret_cast<float *>(s_ring); /* [head][D], overlays the drained ring */
+
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const uint32_t ring = span.ring, begin = span.begin, end = span.end;
+    const size_t row_bytes = (size_t)D * 2;
+    const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off;
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
+    const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
+
+    /* Copies the K and V rows of positions [base, base + TP) into ring stage
+     * `stage` (rows past `end` as zeros) and commits them as one group, empty
+     * for a tile wholly past `end`, which is never read. */
+    auto issue = [&](uint32_t base, int stage) {
+        char *kdst = s_ring + stage * S::STAGE_BYTES, *vdst = kdst + TP * LD;
+        for (int i = tid; base < end && i < TP * CPR; i += NW * 32) {
+            const int r = i / CPR, ch = i % CPR;
+            const uint32_t pos = base + r;
+            uint32_t slot = pos + ring;
+            slot = slot >= cap ? slot - cap : slot;
+            const bool live = pos < end;
+            const size_t off = (live ? slot * row_bytes : 0) + ch * 16;
+            pyfa_cp_async16(kdst + r * LD + ch * 16, kbase + off, live ? 16u : 0u);
+            pyfa_cp_async16(vdst + r * LD + ch * 16, vbase + off, live ? 16u : 0u);
+        }
+        pyfa_cp_async_commit();
+    };
+
+    const int pb = warp % S::PB, ks = warp / S::PB; /* phase A: position block, dims share */
+    for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
+        const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
+        const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+        /* Qᵀ fragments of every k-step: lane (g, c) of k-step kk holds
+         * q[head g][16kk + 2c + {0, 1}] and [+8 + {0, 1}], hi and lo halves. */
+        for (int i = tid; i < S::KSTEPS * 32; i += NW * 32) {
+            const int kk = i >> 5, h = (i & 31) >> 2, d0 = 16 * kk + 2 * (i & 3);
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if ((uint32_t)h < gn) {
+                const char *qrow = qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2);
+                x[0] = load_q(qrow, d0, QDT) * qscale;
+                x[1] = load_q(qrow, d0 + 1, QDT) * qscale;
+                x[2] = load_q(qrow, d0 + 8, QDT) * qscale;
+                x[3] = load_q(qrow, d0 + 9, QDT) * qscale;
+            }
+            uint4 f;
+            pyfa_split2<KVDT>(x[0], x[1], f.x, f.z);
+            pyfa_split2<KVDT>(x[2], x[3], f.y, f.w);
+            s_q[i] = f;
+        }
+
+        float acc[S::MB][4];
+#pragma unroll
+        for (int i = 0; i < S::MB; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        float m = -INFINITY, s = 0.0f; /* head g's running max (log2 domain) and sum */
+
+        int stage = 0;
+        for (uint32_t base = begin; base < end; base += TP) {
+            pyfa_cp_async_wait<STAGES - 2>();
+            __syncthreads(); /* this tile has landed; every warp is done with the previous one */
+            issue(base + (STAGES - 1) * TP, stage == 0 ? STAGES - 1 : stage - 1);
+            const char *ktile = s_ring + stage * S::STAGE_BYTES, *vtile = ktile + TP * LD;
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+            /* A. Sᵀ for positions 16 pb + [0, 16) over this warp's k-steps; four
+             * accumulators (k-step parity x q half) keep dependent mma chains short. */
+            {
+                float sp[4][4] = {};
+                const uint32_t arow = smem_addr(ktile + (pb * 16 + (lane & 15)) * LD + (lane >> 4) * 16);
+                auto kstep = [&](int kk, float (&s0)[4], float (&s1)[4]) {
+                    uint32_t fa[4];
+                    ldsm_x4(arow + kk * 32, fa[0], fa[1], fa[2], fa[3]);
+                    const uint4 fq = s_q[kk * 32 + lane];
+                    mma16816<KVDT>(s0, fa, fq.x, fq.y);
+                    mma16816<KVDT>(s1, fa, fq.z, fq.w);
+                };
+                const int k0 = ks * S::KSPAN;
+#pragma unroll 2
+                for (int t = 0; t < S::KSPAN / 2; t++) {
+                    kstep(k0 + 2 * t, sp[0], sp[1]);
+                    kstep(k0 + 2 * t + 1, sp[2], sp[3]);
+                }
+                if constexpr (S::KSPAN % 2 != 0) kstep(k0 + S::KSPAN - 1, sp[0], sp[1]);
+                float sc[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[e] = (sp[0][e] + sp[1][e]) + (sp[2][e] + sp[3][e]);
+                float *dst = s_score + (ks * TP + pb * 16 + g) * HEADS + 2 * c;
+                *reinterpret_cast<float2 *>(dst) = make_float2(sc[0], sc[1]);
+                *reinterpret_cast<float2 *>(dst + 8 * HEADS) = make_float2(sc[2], sc[3]);
+            }
+            __syncthreads();
+
+            /* B. Softmax over the tile for head g: lane (g, c) holds the scores
+             * its Pᵀ fragments need, positions 16j + 2c + {0, 1, 8, 9}. */
+            constexpr int J = TP / 16;
+            float x[J][4];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
+                    float v = s_score[pos * HEADS + g];
+#pragma unroll
+                    for (int k = 1; k < S::KS; k++) v += s_score[(k * TP + pos) * HEADS + g];
+                    if (SOFTCAP) v = p.softcap * tanhf(v * p.scale / p.softcap) * PYFA_LOG2E;
+                    v = base + pos < end ? v : -INFINITY;
+                    x[j][e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m, mx);
+            const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+            float sum = 0.0f;
+            uint32_t phi[J][2], plo[J][2];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    x[j][e] = m_new == -INFINITY ? 0.0f : exp2f(x[j][e] - m_new);
+                    sum += x[j][e];
+                }
+                pyfa_split2<KVDT>(x[j][0], x[j][1], phi[j][0], plo[j][0]);
+                pyfa_split2<KVDT>(x[j][2], x[j][3], phi[j][1], plo[j][1]);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            s = s * alpha + sum;
+            m = m_new;
+            /* Oᵀ columns of this lane are heads 2c and 2c + 1: their alphas live in lanes 8c and 8c + 4. */
+            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+#pragma unroll
+            for (int i = 0; i < S::MB; i++) {
+                const int mb = warp + NW * i;
+                if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
+                    acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
+                    const uint32_t vrow = smem_addr(vtile + ((lane & 7) + ((lane >> 4) << 3)) * LD + mb * 32 +
+                                                    ((lane >> 3) & 1) * 16);
+#pragma unroll
+                    for (int j = 0; j < J; j++) {
+                        uint32_t fv[4];
+                        ldsm_x4_trans(vrow + j * 16 * LD, fv[0], fv[1], fv[2], fv[3]);
+                        mma16816<KVDT>(acc[i], fv, phi[j][0], phi[j][1]);
+                        mma16816<KVDT>(acc[i], fv, plo[j][0], plo[j][1]);
+                    }
+                }
+            }
+        }
+
+        /* Publish: every warp holds the same (m, s); each its own output dims. */
+        pyfa_cp_async_wait<0>();
+        __syncthreads(); /* the merge area overlays the ring */
+#pragma unroll
+        for (int i = 0; i < S::MB; i++) {
+            const int mb = warp + NW * i;
+            if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
+                const int d = mb * 16 + g;
+                s_acc[(2 * c) * D + d] = acc[i][0];
+                s_acc[(2 * c + 1) * D + d] = acc[i][1];
+                s_acc[(2 * c) * D + d + 8] = acc[i][2];
+                s_acc[(2 * c + 1) * D + d + 8] = acc[i][3];
+            }
+        }
+        if (warp == 0 && c == 0) {
+            s_ms[g * 2] = m;
+            s_ms[g * 2 + 1] = s;
+        }
+        __syncthreads();
+        attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT);
+        __syncthreads();
+    }
+}

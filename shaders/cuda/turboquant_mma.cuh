@@ -1,0 +1,299 @@
+/*
+ * Tensor-core TurboQuant decode (flash_attn_vec_tq at 4-bit K and V codes);
+ * contracts in turboquant_params.h. The shape follows the dense tensor-core
+ * decode (attn_vec_mma.cuh): 4 warps, up to HEADS = 8 query heads per pass as
+ * the n = 8 of mma m16n8k16, tiles of TP = 64 positions streamed through a
+ * cp.async ring of packed codes and scales, phase A = scores Sᵀ = K̂ · Qᵀ
+ * (16 positions per warp), phase B = the same online softmax in every warp,
+ * then each warp's slice of Oᵀ += V̂ᵀ · Pᵀ.
+ *
+ * Dequantisation is one shared-memory load per code byte (two coordinates):
+ * a table maps the byte to both codebook values as f16 pairs, hi and lo
+ * halves (hi = rn(c), lo = rn(c - hi)), so the products stay exact to about
+ * 2^-22 relative with three mmas (hi·hi, hi·lo, lo·hi). The table is kept in
+ * COPIES = 16 copies interleaved by lane (lane l reads copy l mod 16): the 16
+ * lanes of a half-warp's 8-byte loads then always hit distinct bank pairs,
+ * whatever their codes. K and V share one table: the op passes the codebook of
+ * their common bit width for both.
+ *
+ * Fragments come straight from the code bytes. For K, lane (g, c) needs byte
+ * c of every word of rows g and g + 8. For V, whose fragment pairs two
+ * positions at one coordinate, the m-block's rows are permuted: row g is
+ * coordinate 2g of the block, row g + 8 coordinate 2g + 1, so one code byte
+ * feeds both rows and a byte permute pairs the two positions. The output
+ * follows the same permutation when it is published.
+ */
+#pragma once
+#include "pyfa_mma.cuh"
+#include "attn_vec_reduce.cuh"
+
+#ifndef PYFA_TQ_MMA_STAGES
+#define PYFA_TQ_MMA_STAGES 3
+#endif
+
+namespace tq_mma {
+constexpr int NW = 4, HEADS = 8, TP = 64, COPIES = 16;
+constexpr int STAGES = PYFA_TQ_MMA_STAGES;
+
+template <int D>
+struct shape {
+    static constexpr int KSTEPS = D / 16;
+    static constexpr int MB = KSTEPS / NW;               /* output m-blocks per warp */
+    static constexpr int ROW = D / 2;                    /* bytes of a row's 4-bit codes */
+    static constexpr int LDC = ROW + 16;                 /* padded: 8 rows' 16-byte loads hit distinct banks */
+    static constexpr int V_OFF = TP * LDC, S_OFF = 2 * TP * LDC; /* V codes, then K and V scales */
+    static constexpr int STAGE_BYTES = S_OFF + 2 * TP * 4;
+    static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
+    static constexpr int TABLE_BYTES = 256 * COPIES * 8;
+    static constexpr int Q_BYTES = KSTEPS * 32 * 16;
+    static constexpr int SCORE_BYTES = TP * HEADS * 4;
+    static constexpr int MS_BYTES = HEADS * 2 * 4;
+    static constexpr int MERGE_BYTES = HEADS * D * 4;
+    static constexpr int SMEM_BYTES =
+        TABLE_BYTES + Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+    static_assert(KSTEPS % NW == 0 && KSTEPS % 2 == 0, "D in {64, 128, 256, 512}");
+};
+
+/* The table entry of byte `byte` of `word`, this lane's copy (tab = table + lane % 16). */
+__device__ __forceinline__ uint2 lookup(const uint2 *tab, uint32_t word, int byte) {
+    return tab[__byte_perm(word, 0u, 0x4440u | (uint32_t)byte) * COPIES];
+}
+} // namespace tq_mma
+
+template <int D>
+__device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
+                                                           const bool DIRECT) {
+    using S = tq_mma::shape<D>;
+    constexpr int NW = tq_mma::NW, HEADS = tq_mma::HEADS, TP = tq_mma::TP, COPIES = tq_mma::COPIES;
+    constexpr int STAGES = tq_mma::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
+    const pyfa_flash_attn_vec_tq_params &tp = pyfa_param<pyfa_flash_attn_vec_tq_params>(a, PYFA_VEC_ARG_PARAMS);
+    const pyfa_flash_attn_vec_params &p = tp.attn;
+    const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
+
+    extern __shared__ __align__(16) char smem_tq[];
+    { /* the plan's size (CUDAPlan.tqMmaSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
+        uint32_t dynamic_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+        if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
+    }
+    uint2 *s_table = reinterpret_cast<uint2 *>(smem_tq);
+    uint4 *s_q = reinterpret_cast<uint4 *>(smem_tq + S::TABLE_BYTES);
+    float *s_score = reinterpret_cast<float *>(smem_tq + S::TABLE_BYTES + S::Q_BYTES);
+    float *s_ms = s_score + TP * HEADS;
+    char *s_ring = smem_tq + S::TABLE_BYTES + S::Q_BYTES + S::SCORE_BYTES + S::MS_BYTES;
+    float *s_acc = reinterpret_cast<float *>(s_ring); /* [head][D], overlays the drained ring */
+
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const uint32_t ring = span.ring, begin = span.begin, end = span.end;
+    const size_t head_rows = ((size_t)b * p.num_kv_heads + kvh) * cap;
+    const uint8_t *kcodes = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * S::ROW;
+    const uint8_t *vcodes = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * S::ROW;
+    const float *kscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_K_SCALES) + head_rows;
+    const float *vscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_V_SCALES) + head_rows;
+    const float *qrot = pyfa_ptr<const float>(a, PYFA_VEC_ARG_Q);
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
+
+    /* Copies the codes and scales of positions [base, base + TP) into ring
+     * stage `stage` (rows past `end` as zeros) and commits them as one group,
+     * empty for a tile wholly past `end`, which is never read. */
+    auto issue = [&](uint32_t base, int stage) {
+        char *dst = s_ring + stage * S::STAGE_BYTES;
+        if (base < end) {
+            for (int i = tid; i < TP * CPR; i += NW * 32) {
+                const int r = i / CPR, ch = i % CPR;
+                const uint32_t pos = base + r;
+                uint32_t slot = pos + ring;
+                slot = slot >= cap ? slot - cap : slot;
+                const bool live = pos < end;
+                const size_t off = (live ? (size_t)slot * S::ROW : 0) + ch * 16;
+                pyfa_cp_async16(dst + r * LDC + ch * 16, kcodes + off, live ? 16u : 0u);
+                pyfa_cp_async16(dst + S::V_OFF + r * LDC + ch * 16, vcodes + off, live ? 16u : 0u);
+            }
+            for (int i = tid; i < 2 * TP; i += NW * 32) { /* K scales, then V scales */
+                const uint32_t pos = base + (i % TP);
+                uint32_t slot = pos + ring;
+                slot = slot >= cap ? slot - cap : slot;
+                const bool live = pos < end;
+                const float *src = (i < TP ? kscales : vscales) + (live ? slot : 0);
+                tq_vec::cp_async<4>(dst + S::S_OFF + i * 4, src, live ? 4u : 0u);
+            }
+        }
+        pyfa_cp_async_commit();
+    };
+
+    /* Start the first tiles' copies, then build the table while they fly. */
+    for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+    {
+        const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
+        for (int i = tid; i < 256 * COPIES; i += NW * 32) {
+            const int e = i / COPIES; /* low nibble: even coordinate */
+            uint2 v;
+            pyfa_split2<PYFA_DTYPE_F16>(cb[e & 15], cb[e >> 4], v.x, v.y);
+            s_table[i] = v;
+        }
+    }
+    const uint2 *tab = s_table + (lane & 15);
+
+    bool first_pass = true;
+    for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
+        const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
+        const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
+        if (!first_pass)
+            for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+        first_pass = false;
+        /* Qᵀ fragments (rotated q, f16 hi and lo), as in attn_vec_mma.cuh. */
+        for (int i = tid; i < S::KSTEPS * 32; i += NW * 32) {
+            const int kk = i >> 5, h = (i & 31) >> 2, d0 = 16 * kk + 2 * (i & 3);
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if ((uint32_t)h < gn) {
+                const float *qrow = qrot + (row0 + h) * D;
+                x[0] = qrow[d0] * qscale, x[1] = qrow[d0 + 1] * qscale;
+                x[2] = qrow[d0 + 8] * qscale, x[3] = qrow[d0 + 9] * qscale;
+            }
+            uint4 f;
+            pyfa_split2<PYFA_DTYPE_F16>(x[0], x[1], f.x, f.z);
+            pyfa_split2<PYFA_DTYPE_F16>(x[2], x[3], f.y, f.w);
+            s_q[i] = f;
+        }
+
+        float acc[S::MB][4];
+#pragma unroll
+        for (int i = 0; i < S::MB; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        float m = -INFINITY, s = 0.0f;
+
+        int stage = 0;
+        for (uint32_t base = begin; base < end; base += TP) {
+            pyfa_cp_async_wait<STAGES - 2>();
+            __syncthreads(); /* this tile has landed; every warp is done with the previous one */
+            issue(base + (STAGES - 1) * TP, stage == 0 ? STAGES - 1 : stage - 1);
+            const char *tile = s_ring + stage * S::STAGE_BYTES;
+            const float *tscale = reinterpret_cast<const float *>(tile + S::S_OFF);
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+            /* A. Sᵀ of positions 16 warp + [0, 16): rows g and g + 8 of the block.
+             * Six accumulators (k-step parity x product term) keep the chains of
+             * dependent mmas short. */
+            {
+                float sp[6][4] = {};
+                const char *r0 = tile + (warp * 16 + g) * LDC, *r1 = r0 + 8 * LDC;
+#pragma unroll 4
+                for (int j = 0; j < S::KSTEPS / 2; j++) { /* words 4j..4j+3: k-steps 2j, 2j + 1 */
+                    const uint4 w0 = *reinterpret_cast<const uint4 *>(r0 + 16 * j);
+                    const uint4 w1 = *reinterpret_cast<const uint4 *>(r1 + 16 * j);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint2 l0 = tq_mma::lookup(tab, h ? w0.z : w0.x, c);
+                        const uint2 l1 = tq_mma::lookup(tab, h ? w1.z : w1.x, c);
+                        const uint2 l2 = tq_mma::lookup(tab, h ? w0.w : w0.y, c);
+                        const uint2 l3 = tq_mma::lookup(tab, h ? w1.w : w1.y, c);
+                        const uint32_t ahi[4] = {l0.x, l1.x, l2.x, l3.x}, alo[4] = {l0.y, l1.y, l2.y, l3.y};
+                        const uint4 fq = s_q[(2 * j + h) * 32 + lane];
+                        mma16816<PYFA_DTYPE_F16>(sp[3 * h], ahi, fq.x, fq.y);
+                        mma16816<PYFA_DTYPE_F16>(sp[3 * h + 1], ahi, fq.z, fq.w);
+                        mma16816<PYFA_DTYPE_F16>(sp[3 * h + 2], alo, fq.x, fq.y);
+                    }
+                }
+                float sc[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[e] = ((sp[0][e] + sp[3][e]) + (sp[1][e] + sp[4][e])) + (sp[2][e] + sp[5][e]);
+                const float k0 = tscale[warp * 16 + g] * inv_sqrt_d, k1 = tscale[warp * 16 + g + 8] * inv_sqrt_d;
+                float *dst = s_score + (warp * 16 + g) * HEADS + 2 * c;
+                *reinterpret_cast<float2 *>(dst) = make_float2(sc[0] * k0, sc[1] * k0);
+                *reinterpret_cast<float2 *>(dst + 8 * HEADS) = make_float2(sc[2] * k1, sc[3] * k1);
+            }
+            __syncthreads();
+
+            /* B. Softmax over the tile for head g (positions 16j + 2c + {0, 1, 8, 9}). */
+            float x[J][4];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
+                    float v = s_score[pos * HEADS + g];
+                    if (SOFTCAP) v = p.softcap * tanhf(v * p.scale / p.softcap) * PYFA_LOG2E;
+                    v = base + pos < end ? v : -INFINITY;
+                    x[j][e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m, mx);
+            const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+            float sum = 0.0f;
+            uint32_t phi[J][2], plo[J][2];
+            const float *vscale = tscale + TP;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                float w[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
+                    const float pe = m_new == -INFINITY ? 0.0f : exp2f(x[j][e] - m_new);
+                    sum += pe;
+                    w[e] = pe * (vscale[pos] * inv_sqrt_d);
+                }
+                pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[j][0], plo[j][0]);
+                pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[j][1], plo[j][1]);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            s = s * alpha + sum;
+            m = m_new;
+            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+            /* Oᵀ rows of m-block mb: row g = coordinate 16 mb + 2g, row g + 8 = 16 mb + 2g + 1,
+             * both in byte 8 mb + g of a row (word 2 mb + g / 4, byte g % 4). */
+            const char *vt = tile + S::V_OFF;
+#pragma unroll
+            for (int i = 0; i < S::MB; i++) acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
+            /* Per 16 positions: every m-block's fragments, then the three product
+             * terms each over all m-blocks, so consecutive mmas are independent. */
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                uint32_t ahi[S::MB][4], alo[S::MB][4];
+#pragma unroll
+                for (int i = 0; i < S::MB; i++) {
+                    const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
+                    const uint2 l0 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
+                    const uint2 l1 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
+                    const uint2 l2 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
+                    const uint2 l3 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
+                    ahi[i][0] = __byte_perm(l0.x, l1.x, 0x5410), ahi[i][1] = __byte_perm(l0.x, l1.x, 0x7632);
+                    ahi[i][2] = __byte_perm(l2.x, l3.x, 0x5410), ahi[i][3] = __byte_perm(l2.x, l3.x, 0x7632);
+                    alo[i][0] = __byte_perm(l0.y, l1.y, 0x5410), alo[i][1] = __byte_perm(l0.y, l1.y, 0x7632);
+                    alo[i][2] = __byte_perm(l2.y, l3.y, 0x5410), alo[i][3] = __byte_perm(l2.y, l3.y, 0x7632);
+                }
+#pragma unroll
+                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], phi[j][0], phi[j][1]);
+#pragma unroll
+                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], plo[j][0], plo[j][1]);
+#pragma unroll
+                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], alo[i], phi[j][0], phi[j][1]);
+            }
+        }
+
+        pyfa_cp_async_wait<0>();
+        __syncthreads(); /* the merge area overlays the ring */
+#pragma unroll
+        for (int i = 0; i < S::MB; i++) {
+            const int d = (warp + NW * i) * 16 + 2 * g;
+            s_acc[(2 * c) * D + d] = acc[i][0];
+            s_acc[(2 * c + 1) * D + d] = acc[i][1];
+            s_acc[(2 * c) * D + d + 1] = acc[i][2];
+            s_acc[(2 * c + 1) * D + d + 1] = acc[i][3];
+        }
+        if (warp == 0 && c == 0) {
+            s_ms[g * 2] = m;
+            s_ms[g * 2 + 1] = s;
+        }
+        __syncthreads();
+        attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT);
+        __syncthreads();
+    }
+}
