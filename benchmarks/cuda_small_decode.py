@@ -1,6 +1,7 @@
 """A small decode on the CUDA device, for compute-sanitizer (memcheck,
-racecheck): split (nwg > 1, reduce pass) and direct (nwg == 1) paths, GQA,
-a ring buffer, a window, softcap, 16-bit and f32 caches. Exits non-zero on a
+racecheck): split (nwg > 1, reduce pass) and direct (nwg == 1) paths, GQA
+groups of 2 (vector kernel) and 4 (tensor-core kernel for 16-bit caches), a
+ring buffer, a window, softcap, 16-bit and f32 caches. Exits non-zero on a
 wrong result."""
 import sys
 
@@ -12,9 +13,9 @@ from pyfa import reference
 dev = pyfa.Device("cuda")
 rng = np.random.default_rng(0)
 worst = 0.0
-for D, dtype, kw in [(128, np.float16, {}), (256, pyfa.bfloat16, {"window": 100, "softcap": 30.0}),
-                     (80, np.float32, {}), (512, np.float16, {})]:
-    q = rng.standard_normal((2, 8, D)).astype(np.float32)
+for H, D, dtype, kw in [(8, 128, np.float16, {}), (8, 256, pyfa.bfloat16, {"window": 100, "softcap": 30.0}),
+                        (8, 80, np.float32, {}), (8, 512, np.float16, {}), (4, 128, np.float16, {})]:
+    q = rng.standard_normal((2, H, D)).astype(np.float32)
     k = rng.standard_normal((2, 2, 1024, D)).astype(dtype)
     v = rng.standard_normal((2, 2, 1024, D)).astype(dtype)
     for lens, ring in [([1024, 1024], [0, 37]), ([700, 3], 0)]:

@@ -42,15 +42,16 @@ for D, dtype in [(128, pyfa.bfloat16), (64, np.float16), (96, np.float32)]:
     check(f"merge D={D} {np.dtype(dtype)}", o, reference.attention(q, k, v), 2 * TOL[np.dtype(dtype)])
 
 try:
-    cache = pyfa.TurboQuantKVCache(2, 128, 256, k_bits=4, v_bits=3, device=dev)
-    cache.append(rng.standard_normal((200, 2, 128)).astype(np.float32),
-                 rng.standard_normal((200, 2, 128)).astype(np.float32))
-    q = rng.standard_normal((8, 128)).astype(np.float32)
-    a, b = cache.attend(q, fused=True), cache.attend(q, fused=False)
-    kd, vd = cache.dequantize()
-    check("turboquant fused == unfused", a, b, 0.0)
-    check("turboquant vs dense on dequantized K/V", a,
-          reference.decode_attention(q, kd.transpose(1, 0, 2), vd.transpose(1, 0, 2), 200), 1e-4)
+    for kb, vb in [(4, 3), (4, 4)]:  # vector kernel, tensor-core kernel
+        cache = pyfa.TurboQuantKVCache(2, 128, 256, k_bits=kb, v_bits=vb, device=dev)
+        cache.append(rng.standard_normal((200, 2, 128)).astype(np.float32),
+                     rng.standard_normal((200, 2, 128)).astype(np.float32))
+        q = rng.standard_normal((8, 128)).astype(np.float32)
+        a, b = cache.attend(q, fused=True), cache.attend(q, fused=False)
+        kd, vd = cache.dequantize()
+        check(f"turboquant {kb}/{vb} bits fused == unfused", a, b, 0.0)
+        check(f"turboquant {kb}/{vb} bits vs dense on dequantized K/V", a,
+              reference.decode_attention(q, kd.transpose(1, 0, 2), vd.transpose(1, 0, 2), 200), 1e-4)
 except pyfa.UnsupportedError as e:
     print(f"TurboQuant skipped: {e}")
 print(f"small prefill/merge/TurboQuant on {dev.backend}: {len(failures)} failed")

@@ -25,18 +25,23 @@
 #include "pyfa_mma.cuh"
 #include "attn_vec_reduce.cuh"
 
+/* Ring depth in tiles (NVRTC -D options from the CUDA plan, which sizes shared
+ * memory with the same values): 1 KB rows (D = 512) measured faster with 2. */
 #ifndef PYFA_VEC_MMA_STAGES
 #define PYFA_VEC_MMA_STAGES 3
+#endif
+#ifndef PYFA_VEC_MMA_STAGES_WIDE
+#define PYFA_VEC_MMA_STAGES_WIDE 2
 #endif
 
 namespace vec_mma {
 constexpr int NW = 4;    /* warps per block */
 constexpr int HEADS = 8; /* query heads per pass */
-constexpr int STAGES = PYFA_VEC_MMA_STAGES;
 
 template <int D>
 struct shape {
     static constexpr int KSTEPS = D / 16;          /* 16-dim blocks: k-steps of K Qᵀ, m-blocks of Vᵀ Pᵀ */
+    static constexpr int STAGES = D > 256 ? PYFA_VEC_MMA_STAGES_WIDE : PYFA_VEC_MMA_STAGES;
     static constexpr int KS = D > 256 ? 2 : 1;     /* warps sharing one position block's dims in phase A */
     static constexpr int PB = NW / KS;             /* 16-position blocks per tile */
     static constexpr int TP = 16 * PB;             /* positions per tile */
@@ -60,7 +65,7 @@ template <int QDT, int KVDT, int D>
 __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP, const bool DIRECT) {
     static_assert(KVDT != PYFA_DTYPE_F32, "the tensor-core decode reads 16-bit caches");
     using S = vec_mma::shape<D>;
-    constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, STAGES = vec_mma::STAGES;
+    constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, STAGES = S::STAGES;
     constexpr int TP = S::TP, LD = S::LD, CPR = D / 8; /* 16-byte chunks per row */
     const pyfa_flash_attn_vec_params &p = pyfa_param<pyfa_flash_attn_vec_params>(a, PYFA_VEC_ARG_PARAMS);
     const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;

@@ -143,9 +143,10 @@ struct CUDAPlan: BackendPlan {
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
     /// The tensor-core decode (attn_vec_mma.cuh) for 16-bit caches:
     /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
-    /// (vecVariant). Its ring depth in tiles.
+    /// (vecVariant). Its ring depth in tiles (D <= 256, D = 512).
     static let vecMma: Int? = getenv("PYFA_CUDA_VEC_MMA").flatMap { Int(String(cString: $0)) }
     static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 3))
+    static let vecMmaStagesWide = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_WIDE", 2)) /* D = 512 */
 
     /// attn_prefill.cu's terms of P in the I/O dtype for P V: 2 (default)
     /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
@@ -165,7 +166,7 @@ struct CUDAPlan: BackendPlan {
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
-         "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)",
+         "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_WIDE=\(vecMmaStagesWide)",
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
          "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
@@ -215,7 +216,7 @@ struct CUDAPlan: BackendPlan {
     /// K + V tiles (padded rows) and the merge area.
     static func vecMmaSharedBytes(headDim D: Int) -> Int {
         let ks = D > 256 ? 2 : 1, tp = 16 * Int(warps) / ks, ld = 2 * D + 16
-        let ring = vecMmaStages * 2 * tp * ld, merge = 8 * D * 4
+        let ring = (D > 256 ? vecMmaStagesWide : vecMmaStages) * 2 * tp * ld, merge = 8 * D * 4
         return D / 16 * 32 * 16 + ks * tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
     }
 
