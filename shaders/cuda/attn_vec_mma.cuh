@@ -33,6 +33,11 @@
 #ifndef PYFA_VEC_MMA_STAGES_WIDE
 #define PYFA_VEC_MMA_STAGES_WIDE 2
 #endif
+/* Warps sharing one 16-position block's dims at D = 512 (2: tiles of 32
+ * positions; 4: tiles of 16, half the shared memory). */
+#ifndef PYFA_VEC_MMA_WIDE_SPLIT
+#define PYFA_VEC_MMA_WIDE_SPLIT 2
+#endif
 
 namespace vec_mma {
 constexpr int NW = 4;    /* warps per block */
@@ -42,7 +47,7 @@ template <int D>
 struct shape {
     static constexpr int KSTEPS = D / 16;          /* 16-dim blocks: k-steps of K Qᵀ, m-blocks of Vᵀ Pᵀ */
     static constexpr int STAGES = D > 256 ? PYFA_VEC_MMA_STAGES_WIDE : PYFA_VEC_MMA_STAGES;
-    static constexpr int KS = D > 256 ? 2 : 1;     /* warps sharing one position block's dims in phase A */
+    static constexpr int KS = D > 256 ? PYFA_VEC_MMA_WIDE_SPLIT : 1; /* warps sharing a position block's dims in phase A */
     static constexpr int PB = NW / KS;             /* 16-position blocks per tile */
     static constexpr int TP = 16 * PB;             /* positions per tile */
     static constexpr int KSPAN = KSTEPS / KS;      /* k-steps per warp in phase A */

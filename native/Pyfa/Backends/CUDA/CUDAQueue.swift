@@ -147,6 +147,7 @@ struct CUDAPlan: BackendPlan {
     static let vecMma: Int? = getenv("PYFA_CUDA_VEC_MMA").flatMap { Int(String(cString: $0)) }
     static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 3))
     static let vecMmaStagesWide = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_WIDE", 2)) /* D = 512 */
+    static let vecMmaWideSplit = envInt("PYFA_CUDA_VEC_MMA_WIDE_SPLIT", 2) == 4 ? 4 : 2 /* D = 512 */
 
     /// attn_prefill.cu's terms of P in the I/O dtype for P V: 2 (default)
     /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
@@ -167,6 +168,7 @@ struct CUDAPlan: BackendPlan {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
          "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_WIDE=\(vecMmaStagesWide)",
+         "-DPYFA_VEC_MMA_WIDE_SPLIT=\(vecMmaWideSplit)",
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
          "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
@@ -215,7 +217,7 @@ struct CUDAPlan: BackendPlan {
     /// Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring of
     /// K + V tiles (padded rows) and the merge area.
     static func vecMmaSharedBytes(headDim D: Int) -> Int {
-        let ks = D > 256 ? 2 : 1, tp = 16 * Int(warps) / ks, ld = 2 * D + 16
+        let ks = D > 256 ? vecMmaWideSplit : 1, tp = 16 * Int(warps) / ks, ld = 2 * D + 16
         let ring = (D > 256 ? vecMmaStagesWide : vecMmaStages) * 2 * tp * ld, merge = 8 * D * 4
         return D / 16 * 32 * 16 + ks * tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
     }
