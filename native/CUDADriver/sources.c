@@ -31,6 +31,9 @@ static const char src_attn_prefill[] = {
 static const char src_attn_vec_reduce[] = {
 #embed "../../shaders/cuda/attn_vec_reduce.cuh"
 , 0};
+static const char src_vec_mma_tile[] = {
+#embed "../../shaders/cuda/vec_mma_tile.cuh"
+, 0};
 static const char src_attn_vec_mma[] = {
 #embed "../../shaders/cuda/attn_vec_mma.cuh"
 , 0};
@@ -57,6 +60,7 @@ static const struct {
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
     {"attn_prefill.cu", src_attn_prefill, sizeof src_attn_prefill - 1},
     {"attn_vec_reduce.cuh", src_attn_vec_reduce, sizeof src_attn_vec_reduce - 1},
+    {"vec_mma_tile.cuh", src_vec_mma_tile, sizeof src_vec_mma_tile - 1},
     {"attn_vec_mma.cuh", src_attn_vec_mma, sizeof src_attn_vec_mma - 1},
     {"pyfa_mma.cuh", src_mma, sizeof src_mma - 1},
     {"turboquant_mma.cuh", src_turboquant_mma, sizeof src_turboquant_mma - 1},

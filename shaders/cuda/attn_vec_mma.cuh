@@ -22,8 +22,7 @@
  * pairs go out in the natural-log domain of the reduce contract.
  */
 #pragma once
-#include "pyfa_mma.cuh"
-#include "attn_vec_reduce.cuh"
+#include "vec_mma_tile.cuh"
 
 /* Ring depth in tiles (NVRTC -D options from the CUDA plan, which sizes shared
  * memory with the same values): 1 KB rows (D = 512) measured faster with 2. */
@@ -40,9 +39,6 @@
 #endif
 
 namespace vec_mma {
-constexpr int NW = 4;    /* warps per block */
-constexpr int HEADS = 8; /* query heads per pass */
-
 template <int D>
 struct shape {
     static constexpr int KSTEPS = D / 16;          /* 16-dim blocks: k-steps of K Qᵀ, m-blocks of Vᵀ Pᵀ */
@@ -123,23 +119,9 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
         const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
-        /* Qᵀ fragments of every k-step: lane (g, c) of k-step kk holds
-         * q[head g][16kk + 2c + {0, 1}] and [+8 + {0, 1}], hi and lo halves. */
-        for (int i = tid; i < S::KSTEPS * 32; i += NW * 32) {
-            const int kk = i >> 5, h = (i & 31) >> 2, d0 = 16 * kk + 2 * (i & 3);
-            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if ((uint32_t)h < gn) {
-                const char *qrow = qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2);
-                x[0] = load_q(qrow, d0, QDT) * qscale;
-                x[1] = load_q(qrow, d0 + 1, QDT) * qscale;
-                x[2] = load_q(qrow, d0 + 8, QDT) * qscale;
-                x[3] = load_q(qrow, d0 + 9, QDT) * qscale;
-            }
-            uint4 f;
-            pyfa_split2<KVDT>(x[0], x[1], f.x, f.z);
-            pyfa_split2<KVDT>(x[2], x[3], f.y, f.w);
-            s_q[i] = f;
-        }
+        vec_mma::store_q_fragments<S::KSTEPS, KVDT>(s_q, gn, [&](int h, int d) {
+            return load_q(qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2), d, QDT) * qscale;
+        });
 
         float acc[S::MB][4];
 #pragma unroll
@@ -182,47 +164,18 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
             }
             __syncthreads();
 
-            /* B. Softmax over the tile for head g: lane (g, c) holds the scores
-             * its Pᵀ fragments need, positions 16j + 2c + {0, 1, 8, 9}. */
+            /* B. The tile's softmax for head g, then this warp's Oᵀ blocks. */
             constexpr int J = TP / 16;
             float x[J][4];
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
-                    float v = s_score[pos * HEADS + g];
-#pragma unroll
-                    for (int k = 1; k < S::KS; k++) v += s_score[(k * TP + pos) * HEADS + g];
-                    if (SOFTCAP) v = p.softcap * tanhf(v * p.scale / p.softcap) * PYFA_LOG2E;
-                    v = base + pos < end ? v : -INFINITY;
-                    x[j][e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m, mx);
-            const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-            float sum = 0.0f;
+            vec_mma::tile_scores<J, S::KS>(s_score, base, end, SOFTCAP, p, x);
+            const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
+            const float a0 = alpha.x, a1 = alpha.y;
             uint32_t phi[J][2], plo[J][2];
 #pragma unroll
             for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    x[j][e] = m_new == -INFINITY ? 0.0f : exp2f(x[j][e] - m_new);
-                    sum += x[j][e];
-                }
                 pyfa_split2<KVDT>(x[j][0], x[j][1], phi[j][0], plo[j][0]);
                 pyfa_split2<KVDT>(x[j][2], x[j][3], phi[j][1], plo[j][1]);
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            s = s * alpha + sum;
-            m = m_new;
-            /* Oᵀ columns of this lane are heads 2c and 2c + 1: their alphas live in lanes 8c and 8c + 4. */
-            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
 #pragma unroll
             for (int i = 0; i < S::MB; i++) {
                 const int mb = warp + NW * i;
@@ -241,26 +194,10 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
             }
         }
 
-        /* Publish: every warp holds the same (m, s); each its own output dims. */
-        pyfa_cp_async_wait<0>();
-        __syncthreads(); /* the merge area overlays the ring */
-#pragma unroll
-        for (int i = 0; i < S::MB; i++) {
+        /* Block i = m-block warp + NW i: fragment rows g and g + 8 are dims 16 mb + g and + 8. */
+        vec_mma::finish_pass<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) {
             const int mb = warp + NW * i;
-            if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
-                const int d = mb * 16 + g;
-                s_acc[(2 * c) * D + d] = acc[i][0];
-                s_acc[(2 * c + 1) * D + d] = acc[i][1];
-                s_acc[(2 * c) * D + d + 8] = acc[i][2];
-                s_acc[(2 * c + 1) * D + d + 8] = acc[i][3];
-            }
-        }
-        if (warp == 0 && c == 0) {
-            s_ms[g * 2] = m;
-            s_ms[g * 2 + 1] = s;
-        }
-        __syncthreads();
-        attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT);
-        __syncthreads();
+            return S::KSTEPS % NW == 0 || mb < S::KSTEPS ? mb * 16 + g : -1;
+        }, m, s, gn, row0, iwg, DIRECT);
     }
 }

@@ -24,15 +24,14 @@
  * follows the same permutation when it is published.
  */
 #pragma once
-#include "pyfa_mma.cuh"
-#include "attn_vec_reduce.cuh"
+#include "vec_mma_tile.cuh"
 
 #ifndef PYFA_TQ_MMA_STAGES
 #define PYFA_TQ_MMA_STAGES 3
 #endif
 
 namespace tq_mma {
-constexpr int NW = 4, HEADS = 8, TP = 64, COPIES = 16;
+constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, TP = 64, COPIES = 16;
 constexpr int STAGES = PYFA_TQ_MMA_STAGES;
 
 template <int D>
@@ -145,20 +144,8 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
         if (!first_pass)
             for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
         first_pass = false;
-        /* Qᵀ fragments (rotated q, f16 hi and lo), as in attn_vec_mma.cuh. */
-        for (int i = tid; i < S::KSTEPS * 32; i += NW * 32) {
-            const int kk = i >> 5, h = (i & 31) >> 2, d0 = 16 * kk + 2 * (i & 3);
-            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if ((uint32_t)h < gn) {
-                const float *qrow = qrot + (row0 + h) * D;
-                x[0] = qrow[d0] * qscale, x[1] = qrow[d0 + 1] * qscale;
-                x[2] = qrow[d0 + 8] * qscale, x[3] = qrow[d0 + 9] * qscale;
-            }
-            uint4 f;
-            pyfa_split2<PYFA_DTYPE_F16>(x[0], x[1], f.x, f.z);
-            pyfa_split2<PYFA_DTYPE_F16>(x[2], x[3], f.y, f.w);
-            s_q[i] = f;
-        }
+        vec_mma::store_q_fragments<S::KSTEPS, PYFA_DTYPE_F16>(
+            s_q, gn, [&](int h, int d) { return qrot[(row0 + h) * D + d] * qscale; });
 
         float acc[S::MB][4];
 #pragma unroll
@@ -207,46 +194,21 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             }
             __syncthreads();
 
-            /* B. Softmax over the tile for head g (positions 16j + 2c + {0, 1, 8, 9}). */
+            /* B. The tile's softmax for head g; the weights carry the rows' V scales. */
             float x[J][4];
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
-                    float v = s_score[pos * HEADS + g];
-                    if (SOFTCAP) v = p.softcap * tanhf(v * p.scale / p.softcap) * PYFA_LOG2E;
-                    v = base + pos < end ? v : -INFINITY;
-                    x[j][e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m, mx);
-            const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-            float sum = 0.0f;
+            vec_mma::tile_scores<J, 1>(s_score, base, end, SOFTCAP, p, x);
+            const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
+            const float a0 = alpha.x, a1 = alpha.y;
             uint32_t phi[J][2], plo[J][2];
             const float *vscale = tscale + TP;
 #pragma unroll
             for (int j = 0; j < J; j++) {
                 float w[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int pos = 16 * j + 2 * c + (e & 1) + (e >> 1) * 8;
-                    const float pe = m_new == -INFINITY ? 0.0f : exp2f(x[j][e] - m_new);
-                    sum += pe;
-                    w[e] = pe * (vscale[pos] * inv_sqrt_d);
-                }
+                for (int e = 0; e < 4; e++) w[e] = x[j][e] * (vscale[16 * j + 2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
                 pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[j][0], plo[j][0]);
                 pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[j][1], plo[j][1]);
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            s = s * alpha + sum;
-            m = m_new;
-            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * c), a1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
             /* Oᵀ rows of m-block mb: row g = coordinate 16 mb + 2g, row g + 8 = 16 mb + 2g + 1,
              * both in byte 8 mb + g of a row (word 2 mb + g / 4, byte g % 4). */
             const char *vt = tile + S::V_OFF;
@@ -278,22 +240,8 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             }
         }
 
-        pyfa_cp_async_wait<0>();
-        __syncthreads(); /* the merge area overlays the ring */
-#pragma unroll
-        for (int i = 0; i < S::MB; i++) {
-            const int d = (warp + NW * i) * 16 + 2 * g;
-            s_acc[(2 * c) * D + d] = acc[i][0];
-            s_acc[(2 * c + 1) * D + d] = acc[i][1];
-            s_acc[(2 * c) * D + d + 1] = acc[i][2];
-            s_acc[(2 * c + 1) * D + d + 1] = acc[i][3];
-        }
-        if (warp == 0 && c == 0) {
-            s_ms[g * 2] = m;
-            s_ms[g * 2 + 1] = s;
-        }
-        __syncthreads();
-        attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT);
-        __syncthreads();
+        /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
+        vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m, s,
+                                   gn, row0, iwg, DIRECT);
     }
 }
