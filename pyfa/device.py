@@ -91,6 +91,11 @@ class Device:
         self.name = ffi.string(info.name).decode()
         self.compute_units = int(info.compute_units)
         self.memory_bytes = int(info.memory_bytes)
+        self.max_threads_per_threadgroup = int(info.max_threads_per_threadgroup)
+        self.max_threadgroup_memory = int(info.max_threadgroup_memory)
+        self.simd_width = int(info.simd_width)
+        self.is_gpu = bool(info.is_gpu)
+        self._host_visible = bool(info.host_visible)
         self._local = threading.local()
 
     @property
@@ -100,7 +105,7 @@ class Device:
     @property
     def host_visible(self) -> bool:
         """True when kernels read host memory directly (numpy arrays are wrapped, not copied)."""
-        return self.backend == "cpu"
+        return self._host_visible
 
     def buffer(self, shape, dtype, storage: str = "shared") -> Buffer:
         """A new buffer of ``shape`` and ``dtype`` (numpy dtype; bf16 as ``ml_dtypes.bfloat16``)."""
@@ -146,6 +151,15 @@ def _shape(shape) -> list[int]:
     except (TypeError, ValueError):
         raise invalid(f"shape: {shape!r} is not a sequence of ints") from None
     return dims
+
+
+def supported(what: str) -> tuple[int, ...]:
+    """What the kernels are built for: ``"head_dims"``, ``"tq_head_dims"``,
+    ``"tq_bits"`` or ``"attn_dtypes"`` (dtype codes), as the library reports it."""
+    text = lib.pyfa_supported(str(what).encode())
+    if text == ffi.NULL:
+        raise invalid(f"what: {what!r} is not one of 'head_dims', 'tq_head_dims', 'tq_bits', 'attn_dtypes'")
+    return tuple(int(v) for v in ffi.string(text).decode().split(","))
 
 
 def available_backends() -> list[str]:

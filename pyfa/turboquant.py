@@ -46,12 +46,12 @@ import numpy as np
 
 from . import _io
 from ._native import ffi, lib
-from .device import Device, default_device
+from .device import Device, default_device, supported
 from .errors import check, invalid
 from .kvcache import _RingCache, _host_only
 
-BIT_WIDTHS = (2, 3, 4, 8)
-HEAD_DIMS = (64, 128, 256, 512)
+BIT_WIDTHS = supported("tq_bits")
+HEAD_DIMS = supported("tq_head_dims")
 STREAM_K, STREAM_V = lib.PYFA_TQ_STREAM_K, lib.PYFA_TQ_STREAM_V
 NORM_MODES = {"none": lib.PYFA_TQ_NORM_NONE, "norm_preserving": lib.PYFA_TQ_NORM_PRESERVING,
               "unbiased": lib.PYFA_TQ_NORM_UNBIASED}

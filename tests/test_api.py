@@ -22,6 +22,17 @@ def test_backends_and_default_device():
 
 def test_cpu_device_info(cpu):
     assert cpu.backend == "cpu" and cpu.compute_units >= 1 and "CPU" in cpu.name
+    # Backend facts come from the device, not from its name.
+    assert cpu.host_visible and not cpu.is_gpu and cpu.simd_width == 1
+
+
+def test_supported_lists_come_from_the_shader_headers():
+    assert pyfa.supported("head_dims") == (64, 80, 96, 128, 192, 256, 512)
+    assert pyfa.supported("tq_head_dims") == (64, 128, 256, 512)
+    assert pyfa.supported("tq_bits") == (2, 3, 4, 8)
+    assert pyfa.supported("attn_dtypes") == (lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16)
+    with pytest.raises(pyfa.InvalidArgumentError, match="what"):
+        pyfa.supported("widths")
 
 
 def test_every_status_code_has_an_exception_class():

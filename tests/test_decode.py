@@ -28,7 +28,7 @@ def check(out, ref, tol=TOL):
     np.testing.assert_allclose(out, ref, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("D", [64, 80, 96, 128, 192, 256, 512])
+@pytest.mark.parametrize("D", pyfa.supported("head_dims"))
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, pyfa.bfloat16])
 def test_head_dims_and_dtypes(device, rng, D, dtype):
     q, k, v = make(rng, 1, 4, 2, D, 300, dtype)
@@ -48,7 +48,7 @@ def test_gqa_and_lengths(device, rng, group, kv_len):
     check(pyfa.decode_attention(q, k, v, kv_len, device=device), reference.decode_attention(q, k, v, kv_len))
 
 
-@pytest.mark.parametrize("D", [64, 80, 96, 128, 192, 256, 512])
+@pytest.mark.parametrize("D", pyfa.supported("head_dims"))
 @pytest.mark.parametrize("dtype", [np.float16, pyfa.bfloat16])
 @pytest.mark.parametrize("group", [4, 12])
 def test_wide_groups(device, rng, D, dtype, group):

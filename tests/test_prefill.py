@@ -21,7 +21,7 @@ from pyfa import prefill, reference
 
 BF16 = pyfa.bfloat16
 ROUND = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
-HEAD_DIMS = [64, 80, 96, 128, 192, 256, 512]
+HEAD_DIMS = list(pyfa.supported("head_dims"))
 
 
 def make(rng, B, H, Hkv, qL, kL, D, dtype, layout="bhsd"):

@@ -56,7 +56,7 @@ def test_codebook_matches_reference_values(bits):
     assert mse == pytest.approx(GAUSSIAN_MSE[bits], rel=1e-6)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
 def test_codebook_sorted_symmetric_and_centroid_condition(bits):
     c = tq.codebook(bits)
     assert c.dtype == np.float32 and c.shape == (1 << bits,)
@@ -90,7 +90,7 @@ def test_struct_sizes_match_library():
 
 # --------------------------------------------------------------------------- rotation
 
-@pytest.mark.parametrize("D", [64, 128, 256, 512])
+@pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))
 def test_fwht_kernels_match_reference(device, rng, D):
     x = rng.standard_normal((5, D)).astype(np.float32)
     H = tq.hadamard(D)
@@ -125,7 +125,7 @@ def _f32_sumsq(x):
     return np.float32(((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])))
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
 @pytest.mark.parametrize("nc", ["none", "norm_preserving", "unbiased"])
 def test_codes_match_float64_reference(device, rng, bits, nc):
     x = (rng.standard_normal((256, 128)) * rng.uniform(0.1, 10, (256, 1))).astype(np.float32)
@@ -338,8 +338,8 @@ def test_rotated_domain_decode_equals_dense_on_dequantized(device, case):
     np.testing.assert_allclose(cache.attend(q, softcap=softcap), dense, atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("D", [64, 128, 256, 512])
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))
+@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
 def test_fused_tail_is_bit_identical(device, D, bits):
     rng = np.random.default_rng(D + bits)
     cache = pyfa.TurboQuantKVCache(2, D, 600, k_bits=bits, v_bits=bits, seed=bits, device=device)
@@ -575,8 +575,8 @@ def test_bad_decode_and_dequantize_params(cpu):
 # --------------------------------------------------------------------------- cross-backend
 
 @pytest.mark.skipif("cuda" not in pyfa.available_backends(), reason="no CUDA device here")
-@pytest.mark.parametrize("D", [64, 128, 256, 512])
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))
+@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
 def test_cuda_codec_is_byte_identical_to_cpu(cpu, D, bits):
     """The codec is a pure function of the row (turboquant_params.h): CUDA and CPU store the same
     code bytes and the same scale bits, for every input dtype and scale mode, and decode them to

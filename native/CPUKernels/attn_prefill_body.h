@@ -374,7 +374,7 @@ PYFA_INLINE void pf_blk_row(const char *row, uint32_t n, const int dt, const int
 PYFA_INLINE void pf_blk_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt,
                              const int bool_mask) {
     const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
-    const uint32_t BQ = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_Q], BK = (uint32_t)d->constants[PYFA_PREFILL_FC_BLOCK_K];
+    const uint32_t BQ = (uint32_t)d->constants[PYFA_BLK_FC_BLOCK_Q], BK = (uint32_t)d->constants[PYFA_BLK_FC_BLOCK_K];
     const uint32_t es = bool_mask ? 1 : dtype_size(dt);
     const uint32_t i0 = x * BQ, nq = p->q_len - i0 < BQ ? p->q_len - i0 : BQ;
     const uint32_t mask_heads = p->mask_strides[1] ? p->num_heads : 1;
@@ -395,11 +395,11 @@ PYFA_INLINE void pf_blk_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y,
 void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                                void *scratch) {
     (void)scratch;
-    if (d->constants[PYFA_PREFILL_FC_MASK_KIND] == PYFA_MASK_BOOL) {
+    if (d->constants[PYFA_BLK_FC_MASK_KIND] == PYFA_MASK_BOOL) {
         pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 1);
         return;
     }
-    switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
+    switch (d->constants[PYFA_BLK_FC_DTYPE]) {
     case PYFA_DTYPE_F16: pf_blk_body(d, x, y, z, PYFA_DTYPE_F16, 0); return;
     case PYFA_DTYPE_BF16: pf_blk_body(d, x, y, z, PYFA_DTYPE_BF16, 0); return;
     default: pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 0); return;

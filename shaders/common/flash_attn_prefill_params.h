@@ -34,8 +34,6 @@
  * Grid: (num_q_blocks, num_heads, batch); threadgroup (x, y, z) computes
  * query rows [x*block_q, min((x+1)*block_q, q_len)) of head y, sequence z.
  * Threads per threadgroup and threadgroup memory come from the plan.
- * ALIGN_Q / ALIGN_K tell a kernel that no tile is ragged (it may drop bound
- * checks); a kernel may also ignore them (the CPU kernel pads tiles).
  * ------------------------------------------------------------------------- */
 #pragma once
 
@@ -82,16 +80,22 @@ typedef struct pyfa_flash_attn_prefill_params {
 #define PYFA_PREFILL_FC_HEAD_DIM 1    /**< head_dim */
 #define PYFA_PREFILL_FC_BLOCK_Q 2     /**< block_q of the plan */
 #define PYFA_PREFILL_FC_BLOCK_K 3     /**< block_k of the plan */
-#define PYFA_PREFILL_FC_ALIGN_Q 4     /**< q_len % block_q == 0 */
-#define PYFA_PREFILL_FC_ALIGN_K 5     /**< kv_len % block_k == 0 */
-#define PYFA_PREFILL_FC_HAS_MASK 6    /**< a mask is bound */
-#define PYFA_PREFILL_FC_MASK_KIND 7   /**< PYFA_MASK_ADDITIVE or PYFA_MASK_BOOL */
-#define PYFA_PREFILL_FC_DO_CAUSAL 8   /**< params.causal != 0 */
-#define PYFA_PREFILL_FC_HAS_WINDOW 9  /**< params.window > 0 */
-#define PYFA_PREFILL_FC_HAS_SOFTCAP 10 /**< params.softcap > 0 */
-#define PYFA_PREFILL_FC_HAS_BLK 11    /**< a blk buffer is bound */
-#define PYFA_PREFILL_FC_HAS_LSE 12    /**< an lse buffer is bound */
-#define PYFA_PREFILL_FC_COUNT 13
+#define PYFA_PREFILL_FC_HAS_MASK 4    /**< a mask is bound */
+#define PYFA_PREFILL_FC_MASK_KIND 5   /**< PYFA_MASK_ADDITIVE or PYFA_MASK_BOOL */
+#define PYFA_PREFILL_FC_DO_CAUSAL 6   /**< params.causal != 0 */
+#define PYFA_PREFILL_FC_HAS_WINDOW 7  /**< params.window > 0 */
+#define PYFA_PREFILL_FC_HAS_SOFTCAP 8 /**< params.softcap > 0 */
+#define PYFA_PREFILL_FC_HAS_BLK 9     /**< a blk buffer is bound */
+#define PYFA_PREFILL_FC_HAS_LSE 10    /**< an lse buffer is bound */
+#define PYFA_PREFILL_FC_COUNT 11
+
+/* Function constants of flash_attn_prefill_blk: the tile of the prefill
+ * dispatch it serves and how to read the mask. */
+#define PYFA_BLK_FC_DTYPE 0     /**< dtype code of the prefill I/O (an additive mask's dtype) */
+#define PYFA_BLK_FC_BLOCK_Q 1   /**< block_q of the plan */
+#define PYFA_BLK_FC_BLOCK_K 2   /**< block_k of the plan */
+#define PYFA_BLK_FC_MASK_KIND 3 /**< PYFA_MASK_ADDITIVE or PYFA_MASK_BOOL */
+#define PYFA_BLK_FC_COUNT 4
 
 #define PYFA_MASK_ADDITIVE 0 /**< mask in the I/O dtype, added to the scores */
 #define PYFA_MASK_BOOL 1     /**< u8 mask, non-zero = attend */
@@ -143,6 +147,6 @@ typedef struct pyfa_merge_attn_params {
 #define PYFA_MERGE_ARG_OUT 5
 #define PYFA_MERGE_ARG_LSE_OUT 6
 
-#define PYFA_MERGE_FC_DTYPE 0    /**< dtype code of o_a, o_b, out */
-#define PYFA_MERGE_FC_HEAD_DIM 1 /**< head_dim */
-#define PYFA_MERGE_FC_HAS_LSE 2  /**< lse_out is bound */
+#define PYFA_MERGE_FC_DTYPE 0   /**< dtype code of o_a, o_b, out */
+#define PYFA_MERGE_FC_HAS_LSE 1 /**< lse_out is bound */
+#define PYFA_MERGE_FC_COUNT 2

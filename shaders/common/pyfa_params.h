@@ -22,7 +22,12 @@
 #define PYFA_DTYPE_U32 5
 #define PYFA_DTYPE_I32 6
 
-/* Head dims every attention kernel supports. */
+/* What the attention kernels are built for, listed once. Each X-macro
+ * expands X(value) per supported value, in increasing order; C switches and
+ * tables use them directly, and pyfa_supported() in pyfa.h reports the same
+ * lists as text for Swift and Python. */
+#define PYFA_FOR_EACH_HEAD_DIM(X) X(64) X(80) X(96) X(128) X(192) X(256) X(512)
+#define PYFA_FOR_EACH_ATTN_DTYPE(X) X(PYFA_DTYPE_F32) X(PYFA_DTYPE_F16) X(PYFA_DTYPE_BF16)
 #define PYFA_MAX_HEAD_DIM 512
 
 /* ---------------------------------------------------------------------------
@@ -87,6 +92,9 @@ typedef struct pyfa_attn_reduce_params {
     uint32_t nwg;      /**< partial states per row */
     uint32_t reserved; /**< zero */
 } pyfa_attn_reduce_params;
+
+#define PYFA_REDUCE_FC_HEAD_DIM 0 /**< == params.head_dim */
+#define PYFA_REDUCE_FC_COUNT 1
 
 #define PYFA_REDUCE_ARG_PARAMS 0
 #define PYFA_REDUCE_ARG_TMP 1

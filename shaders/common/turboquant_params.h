@@ -63,8 +63,13 @@
  *   scales [num_kv_heads, kv_capacity] f32, one for K and one for V
  * ===========================================================================
  */
+
 #pragma once
 #include "pyfa_params.h"
+
+/* TurboQuant head dims and bit widths, listed once (as in pyfa_params.h). */
+#define PYFA_FOR_EACH_TQ_HEAD_DIM(X) X(64) X(128) X(256) X(512)
+#define PYFA_FOR_EACH_TQ_BITS(X) X(2) X(3) X(4) X(8)
 
 #define PYFA_TQ_STREAM_K 0
 #define PYFA_TQ_STREAM_V 1

@@ -564,8 +564,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
-template <int DT, int D, int BQ, int BK, int ALIGN_Q, int ALIGN_K, int HAS_MASK, int MASK_KIND, int DO_CAUSAL,
-          int HAS_WINDOW, int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
+template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
+          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
 __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a) {
     const prefill::flags f = {HAS_MASK != 0, HAS_MASK != 0 && MASK_KIND == PYFA_MASK_BOOL, DO_CAUSAL != 0,
                               HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0};
@@ -576,13 +576,12 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
     }
 }
 
-template <int DT, int D, int BQ, int BK, int ALIGN_Q, int ALIGN_K, int HAS_MASK, int MASK_KIND, int DO_CAUSAL,
-          int HAS_WINDOW, int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
+template <int DT, int BQ, int BK, int MASK_KIND>
 __device__ __forceinline__ void flash_attn_prefill_blk_body(const pyfa_cuda_args &a) {
     prefill::prefill_blk(a, DT, MASK_KIND == PYFA_MASK_BOOL, BQ, BK);
 }
 
-template <int DT, int D, int HAS_LSE>
+template <int DT, int HAS_LSE>
 __device__ __forceinline__ void merge_attention_states_body(const pyfa_cuda_args &a) {
     prefill::merge_states<DT>(a, HAS_LSE != 0);
 }

@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 1
+#define PYFA_ABI_VERSION 2
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -54,6 +54,10 @@ typedef struct pyfa_device_info {
     uint32_t max_threads_per_threadgroup;
     uint64_t max_threadgroup_memory;   /* bytes */
     uint64_t memory_bytes;             /* device memory (0 if unknown) */
+    uint32_t host_visible;             /* 1: shared buffers' contents are the memory kernels use (no copies) */
+    uint32_t simd_width;               /* threads that run in lockstep (1 on the CPU) */
+    uint32_t is_gpu;                   /* 1: a GPU runs the kernels; 0: the CPU (CPU backend, Metal executor) */
+    uint32_t reserved;                 /* zero */
 } pyfa_device_info;
 
 /* ---- library ---- */
@@ -61,6 +65,9 @@ uint32_t pyfa_abi_version(void);
 const char *pyfa_last_error(void);
 /* Comma-separated names of the backends compiled into this library, e.g. "cpu,cuda". */
 const char *pyfa_backends(void);
+/* What the kernels are built for, as comma-separated values: "head_dims",
+ * "tq_head_dims", "tq_bits" or "attn_dtypes" (dtype codes); NULL if unknown. */
+const char *pyfa_supported(const char *what);
 /* sizeof of a named parameter struct as the library was compiled, 0 if unknown. */
 size_t pyfa_struct_size(const char *name);
 /* A further place the CUDA backend looks for NVRTC, after $PYFA_NVRTC,

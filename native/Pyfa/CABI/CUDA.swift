@@ -15,7 +15,8 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         // NVRTC's time grows faster than linearly with the entries of one
         // program: compile them in programs of at most `chunk` entries.
         let chunk = 512
-        for (name, specs) in KernelSpecialisations.all(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 })) {
+        for (name, all) in try KernelSpecialisations.all(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 })) {
+            let specs = all.map(\.values)
             for start in stride(from: 0, to: specs.count, by: chunk) {
                 _ = try compiler.cubin(name: name, specialisations: Array(specs[start..<min(start + chunk, specs.count)]),
                                        check: true)

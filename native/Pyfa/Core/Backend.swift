@@ -101,7 +101,7 @@ public protocol Backend: AnyObject {
     func allocate(bytes: Int, storage: Storage) throws -> BufferMemory
     /// Memory the caller owns (host memory on the CPU; a device address on a GPU).
     func wrap(address: UInt64, bytes: Int) throws -> BufferMemory
-    func compile(name: String, constants: [Int32]) throws -> Pipeline
+    func compile(name: String, constants: FunctionConstants) throws -> Pipeline
     func makeQueue() throws -> CommandQueue
 }
 

@@ -23,8 +23,10 @@ public final class Device {
         case "cpu":
             return Device(backend: try CPUBackend())
         case "auto":
+            // Only a backend that runs on a GPU beats the CPU (the Metal
+            // executor on Linux opens, but runs on the CPU).
             for candidate in gpuBackendNames {
-                if let d = try? open(candidate) { return d }
+                if let d = try? open(candidate), d.backend.info.is_gpu != 0 { return d }
             }
             return try open("cpu")
         case "cuda", "metal":

@@ -9,7 +9,7 @@ import PyfaShaderCommon
 public enum FlashAttnPrefill {
     static let kernel = "flash_attn_prefill"
     static let blkKernel = "flash_attn_prefill_blk"
-    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+    static let floatTypes: [DType] = attentionFloatTypes
 
     /// Checks the shape fields and fills the tile fields (block_q, block_k,
     /// num_q_blocks, num_k_blocks) from the backend's plan for `dtype`.
@@ -64,6 +64,35 @@ public enum FlashAttnPrefill {
     }
 
     /// The mask's kind from its dtype: u8 is boolean, q's dtype is additive.
+    /// maskKind nil: no mask bound.
+    static func prefillConstants(dtype: DType, headDim: UInt32, blockQ: UInt32, blockK: UInt32, maskKind: Int32?,
+                                 causal: Bool, window: Bool, softcap: Bool, blk: Bool,
+                                 lse: Bool) throws -> FunctionConstants {
+        let flag: (Bool) -> Int32 = { $0 ? 1 : 0 }
+        return try FunctionConstants(count: PYFA_PREFILL_FC_COUNT, [
+            PYFA_PREFILL_FC_DTYPE: dtype.rawValue,
+            PYFA_PREFILL_FC_HEAD_DIM: Int32(headDim),
+            PYFA_PREFILL_FC_BLOCK_Q: Int32(blockQ),
+            PYFA_PREFILL_FC_BLOCK_K: Int32(blockK),
+            PYFA_PREFILL_FC_HAS_MASK: flag(maskKind != nil),
+            PYFA_PREFILL_FC_MASK_KIND: maskKind ?? PYFA_MASK_ADDITIVE,
+            PYFA_PREFILL_FC_DO_CAUSAL: flag(causal),
+            PYFA_PREFILL_FC_HAS_WINDOW: flag(window),
+            PYFA_PREFILL_FC_HAS_SOFTCAP: flag(softcap),
+            PYFA_PREFILL_FC_HAS_BLK: flag(blk),
+            PYFA_PREFILL_FC_HAS_LSE: flag(lse),
+        ])
+    }
+
+    static func blkConstants(dtype: DType, blockQ: UInt32, blockK: UInt32, maskKind: Int32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_BLK_FC_COUNT, [
+            PYFA_BLK_FC_DTYPE: dtype.rawValue,
+            PYFA_BLK_FC_BLOCK_Q: Int32(blockQ),
+            PYFA_BLK_FC_BLOCK_K: Int32(blockK),
+            PYFA_BLK_FC_MASK_KIND: maskKind,
+        ])
+    }
+
     static func maskKind(_ mask: Buffer, ioType: DType) throws -> Int32 {
         if mask.dtype == .u8 { return PYFA_MASK_BOOL }
         try require(mask.dtype == ioType,
@@ -99,13 +128,10 @@ public enum FlashAttnPrefill {
         }
         try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
 
-        let flag: (Bool) -> Int32 = { $0 ? 1 : 0 }
-        let constants: [Int32] = [
-            q.dtype.rawValue, Int32(p.head_dim), Int32(p.block_q), Int32(p.block_k),
-            flag(p.q_len % p.block_q == 0), flag(p.kv_len % p.block_k == 0),
-            flag(mask != nil), kind, flag(p.causal != 0), flag(p.window > 0), flag(p.softcap > 0),
-            flag(blk != nil), flag(lse != nil),
-        ]
+        let constants = try prefillConstants(dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k,
+                                             maskKind: mask == nil ? nil : kind, causal: p.causal != 0,
+                                             window: p.window > 0, softcap: p.softcap > 0, blk: blk != nil,
+                                             lse: lse != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         var args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
@@ -136,9 +162,8 @@ public enum FlashAttnPrefill {
                          elements: extent(p.mask_strides, (p.batch, p.num_heads, p.q_len), inner: Int(p.kv_len), "mask"))
         let blk = try Check.buffer(blk, "blk", dtypes: [.u8], elements: blkBytes)
         try Check.sameDevice([mask, blk], encoder.device)
-        let constants: [Int32] = [dtype.rawValue, Int32(p.head_dim), Int32(p.block_q), Int32(p.block_k),
-                                  0, 0, 1, kind, 0, 0, 0, 0, 0]
-        let pipeline = try encoder.device.registry.pipeline(blkKernel, constants: constants)
+        let pipeline = try encoder.device.registry.pipeline(
+            blkKernel, constants: blkConstants(dtype: dtype, blockQ: p.block_q, blockK: p.block_k, maskKind: kind))
         let aux = encoder.device.backend.plan.prefillAux(headDim: p.head_dim)
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: [

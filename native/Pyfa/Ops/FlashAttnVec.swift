@@ -7,7 +7,7 @@ import PyfaShaderCommon
 public enum FlashAttnVec {
     static let kernel = "flash_attn_vec"
     static let reduceKernel = "flash_attn_vec_reduce"
-    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+    static let floatTypes: [DType] = attentionFloatTypes
     static let indexTypes: [DType] = [.u32, .i32]
     static let maxWorkgroups: UInt32 = 1024
 
@@ -85,9 +85,8 @@ public enum FlashAttnVec {
         }
         try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
 
-        let direct = p.nwg == 1
-        let constants = [q.dtype.rawValue, k.dtype.rawValue, Int32(D), p.softcap > 0 ? 1 : 0, direct ? 1 : 0,
-                         geometry.variant]
+        let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
+                                         direct: p.nwg == 1, variant: geometry.variant)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         var args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
@@ -109,12 +108,29 @@ public enum FlashAttnVec {
                          kernel: reduceKernel)
     }
 
+    public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,
+                             variant: Int32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
+            PYFA_VEC_FC_Q_DTYPE: q.rawValue,
+            PYFA_VEC_FC_KV_DTYPE: kv.rawValue,
+            PYFA_VEC_FC_HEAD_DIM: Int32(headDim),
+            PYFA_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
+            PYFA_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
+            PYFA_VEC_FC_VARIANT: variant,
+        ])
+    }
+
+    /// Constants of both reduce kernels (dense and the fused TurboQuant undo).
+    static func reduceConstants(headDim: UInt32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_REDUCE_FC_COUNT, [PYFA_REDUCE_FC_HEAD_DIM: Int32(headDim)])
+    }
+
     /// The reduce pass shared by dense and TurboQuant decode.
     static func encodeReduce(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
                              nwg: UInt32, kernel: String) throws {
         let r = pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0)
         let geometry = encoder.device.backend.plan.attnReduce(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(kernel, constants: [Int32(headDim)])
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: reduceConstants(headDim: headDim))
         encoder.setOpKind(.reduce)
         try encoder.dispatch(pipeline, args: [
             (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),

@@ -67,7 +67,8 @@ public enum FlashAttnVecTQ {
         encoder.memoryBarrier()
 
         let direct = p.attn.nwg == 1
-        let constants: [Int32] = [Int32(p.k_bits), Int32(p.v_bits), Int32(D), a.softcap > 0 ? 1 : 0, direct ? 1 : 0]
+        let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
+                                         direct: direct)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         var args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
@@ -104,13 +105,25 @@ public enum FlashAttnVecTQ {
         try TurboQuant.encodeFwht(encoder, undo, src: .buffer(out), srcType: .f32, dst: .buffer(out))
     }
 
+    static func vecConstants(kBits: UInt32, vBits: UInt32, headDim: UInt32, softcap: Bool,
+                             direct: Bool) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_TQ_VEC_FC_COUNT, [
+            PYFA_TQ_VEC_FC_K_BITS: Int32(kBits),
+            PYFA_TQ_VEC_FC_V_BITS: Int32(vBits),
+            PYFA_TQ_VEC_FC_HEAD_DIM: Int32(headDim),
+            PYFA_TQ_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
+            PYFA_TQ_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
+        ])
+    }
+
     static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
                                  nwg: UInt32, seedLo: UInt32, seedHi: UInt32) throws {
         let r = pyfa_tq_reduce_undo_params(
             reduce: pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0),
             seed_lo: seedLo, seed_hi: seedHi, stream: UInt32(PYFA_TQ_STREAM_V), reserved: 0)
         let g = encoder.device.backend.plan.turboquantReduceUndo(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(fusedReduceKernel, constants: [Int32(headDim)])
+        let pipeline = try encoder.device.registry.pipeline(fusedReduceKernel,
+                                                            constants: FlashAttnVec.reduceConstants(headDim: headDim))
         encoder.setOpKind(.reduce)
         try encoder.dispatch(pipeline, args: [
             (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),

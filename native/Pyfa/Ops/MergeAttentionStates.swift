@@ -7,6 +7,13 @@ import PyfaShaderCommon
 public enum MergeAttentionStates {
     static let kernel = "merge_attention_states"
 
+    static func constants(dtype: DType, hasLse: Bool) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_MERGE_FC_COUNT, [
+            PYFA_MERGE_FC_DTYPE: dtype.rawValue,
+            PYFA_MERGE_FC_HAS_LSE: hasLse ? 1 : 0,
+        ])
+    }
+
     public static func encode(_ encoder: CommandEncoder, _ p: pyfa_merge_attn_params, oA: Buffer?, lseA: Buffer?,
                               oB: Buffer?, lseB: Buffer?, out: Buffer?, lseOut: Buffer?) throws {
         try require(p.batch > 0, "batch: must be > 0")
@@ -29,7 +36,7 @@ public enum MergeAttentionStates {
         try Check.sameDevice([oA, lseA, oB, lseB, out, lseOut], encoder.device)
 
         let pipeline = try encoder.device.registry.pipeline(
-            kernel, constants: [oA.dtype.rawValue, Int32(p.head_dim), lseOut != nil ? 1 : 0])
+            kernel, constants: constants(dtype: oA.dtype, hasLse: lseOut != nil))
         var args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_MERGE_ARG_PARAMS), .value(p)),
             (Int(PYFA_MERGE_ARG_O_A), .buffer(oA)),

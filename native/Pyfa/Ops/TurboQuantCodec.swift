@@ -5,18 +5,18 @@ import PyfaShaderCommon
 /// decode attention over codes. Contracts (codec, slots, tmp layout):
 /// turboquant_params.h.
 public enum TurboQuant {
-    static let bitWidths: [UInt32] = [2, 3, 4, 8]
-    static let headDims: [UInt32] = [64, 128, 256, 512]
-    static let floatTypes: [DType] = [.f32, .f16, .bf16]
+    static let bitWidths: [UInt32] = supportedList("tq_bits")
+    static let headDims: [UInt32] = supportedList("tq_head_dims")
+    static let floatTypes: [DType] = attentionFloatTypes
 
     static func checkBits(_ bits: UInt32, _ name: String) throws {
         try require(bitWidths.contains(bits),
-                    "\(name): \(bits) is not a TurboQuant bit width (2, 3, 4 or 8)")
+                    "\(name): \(bits) is not a TurboQuant bit width (\(bitWidths.map(String.init).joined(separator: ", ")))")
     }
 
     static func checkHeadDim(_ d: UInt32) throws {
         try require(headDims.contains(d),
-                    "head_dim: \(d) is not supported by TurboQuant (the Hadamard rotation needs a power of two: 64, 128, 256 or 512)")
+                    "head_dim: \(d) is not supported by TurboQuant (the Hadamard rotation needs a power of two: \(headDims.map(String.init).joined(separator: ", ")))")
     }
 
     static func checkStream(_ s: UInt32) throws {
@@ -69,7 +69,7 @@ public enum TurboQuant {
                                     capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
         try Check.sameDevice([src, c, s], encoder.device)
         let pipeline = try encoder.device.registry.pipeline("hadamard_quantize_kv",
-                                                            constants: [src.dtype.rawValue, Int32(p.bits), Int32(p.head_dim)])
+                                                            constants: quantizeConstants(src: src.dtype, bits: p.bits, headDim: p.head_dim))
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.quantize)
         try encoder.dispatch(pipeline, args: [
@@ -94,7 +94,7 @@ public enum TurboQuant {
         let out = try Check.buffer(out, "out", dtypes: [.f32], elements: outElements)
         try Check.sameDevice([c, s, out], encoder.device)
         let pipeline = try encoder.device.registry.pipeline("tq_dequantize_kv",
-                                                            constants: [Int32(p.bits), Int32(p.head_dim)])
+                                                            constants: dequantizeConstants(bits: p.bits, headDim: p.head_dim))
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.quantize)
         try encoder.dispatch(pipeline, args: [
@@ -104,6 +104,28 @@ public enum TurboQuant {
             (Int(PYFA_TQ_DEQUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
             (Int(PYFA_TQ_DEQUANT_ARG_OUT), .buffer(out)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+    }
+
+    static func quantizeConstants(src: DType, bits: UInt32, headDim: UInt32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_TQ_QUANT_FC_COUNT, [
+            PYFA_TQ_QUANT_FC_SRC_DTYPE: src.rawValue,
+            PYFA_TQ_QUANT_FC_BITS: Int32(bits),
+            PYFA_TQ_QUANT_FC_HEAD_DIM: Int32(headDim),
+        ])
+    }
+
+    static func dequantizeConstants(bits: UInt32, headDim: UInt32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_TQ_DEQUANT_FC_COUNT, [
+            PYFA_TQ_DEQUANT_FC_BITS: Int32(bits),
+            PYFA_TQ_DEQUANT_FC_HEAD_DIM: Int32(headDim),
+        ])
+    }
+
+    static func fwhtConstants(src: DType, headDim: UInt32) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_TQ_FWHT_FC_COUNT, [
+            PYFA_TQ_FWHT_FC_SRC_DTYPE: src.rawValue,
+            PYFA_TQ_FWHT_FC_HEAD_DIM: Int32(headDim),
+        ])
     }
 
     // MARK: FWHT
@@ -126,7 +148,7 @@ public enum TurboQuant {
     static func encodeFwht(_ encoder: CommandEncoder, _ p: pyfa_tq_fwht_params, src: KernelArg, srcType: DType,
                            dst: KernelArg) throws {
         let pipeline = try encoder.device.registry.pipeline(fwhtKernels[Int(p.transform)],
-                                                            constants: [srcType.rawValue, Int32(p.head_dim)])
+                                                            constants: fwhtConstants(src: srcType, headDim: p.head_dim))
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.transform)
         try encoder.dispatch(pipeline, args: [

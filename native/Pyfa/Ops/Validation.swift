@@ -1,7 +1,17 @@
+import CPyfa
 import PyfaShaderCommon
 
+/// A list of pyfa_supported() (the shader headers' X-macros), in header order.
+func supportedList(_ what: String) -> [UInt32] {
+    guard let text = pyfa_supported(what) else { return [] }
+    return String(cString: text).split(separator: ",").compactMap { UInt32($0) }
+}
+
+/// Element types the attention kernels read and write.
+let attentionFloatTypes: [DType] = supportedList("attn_dtypes").compactMap { DType(rawValue: Int32($0)) }
+
 /// Head dims every attention kernel is built for.
-let supportedHeadDims: Set<UInt32> = [64, 80, 96, 128, 192, 256, 512]
+let supportedHeadDims: Set<UInt32> = Set(supportedList("head_dims"))
 
 /// Shared argument checks of the attention dispatchers. Each names the
 /// argument and the rule it breaks.

@@ -63,9 +63,9 @@ final class DecodeTests: XCTestCase {
 
     func testRegistryCachesOnePipelinePerConstants() throws {
         let device = try Device.open("cpu")
-        let a = try device.registry.pipeline("flash_attn_vec_reduce", constants: [64])
-        let b = try device.registry.pipeline("flash_attn_vec_reduce", constants: [64])
-        let c = try device.registry.pipeline("flash_attn_vec_reduce", constants: [128])
+        let a = try device.registry.pipeline("flash_attn_vec_reduce", constants: FunctionConstants(count: 1, [0: 64]))
+        let b = try device.registry.pipeline("flash_attn_vec_reduce", constants: FunctionConstants(count: 1, [0: 64]))
+        let c = try device.registry.pipeline("flash_attn_vec_reduce", constants: FunctionConstants(count: 1, [0: 128]))
         XCTAssertTrue(a === b)
         XCTAssertFalse(a === c)
         XCTAssertThrowsError(try device.registry.pipeline("no_such_kernel"))

@@ -45,9 +45,9 @@ final class HostMemory: BufferMemory {
 final class CPUPipeline: Pipeline {
     let name: String
     let kernel: pyfa_cpu_kernel
-    let constants: [Int32]
+    let constants: FunctionConstants
 
-    init(name: String, kernel: @escaping pyfa_cpu_kernel, constants: [Int32]) {
+    init(name: String, kernel: @escaping pyfa_cpu_kernel, constants: FunctionConstants) {
         self.name = name
         self.kernel = kernel
         self.constants = constants
@@ -72,6 +72,9 @@ final class CPUBackend: Backend {
         i.max_threads_per_threadgroup = 1
         i.max_threadgroup_memory = 1 << 30
         i.memory_bytes = UInt64(sysconf(Int32(_SC_PHYS_PAGES))) &* UInt64(sysconf(Int32(_SC_PAGESIZE)))
+        i.host_visible = 1
+        i.simd_width = 1
+        i.is_gpu = 0
         return i
     }
 
@@ -85,11 +88,11 @@ final class CPUBackend: Backend {
         HostMemory(wrapping: UnsafeMutableRawPointer(bitPattern: UInt(address)))
     }
 
-    func compile(name: String, constants: [Int32]) throws -> Pipeline {
+    func compile(name: String, constants: FunctionConstants) throws -> Pipeline {
         guard let k = pyfa_cpu_find_kernel(name) else {
             throw PyfaError.internal("kernel '\(name)': no CPU implementation")
         }
-        try require(constants.count <= Int(PYFA_CPU_MAX_CONSTANTS), "kernel '\(name)': too many function constants")
+        try require(constants.values.count <= Int(PYFA_CPU_MAX_CONSTANTS), "kernel '\(name)': too many function constants")
         return CPUPipeline(name: name, kernel: k, constants: constants)
     }
 
@@ -129,7 +132,7 @@ final class CPUQueue: CommandQueue {
         c.threads = d.threads
         c.threadgroup_memory = UInt64(d.threadgroupMemory)
         withUnsafeMutableBytes(of: &c.constants) { raw in
-            for (i, v) in p.constants.enumerated() { raw.storeBytes(of: v, toByteOffset: i * 4, as: Int32.self) }
+            for (i, v) in p.constants.values.enumerated() { raw.storeBytes(of: v, toByteOffset: i * 4, as: Int32.self) }
         }
         // Inline bytes get stable, aligned addresses for the duration of the run.
         let inlineTotal = d.args.reduce(0) { total, a in

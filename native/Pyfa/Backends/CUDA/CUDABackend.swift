@@ -91,6 +91,9 @@ final class CUDABackend: Backend {
         i.max_threads_per_threadgroup = 1024
         i.max_threadgroup_memory = UInt64(maxSharedOptin)
         i.memory_bytes = totalMemory
+        i.host_visible = 0
+        i.simd_width = 32
+        i.is_gpu = 1
         return i
     }
 
@@ -114,8 +117,8 @@ final class CUDABackend: Backend {
         return CUDADeviceMemory(context: context, wrapping: CUdeviceptr(address), bytes: bytes)
     }
 
-    func compile(name: String, constants: [Int32]) throws -> Pipeline {
-        let image = try compiler.cubin(name: name, specialisations: [constants])
+    func compile(name: String, constants: FunctionConstants) throws -> Pipeline {
+        let image = try compiler.cubin(name: name, specialisations: [constants.values])
         try context.makeCurrent()
         var module: CUmodule? = nil
         try image.withUnsafeBytes {
@@ -123,7 +126,7 @@ final class CUDABackend: Backend {
         }
         guard let module else { throw PyfaError.compile("kernel '\(name)': no module") }
         var function: CUfunction? = nil
-        let entry = CUDACompiler.entryName(name, constants)
+        let entry = CUDACompiler.entryName(name, constants.values)
         let r = pyfa_cu.cuModuleGetFunction(&function, module, entry)
         guard r == 0, let function else {
             _ = pyfa_cu.cuModuleUnload(module)
@@ -157,7 +160,7 @@ final class Occupancy {
     private let lock = Lock()
     private var cache: [String: UInt32] = [:]
 
-    func blocks(_ name: String, constants: [Int32], sharedBytes: Int) -> UInt32 {
+    func blocks(_ name: String, constants: FunctionConstants, sharedBytes: Int) -> UInt32 {
         let key = "\(name) \(constants) \(sharedBytes)"
         if let b = lock.withLock({ cache[key] }) { return b }
         guard let backend, let pipeline = try? backend.compile(name: name, constants: constants) else { return 0 }

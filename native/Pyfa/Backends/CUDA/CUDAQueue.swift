@@ -124,7 +124,7 @@ struct CUDAPlan: BackendPlan {
     let smCount: UInt32
     /// Resident blocks per SM of (kernel, function constants) at a dynamic
     /// shared-memory size, 0 if unknown.
-    let residentBlocks: (String, [Int32], Int) -> UInt32
+    let residentBlocks: (String, FunctionConstants, Int) -> UInt32
 
     static let warps: UInt32 = 4
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -241,10 +241,12 @@ struct CUDAPlan: BackendPlan {
         var perSM = UInt32(CUDAPlan.vecBlocksPerSM)
         if perSM == 0 {
             // Measured on the f16-cache specialisation (bf16 compiles alike; f32 is the rare case).
-            let f16 = DType.f16.rawValue
-            perSM = residentBlocks(FlashAttnVec.kernel, [f16, f16, Int32(D), 0, 0, variant],
-                                   variant == PYFA_VEC_VARIANT_MMA ? bytes
-                                       : CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2) * 4)
+            let constants = try? FlashAttnVec.vecConstants(q: .f16, kv: .f16, headDim: p.head_dim, softcap: false,
+                                                           direct: false, variant: variant)
+            perSM = constants.map {
+                residentBlocks(FlashAttnVec.kernel, $0, variant == PYFA_VEC_VARIANT_MMA ? bytes
+                                   : CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2) * 4)
+            } ?? 0
         }
         if perSM == 0 { perSM = 2 }
         let target = smCount * perSM
@@ -296,7 +298,9 @@ struct CUDAPlan: BackendPlan {
         let groups = max(1, a.batch * a.num_kv_heads)
         if CUDAPlan.tqUsesMma(p) {
             let bytes = CUDAPlan.tqMmaSharedBytes(headDim: Int(a.head_dim))
-            var perSM = residentBlocks(FlashAttnVecTQ.kernel, [4, 4, Int32(a.head_dim), 0, 0], bytes)
+            let constants = try? FlashAttnVecTQ.vecConstants(kBits: 4, vBits: 4, headDim: a.head_dim, softcap: false,
+                                                             direct: false)
+            var perSM = constants.map { residentBlocks(FlashAttnVecTQ.kernel, $0, bytes) } ?? 0
             if perSM == 0 { perSM = 1 }
             let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
             var nwg = max(1, smCount * perSM / groups)

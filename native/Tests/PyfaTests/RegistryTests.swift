@@ -1,0 +1,70 @@
+import XCTest
+import CPyfa
+import PyfaShaderCommon
+import Pyfa
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The kernel registry and the function-constant builder.
+final class RegistryTests: XCTestCase {
+    /// A backend stand-in whose compile is slow and counted.
+    private final class SlowPipeline: Pipeline { let name = "slow" }
+
+    func testRacingThreadsCompileEachSpecialisationOnce() throws {
+        let registry = KernelRegistry(compile: { _, _ in
+            usleep(20_000)
+            return SlowPipeline()
+        })
+        let constants = try FunctionConstants(count: 2, [0: 7, 1: 9])
+        var threads: [pthread_t] = []
+        final class Box { let body: () -> Void; init(_ b: @escaping () -> Void) { body = b } }
+        for _ in 0..<8 {
+            let box = Unmanaged.passRetained(Box { _ = try? registry.pipeline("k", constants: constants) })
+            var t = pthread_t()
+            pthread_create(&t, nil, { arg in
+                let b = Unmanaged<Box>.fromOpaque(arg!).takeRetainedValue()
+                b.body()
+                return nil
+            }, box.toOpaque())
+            threads.append(t)
+        }
+        for t in threads { pthread_join(t, nil) }
+        XCTAssertEqual(registry.compileCount, 1)
+        let a = try registry.pipeline("k", constants: constants)
+        let b = try registry.pipeline("k", constants: constants)
+        XCTAssertTrue(a === b)
+        XCTAssertEqual(registry.compileCount, 1)
+    }
+
+    func testFailedCompileIsNotCached() throws {
+        var attempts = 0
+        let registry = KernelRegistry(compile: { _, _ in
+            attempts += 1
+            if attempts == 1 { throw PyfaError.compile("first try fails") }
+            return SlowPipeline()
+        })
+        XCTAssertThrowsError(try registry.pipeline("k"))
+        XCTAssertNoThrow(try registry.pipeline("k"))
+        XCTAssertEqual(attempts, 2)
+    }
+
+    func testConstantsAreSetByIndexExactlyOnce() throws {
+        let c = try FlashAttnVec.vecConstants(q: .f16, kv: .bf16, headDim: 128, softcap: true, direct: false,
+                                              variant: PYFA_VEC_VARIANT_PORTABLE)
+        XCTAssertEqual(c.values.count, Int(PYFA_VEC_FC_COUNT))
+        XCTAssertEqual(c.values[Int(PYFA_VEC_FC_KV_DTYPE)], DType.bf16.rawValue)
+        XCTAssertEqual(c.values[Int(PYFA_VEC_FC_HEAD_DIM)], 128)
+        XCTAssertEqual(c.values[Int(PYFA_VEC_FC_HAS_SOFTCAP)], 1)
+        XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1])) // index 1 unset
+        XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1, 0: 2, 1: 3])) // index 0 twice
+        XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1, 1: 2, 2: 3])) // index 2 out of range
+    }
+
+    func testSpecialisationListsHaveNoDuplicates() throws {
+        for (name, list) in try KernelSpecialisations.all(plan: try Device.open("cpu").backend.plan) {
+            XCTAssertEqual(Set(list).count, list.count, name)
+        }
+    }
+}
