@@ -53,10 +53,13 @@ struct shape {
     static constexpr int C = D / VEC;                   /* 16-byte chunks per row */
     static constexpr int WPR = (C + 31) / 32;           /* warps per row */
     static constexpr int RG = NW / WPR;                 /* row groups per block */
-    static constexpr int BUDGET = WPR > 1 ? PYFA_VEC_GT_BUDGET_WIDE : PYFA_VEC_GT_BUDGET;
-    static constexpr int GT0 = BUDGET / VEC > 0 ? BUDGET / VEC : 1;
-    static constexpr int GT = GT0 < 8 ? GT0 : 8;       /* heads per pass */
-    static_assert(WPR <= NW, "a row must fit in one block");
+    static constexpr int GT = pyfa_cuda_vec_heads_per_pass(16 / VEC, D, PYFA_VEC_GT_BUDGET, PYFA_VEC_GT_BUDGET_WIDE);
+    static_assert(WPR <= NW && WPR == pyfa_cuda_vec_warps_per_row(16 / VEC, D), "a row must fit in one block");
+    static_assert(NW == PYFA_CUDA_DECODE_WARPS, "the plan sizes blocks of PYFA_CUDA_DECODE_WARPS warps");
+    /* The carve-up below (scores, then ring or merge area) within the plan's bytes. */
+    static_assert(2 * NW * U * GT * 4 + (RING_BYTES > RG * GT * (D + 2) * 4 ? RING_BYTES : RG * GT * (D + 2) * 4) <=
+                      pyfa_cuda_vec_smem_bytes(16 / VEC, D, PYFA_VEC_GT_BUDGET, PYFA_VEC_GT_BUDGET_WIDE, U, STAGES),
+                  "attn_vec carve-up exceeds pyfa_cuda_vec_smem_bytes");
 };
 
 __device__ __forceinline__ float load_q(const char *row, uint32_t i, int dtype) {

@@ -58,6 +58,8 @@ struct shape {
     static constexpr int SMEM_BYTES =
         Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % KS == 0, "phase A splits the k-steps evenly");
+    static_assert(SMEM_BYTES == pyfa_cuda_vec_mma_smem_bytes(D, STAGES, KS) && HEADS == PYFA_CUDA_MMA_HEADS,
+                  "the plan sizes this kernel with pyfa_cuda_vec_mma_smem_bytes");
     static_assert(D % 16 == 0, "head dims are multiples of 16");
 };
 } // namespace vec_mma

@@ -13,6 +13,7 @@ typedef unsigned long long uint64_t;
 typedef long long int64_t;
 
 #include "pyfa_params.h"
+#include "cuda_layout.h"
 #include "pyfa_cuda_args.h"
 
 #ifndef INFINITY

@@ -49,7 +49,7 @@ constexpr int flash_attn_vec_tq_max_threads = 128;
 #ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
 #define PYFA_MIN_BLOCKS_flash_attn_vec_tq(...) 1
 #else
-#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, ...) (PYFA_TQ_VEC_MMA && KB == 4 && VB == 4 ? 2 : PYFA_TQ_VEC_MIN_BLOCKS)
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, ...) (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA) ? 2 : PYFA_TQ_VEC_MIN_BLOCKS)
 #endif
 
 /* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
@@ -339,6 +339,9 @@ struct shape {
     /* Dynamic shared memory: codebooks, (m, s) pairs, then the ring, which the merge area overlays. */
     static constexpr int MS_FLOATS = NW * PW * GT * 2;
     static constexpr int SMEM_BYTES = (CB_FLOATS + MS_FLOATS) * 4 + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+    static_assert(SMEM_BYTES == pyfa_cuda_tq_vec_smem_bytes(D, KB, VB, U, STAGES, GT) && E == 16 &&
+                      NW == PYFA_CUDA_DECODE_WARPS,
+                  "the plan sizes this kernel with pyfa_cuda_tq_vec_smem_bytes");
 };
 
 /* A lane's share of a packed row: 2*BITS bytes in WORDS 32-bit words. */
@@ -469,7 +472,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     const pyfa_flash_attn_vec_params &p = tp.attn;
 
     extern __shared__ __align__(16) float smem[];
-    { /* the plan's size (CUDAPlan.tqVecSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
+    { /* the plan sizes it with pyfa_cuda_tq_vec_smem_bytes (== S::SMEM_BYTES); a short launch faults, loudly */
         uint32_t dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
         if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
@@ -639,7 +642,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 
 template <int KB, int VB, int D, int SOFTCAP, int DIRECT>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
-    if constexpr (PYFA_TQ_VEC_MMA && KB == 4 && VB == 4) {
+    if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA)) {
         flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0);
     } else {
         flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0);

@@ -51,6 +51,9 @@ struct shape {
     static constexpr int SMEM_BYTES =
         TABLE_BYTES + Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % NW == 0 && KSTEPS % 2 == 0, "D in {64, 128, 256, 512}");
+    static_assert(SMEM_BYTES == pyfa_cuda_tq_mma_smem_bytes(D, STAGES) && TP == PYFA_CUDA_TQ_MMA_TILE &&
+                      COPIES == PYFA_CUDA_TQ_MMA_TABLE_COPIES,
+                  "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
 };
 
 /* The table entry of byte `byte` of `word`, this lane's copy (tab = table + lane % 16). */

@@ -126,7 +126,7 @@ struct CUDAPlan: BackendPlan {
     /// shared-memory size, 0 if unknown.
     let residentBlocks: (String, FunctionConstants, Int) -> UInt32
 
-    static let warps: UInt32 = 4
+    static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
     static func envInt(_ name: String, _ fallback: Int) -> Int {
         guard let v = getenv(name), let i = Int(String(cString: v)), i > 0 else { return fallback }
         return i
@@ -175,51 +175,32 @@ struct CUDAPlan: BackendPlan {
          "-DPYFA_TQ_VEC_MMA=\(tqVecMma != 0 ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)"]
     }
 
-    /// Dynamic shared memory of one turboquant.cu decode block (mirrors
-    /// tq_vec::shape): both codebooks, the row groups' (m, s) pairs, then the
-    /// larger of the cp.async ring and the merge area.
+    /// Dynamic shared memory of one turboquant.cu decode block (cuda_layout.h).
     static func tqVecSharedBytes(headDim: Int, kBits: Int, vBits: Int) -> Int {
-        let rowsPerWarp = 512 / headDim, w = Int(warps), u = tqVecRowsPerStep
-        let warpBytes = u * rowsPerWarp * headDim * (kBits + vBits) / 8 + u * 2 * rowsPerWarp * 4
-        let ring = tqVecStages * w * warpBytes
-        let merge = w * rowsPerWarp * tqVecHeads * headDim * 4
-        return (2 * 256 + w * rowsPerWarp * tqVecHeads * 2) * 4 + max(ring, merge)
+        Int(pyfa_cuda_tq_vec_smem_bytes(Int32(headDim), Int32(kBits), Int32(vBits), Int32(tqVecRowsPerStep),
+                                        Int32(tqVecStages), Int32(tqVecHeads)))
     }
 
-    /// Shared bytes of one turboquant_mma.cuh block (mirrors tq_mma::shape):
-    /// the code-byte table, Qᵀ fragments, scores, (m, s) pairs, then the
-    /// larger of the ring (padded code rows and scales) and the merge area.
+    /// Shared bytes of one turboquant_mma.cuh block (cuda_layout.h).
     static func tqMmaSharedBytes(headDim D: Int) -> Int {
-        let tp = 64, ldc = D / 2 + 16
-        let ring = tqMmaStages * (2 * tp * ldc + 2 * tp * 4), merge = 8 * D * 4
-        return 256 * 16 * 8 + D / 16 * 32 * 16 + tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
+        Int(pyfa_cuda_tq_mma_smem_bytes(Int32(D), Int32(tqMmaStages)))
     }
 
-    /// Whether flash_attn_vec_tq runs turboquant_mma.cuh (mirrors turboquant.cu's choice).
+    /// Whether flash_attn_vec_tq runs turboquant_mma.cuh (the kernel's own choice, cuda_layout.h).
     static func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
-        tqVecMma != 0 && p.k_bits == 4 && p.v_bits == 4
+        pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), Int32(tqVecMma)) != 0
     }
 
-    /// Shared-memory floats of one attn_vec.cu block (mirrors its layout):
-    /// the double-buffered partial dots of rows split over warps, then the
-    /// larger of the cp.async ring and the merge area (GT accumulator rows and
-    /// (m, s) pairs per row group).
-    static func vecSharedFloats(headDim: Int, elementSize: Int) -> Int {
-        let vec = 16 / elementSize, chunks = headDim / vec
-        let wpr = (chunks + 31) / 32, groups = Int(warps) / wpr
-        let budget = wpr > 1 ? vecHeadBudgetWide : vecHeadBudget
-        let gt = min(8, max(1, budget / vec))
-        let ringFloats = vecStages * vecRowsPerStep * 2 * Int(warps) * 32 * 4
-        return 2 * Int(warps) * vecRowsPerStep * gt + max(ringFloats, groups * gt * (headDim + 2))
+    /// Shared bytes of one attn_vec.cu block (cuda_layout.h).
+    static func vecSharedBytes(headDim: Int, elementSize: Int) -> Int {
+        Int(pyfa_cuda_vec_smem_bytes(Int32(elementSize), Int32(headDim), Int32(vecHeadBudget), Int32(vecHeadBudgetWide),
+                                     Int32(vecRowsPerStep), Int32(vecStages)))
     }
 
-    /// Shared bytes of one attn_vec_mma.cuh block (mirrors vec_mma::shape):
-    /// Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring of
-    /// K + V tiles (padded rows) and the merge area.
+    /// Shared bytes of one attn_vec_mma.cuh block (cuda_layout.h).
     static func vecMmaSharedBytes(headDim D: Int) -> Int {
-        let ks = D > 256 ? vecMmaWideSplit : 1, tp = 16 * Int(warps) / ks, ld = 2 * D + 16
-        let ring = (D > 256 ? vecMmaStagesWide : vecMmaStages) * 2 * tp * ld, merge = 8 * D * 4
-        return D / 16 * 32 * 16 + ks * tp * 8 * 4 + 8 * 2 * 4 + max(ring, merge)
+        Int(pyfa_cuda_vec_mma_smem_bytes(Int32(D), Int32(D > 256 ? vecMmaStagesWide : vecMmaStages),
+                                         Int32(D > 256 ? vecMmaWideSplit : 1)))
     }
 
     /// The tensor-core variant for 16-bit caches wherever a query head group
@@ -236,7 +217,7 @@ struct CUDAPlan: BackendPlan {
         let D = Int(p.head_dim)
         let variant = CUDAPlan.vecVariant(p, kvDType: kvDType)
         let bytes = variant == PYFA_VEC_VARIANT_MMA ? CUDAPlan.vecMmaSharedBytes(headDim: D)
-            : CUDAPlan.vecSharedFloats(headDim: D, elementSize: kvDType == .f32 ? 4 : 2) * 4
+            : CUDAPlan.vecSharedBytes(headDim: D, elementSize: kvDType == .f32 ? 4 : 2)
         let groups = max(1, p.batch * p.num_kv_heads)
         var perSM = UInt32(CUDAPlan.vecBlocksPerSM)
         if perSM == 0 {
@@ -245,7 +226,7 @@ struct CUDAPlan: BackendPlan {
                                                            direct: false, variant: variant)
             perSM = constants.map {
                 residentBlocks(FlashAttnVec.kernel, $0, variant == PYFA_VEC_VARIANT_MMA ? bytes
-                                   : CUDAPlan.vecSharedFloats(headDim: D, elementSize: 2) * 4)
+                                   : CUDAPlan.vecSharedBytes(headDim: D, elementSize: 2))
             } ?? 0
         }
         if perSM == 0 { perSM = 2 }

@@ -1,0 +1,98 @@
+/*
+ * Shared-memory sizes and variant choices of the CUDA decode kernels, as
+ * functions of a specialisation's constants and the NVRTC knobs (-D PYFA_*).
+ * The kernels (shaders/cuda) size their carve-ups with them and assert the
+ * carve-up fits; the CUDA plan (Swift, through the PyfaShaderCommon module)
+ * calls the same functions with the same knob values, so neither side
+ * re-derives the other's layout.
+ */
+#pragma once
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define PYFA_LAYOUT_FN __host__ __device__ constexpr inline
+#else
+#if !defined(__METAL_VERSION__)
+#include <stdint.h>
+#endif
+#define PYFA_LAYOUT_FN static inline
+#endif
+
+/* Warps per block of every CUDA decode kernel. */
+#define PYFA_CUDA_DECODE_WARPS 4
+/* Query heads one tensor-core pass serves: the n = 8 of m16n8k16. */
+#define PYFA_CUDA_MMA_HEADS 8
+/* Positions per tile of the TurboQuant tensor-core decode. */
+#define PYFA_CUDA_TQ_MMA_TILE 64
+/* Lane copies of its code-byte table (interleaved so lanes hit distinct banks). */
+#define PYFA_CUDA_TQ_MMA_TABLE_COPIES 16
+
+PYFA_LAYOUT_FN int32_t pyfa_layout_max(int32_t a, int32_t b) { return a > b ? a : b; }
+
+/* attn_vec.cu: warps one cache row spans (a lane loads 16 bytes of it). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_warps_per_row(int32_t elem_size, int32_t D) {
+    return (D / (16 / elem_size) + 31) / 32;
+}
+
+/* attn_vec.cu: query heads per pass (GT) for a cache of elem_size-byte
+ * elements at head_dim D, given the accumulator budgets (floats per lane). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_heads_per_pass(int32_t elem_size, int32_t D, int32_t budget,
+                                                    int32_t budget_wide) {
+    const int32_t per_lane = 16 / elem_size;
+    const int32_t gt = (pyfa_cuda_vec_warps_per_row(elem_size, D) > 1 ? budget_wide : budget) / per_lane;
+    return gt < 1 ? 1 : gt > 8 ? 8 : gt;
+}
+
+/* attn_vec.cu: dynamic shared bytes of one block: the double-buffered
+ * partial scores [2][warps][rows*GT], then the larger of the cp.async ring
+ * [stages][rows][K, V][warps][32 lanes] x 16 B and the merge area
+ * ([row groups][GT][D] accumulators + [row groups][GT][2] (m, s)). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_smem_bytes(int32_t elem_size, int32_t D, int32_t budget, int32_t budget_wide,
+                                                int32_t rows_per_step, int32_t stages) {
+    const int32_t gt = pyfa_cuda_vec_heads_per_pass(elem_size, D, budget, budget_wide);
+    const int32_t row_groups = PYFA_CUDA_DECODE_WARPS / pyfa_cuda_vec_warps_per_row(elem_size, D);
+    const int32_t ring_bytes = stages * rows_per_step * 2 * PYFA_CUDA_DECODE_WARPS * 32 * 16;
+    const int32_t merge_bytes = row_groups * gt * (D + 2) * 4;
+    return 2 * PYFA_CUDA_DECODE_WARPS * rows_per_step * gt * 4 + pyfa_layout_max(ring_bytes, merge_bytes);
+}
+
+/* attn_vec_mma.cuh: dynamic shared bytes of one block at head_dim D with
+ * `stages` ring tiles and `split` warps sharing a position block's dims:
+ * Qᵀ fragments, scores, (m, s) pairs, then the larger of the K + V ring
+ * (rows padded to 2D + 16 bytes) and the merge area. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_mma_smem_bytes(int32_t D, int32_t stages, int32_t split) {
+    const int32_t tile = 16 * PYFA_CUDA_DECODE_WARPS / split; /* positions per tile */
+    const int32_t fragments = D / 16 * 32 * 16, scores = split * tile * PYFA_CUDA_MMA_HEADS * 4;
+    const int32_t ms = PYFA_CUDA_MMA_HEADS * 2 * 4;
+    const int32_t ring = stages * 2 * tile * (2 * D + 16), merge = PYFA_CUDA_MMA_HEADS * D * 4;
+    return fragments + scores + ms + pyfa_layout_max(ring, merge);
+}
+
+/* turboquant.cu: whether flash_attn_vec_tq runs the tensor-core kernel
+ * (turboquant_mma.cuh): 4-bit K and V, unless the knob turns it off. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_uses_mma(int32_t k_bits, int32_t v_bits, int32_t mma_knob) {
+    return mma_knob != 0 && k_bits == 4 && v_bits == 4;
+}
+
+/* turboquant.cu (vector kernel): dynamic shared bytes of one block: both
+ * codebooks (256 floats each), the (m, s) pairs, then the larger of the
+ * cp.async ring and the merge area. A row spans D/16 lanes, so a warp loads
+ * 512/D rows at a time; `heads` query heads per pass. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_vec_smem_bytes(int32_t D, int32_t k_bits, int32_t v_bits, int32_t rows_per_step,
+                                                   int32_t stages, int32_t heads) {
+    const int32_t rows_per_warp = 512 / D;
+    const int32_t warp_bytes = rows_per_step * rows_per_warp * D * (k_bits + v_bits) / 8 + rows_per_step * 2 * rows_per_warp * 4;
+    const int32_t ring = stages * PYFA_CUDA_DECODE_WARPS * warp_bytes;
+    const int32_t merge = PYFA_CUDA_DECODE_WARPS * rows_per_warp * heads * D * 4;
+    return (2 * 256 + PYFA_CUDA_DECODE_WARPS * rows_per_warp * heads * 2) * 4 + pyfa_layout_max(ring, merge);
+}
+
+/* turboquant_mma.cuh: dynamic shared bytes of one block: the code-byte
+ * table, Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring
+ * (code rows padded to D/2 + 16 bytes, K and V scales) and the merge area. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
+    const int32_t tile = PYFA_CUDA_TQ_MMA_TILE, row = D / 2 + 16; /* padded code row */
+    const int32_t table = 256 * PYFA_CUDA_TQ_MMA_TABLE_COPIES * 8, fragments = D / 16 * 32 * 16;
+    const int32_t scores = tile * PYFA_CUDA_MMA_HEADS * 4, ms = PYFA_CUDA_MMA_HEADS * 2 * 4;
+    const int32_t ring = stages * (2 * tile * row + 2 * tile * 4), merge = PYFA_CUDA_MMA_HEADS * D * 4;
+    return table + fragments + scores + ms + pyfa_layout_max(ring, merge);
+}
