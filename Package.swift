@@ -17,18 +17,13 @@ let package = Package(
         .target(
             name: "PyfaCPUKernels",
             dependencies: ["PyfaShaderCommon", "CPyfa"],
-            path: "native/CPUKernels",
-            // fast contraction everywhere except where a kernel turns it off with
-            // `#pragma clang fp contract(off)` (the TurboQuant codec must round alike
-            // in the generic and AVX2 builds; plain "fast" ignores the pragma).
-            cSettings: [.unsafeFlags(["-O3", "-ffp-contract=fast-honor-pragmas", "-Wno-psabi"])]
+            path: "native/CPUKernels"
         ),
         // CUDA driver + NVRTC prototypes, their dlopen loader and the embedded
         // kernel sources (C23 #embed of shaders/cuda/*): no CUDA SDK at build time.
         .target(
             name: "PyfaCUDADriver",
             path: "native/CUDADriver",
-            cSettings: [.unsafeFlags(["-Wno-c23-extensions"])],
             linkerSettings: [.linkedLibrary("dl"), .linkedLibrary("pthread")]
         ),
         .target(

@@ -6,6 +6,13 @@
  * build needs -march=native. PYFA_ISA(name) gives each copy its own symbol.
  */
 #pragma once
+/* Kernel bodies fuse multiply-adds wherever they like; the TurboQuant codec
+ * turns that off inside its functions (`#pragma clang fp contract(off)`) so
+ * the generic and AVX2 builds round alike. Pragmas rather than build flags,
+ * so the package has no unsafe flags and apps can depend on it by version. */
+#pragma clang fp contract(fast)
+/* 32-byte vector arguments between functions of one build are intended. */
+#pragma clang diagnostic ignored "-Wpsabi"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
