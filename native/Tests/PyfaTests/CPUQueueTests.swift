@@ -92,4 +92,62 @@ final class CPUQueueTests: XCTestCase {
             XCTAssertEqual((error as! PyfaError).status, PYFA_ERR_INVALID_ARGUMENT)
         }
     }
+
+    /// A decode dispatched with a head_dim constant no kernel copy is built
+    /// for (the dispatcher's validation never lets one through): the kernel's
+    /// default case reports, the queue throws, the output stays untouched.
+    func testKernelDefaultCaseIsAnError() throws {
+        let device = try Device.open("cpu")
+        let (H, Hkv, D, cap) = (2, 1, 64, 16)
+        let q = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        let k = try device.makeBuffer(dtype: .f32, shape: [1, Hkv, cap, D])
+        let v = try device.makeBuffer(dtype: .f32, shape: [1, Hkv, cap, D])
+        let lens = try device.makeBuffer(dtype: .u32, shape: [1])
+        let rings = try device.makeBuffer(dtype: .u32, shape: [1])
+        let out = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        fill(q) { _ in 0.25 }
+        fill(k) { _ in 0.5 }
+        fill(v) { _ in 1 }
+        fill(out) { _ in 7 }
+        lens.contents!.storeBytes(of: UInt32(cap), as: UInt32.self)
+        rings.contents!.storeBytes(of: UInt32(0), as: UInt32.self)
+        let p = pyfa_flash_attn_vec_params(batch: 1, num_heads: UInt32(H), num_kv_heads: UInt32(Hkv),
+                                           head_dim: UInt32(D), kv_capacity: UInt32(cap), nwg: 1, window: 0,
+                                           scale: 0.125, softcap: 0, reserved: 0)
+        let args: [(slot: Int, arg: KernelArg)] = [
+            (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)),
+            (Int(PYFA_VEC_ARG_K), .buffer(k)), (Int(PYFA_VEC_ARG_V), .buffer(v)),
+            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)), (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+        ]
+        let scratch = device.backend.plan.flashAttnVec(p, kvDType: .f32, maxKvLen: UInt32(cap)).threadgroupMemory
+        func dispatch(headDim: Int32, kvDType: Int32) throws -> PyfaError? {
+            let pipeline = try device.registry.pipeline(
+                "flash_attn_vec", constants: [DType.f32.rawValue, kvDType, headDim, 0, 1, PYFA_VEC_VARIANT_PORTABLE])
+            let encoder = try device.makeEncoder()
+            try encoder.dispatch(pipeline, args: args, grid: (1, UInt32(Hkv), 1), threads: (1, 1, 1),
+                                 threadgroupMemory: scratch)
+            try encoder.commit()
+            do {
+                try encoder.wait()
+                return nil
+            } catch let e as PyfaError {
+                return e
+            }
+        }
+
+        // The supported constant runs (the arguments are sound).
+        XCTAssertNil(try dispatch(headDim: Int32(D), kvDType: DType.f32.rawValue))
+        XCTAssertEqual(floats(out)[0], 1, accuracy: 1e-6)
+        fill(out) { _ in 7 }
+
+        let e = try XCTUnwrap(try dispatch(headDim: 100, kvDType: DType.f32.rawValue))
+        XCTAssertEqual(e.status, PYFA_ERR_INTERNAL)
+        XCTAssertEqual(e.message, "kernel flash_attn_vec: unsupported head_dim 100")
+        XCTAssertTrue(floats(out).allSatisfy { $0 == 7 }, "nothing written")
+
+        let bad = try XCTUnwrap(try dispatch(headDim: Int32(D), kvDType: DType.u8.rawValue))
+        XCTAssertEqual(bad.message, "kernel flash_attn_vec: unsupported kv dtype \(DType.u8.rawValue)")
+        XCTAssertTrue(floats(out).allSatisfy { $0 == 7 }, "nothing written")
+    }
 }
