@@ -19,6 +19,21 @@ typedef long long int64_t;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+/* The constants every entry body switches over, at compile time: each body
+ * static_asserts that its template arguments are ones it is built for, so a
+ * specialisation outside them fails to compile (the NVRTC log becomes
+ * PyfaError.compile when the pipeline is made, before any launch) instead of
+ * taking a template branch meant for another value and leaving its output
+ * wrong or unwritten. The dispatchers' validation keeps them unreachable. */
+__host__ __device__ constexpr bool pyfa_is_float_dtype(int dt) {
+    return dt == PYFA_DTYPE_F32 || dt == PYFA_DTYPE_F16 || dt == PYFA_DTYPE_BF16;
+}
+__host__ __device__ constexpr bool pyfa_is_head_dim(int d) {
+    return d == 64 || d == 80 || d == 96 || d == 128 || d == 192 || d == 256 || d == 512;
+}
+__host__ __device__ constexpr bool pyfa_is_tq_head_dim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
+__host__ __device__ constexpr bool pyfa_is_tq_bits(int b) { return b == 2 || b == 3 || b == 4 || b == 8; }
+
 #define PYFA_LOG2E 1.4426950408889634f
 #define PYFA_LN2 0.6931471805599453f
 
