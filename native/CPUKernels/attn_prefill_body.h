@@ -293,20 +293,32 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     }
 }
 
+/* One case per supported head dim (PYFA_FOR_EACH_HEAD_DIM), per I/O dtype. */
 #define PF_CASE_D(DT, DV) case DV: prefill_body(d, x, y, z, (float *)scratch, DT, DV); return;
-#define PF_SWITCH_D(DT)                                                                            \
+#define PF_CASE_F32(DV) PF_CASE_D(PYFA_DTYPE_F32, DV)
+#define PF_CASE_F16(DV) PF_CASE_D(PYFA_DTYPE_F16, DV)
+#define PF_CASE_BF16(DV) PF_CASE_D(PYFA_DTYPE_BF16, DV)
+#define PF_SWITCH_D(CASE)                                                                          \
     switch (d->constants[PYFA_PREFILL_FC_HEAD_DIM]) {                                              \
-        PF_CASE_D(DT, 64) PF_CASE_D(DT, 80) PF_CASE_D(DT, 96) PF_CASE_D(DT, 128)                   \
-        PF_CASE_D(DT, 192) PF_CASE_D(DT, 256) PF_CASE_D(DT, 512)                                   \
-    default: return;                                                                               \
+        PYFA_FOR_EACH_HEAD_DIM(CASE)                                                               \
+    default:                                                                                       \
+        pyfa_cpu_fail(d, "unsupported head_dim %d", d->constants[PYFA_PREFILL_FC_HEAD_DIM]);       \
+        return;                                                                                    \
     }
 
+/* Defaults report through pyfa_cpu_fail and write nothing (see attn_vec_body.h). */
 void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                            void *scratch) {
+    if (d->constants[PYFA_PREFILL_FC_BLOCK_Q] != PF_BQ || d->constants[PYFA_PREFILL_FC_BLOCK_K] != PF_BK) {
+        pyfa_cpu_fail(d, "unsupported tile %dx%d (built for %dx%d)", d->constants[PYFA_PREFILL_FC_BLOCK_Q],
+                      d->constants[PYFA_PREFILL_FC_BLOCK_K], PF_BQ, PF_BK);
+        return;
+    }
     switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
-    case PYFA_DTYPE_F16: PF_SWITCH_D(PYFA_DTYPE_F16)
-    case PYFA_DTYPE_BF16: PF_SWITCH_D(PYFA_DTYPE_BF16)
-    default: PF_SWITCH_D(PYFA_DTYPE_F32)
+    case PYFA_DTYPE_F16: PF_SWITCH_D(PF_CASE_F16)
+    case PYFA_DTYPE_BF16: PF_SWITCH_D(PF_CASE_BF16)
+    case PYFA_DTYPE_F32: PF_SWITCH_D(PF_CASE_F32)
+    default: pyfa_cpu_fail(d, "unsupported dtype %d", d->constants[PYFA_PREFILL_FC_DTYPE]); return;
     }
 }
 
@@ -402,7 +414,8 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint3
     switch (d->constants[PYFA_BLK_FC_DTYPE]) {
     case PYFA_DTYPE_F16: pf_blk_body(d, x, y, z, PYFA_DTYPE_F16, 0); return;
     case PYFA_DTYPE_BF16: pf_blk_body(d, x, y, z, PYFA_DTYPE_BF16, 0); return;
-    default: pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 0); return;
+    case PYFA_DTYPE_F32: pf_blk_body(d, x, y, z, PYFA_DTYPE_F32, 0); return;
+    default: pyfa_cpu_fail(d, "unsupported dtype %d", d->constants[PYFA_BLK_FC_DTYPE]); return;
     }
 }
 
@@ -437,6 +450,7 @@ void PYFA_ISA(pyfa_cpu_merge_attention_states)(const pyfa_cpu_dispatch *d, uint3
     switch (d->constants[PYFA_MERGE_FC_DTYPE]) {
     case PYFA_DTYPE_F16: merge_body(d, x, y, z, PYFA_DTYPE_F16); return;
     case PYFA_DTYPE_BF16: merge_body(d, x, y, z, PYFA_DTYPE_BF16); return;
-    default: merge_body(d, x, y, z, PYFA_DTYPE_F32); return;
+    case PYFA_DTYPE_F32: merge_body(d, x, y, z, PYFA_DTYPE_F32); return;
+    default: pyfa_cpu_fail(d, "unsupported dtype %d", d->constants[PYFA_MERGE_FC_DTYPE]); return;
     }
 }

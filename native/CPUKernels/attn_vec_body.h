@@ -226,20 +226,39 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     }
 }
 
+/* Whether dtype is one a float operand may have (f32, f16, bf16). */
+#define VEC_IS(v) || x == (v)
+PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS); }
+#undef VEC_IS
+
+/* Every switch over a function constant ends in a default that reports
+ * through pyfa_cpu_fail (the queue turns it into an error) and writes
+ * nothing: the dispatchers' validation keeps these unreachable, and if one is
+ * reached anyway the op fails loudly instead of leaving its output unwritten. */
+/* One case per supported head dim (PYFA_FOR_EACH_HEAD_DIM), per KV dtype. */
 #define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0); return;
-#define VEC_SWITCH_D(DT)                                                                           \
+#define VEC_CASE_F32(DV) VEC_CASE_D(PYFA_DTYPE_F32, DV)
+#define VEC_CASE_F16(DV) VEC_CASE_D(PYFA_DTYPE_F16, DV)
+#define VEC_CASE_BF16(DV) VEC_CASE_D(PYFA_DTYPE_BF16, DV)
+#define VEC_SWITCH_D(CASE)                                                                         \
     switch (d->constants[PYFA_VEC_FC_HEAD_DIM]) {                                                  \
-        VEC_CASE_D(DT, 64) VEC_CASE_D(DT, 80) VEC_CASE_D(DT, 96) VEC_CASE_D(DT, 128)               \
-        VEC_CASE_D(DT, 192) VEC_CASE_D(DT, 256) VEC_CASE_D(DT, 512)                                \
-    default: return;                                                                               \
+        PYFA_FOR_EACH_HEAD_DIM(CASE)                                                               \
+    default:                                                                                       \
+        pyfa_cpu_fail(d, "unsupported head_dim %d", d->constants[PYFA_VEC_FC_HEAD_DIM]);           \
+        return;                                                                                    \
     }
 
 void PYFA_ISA(pyfa_cpu_flash_attn_vec)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                        void *scratch) {
+    if (!is_float_dtype(d->constants[PYFA_VEC_FC_Q_DTYPE])) {
+        pyfa_cpu_fail(d, "unsupported q dtype %d", d->constants[PYFA_VEC_FC_Q_DTYPE]);
+        return;
+    }
     switch (d->constants[PYFA_VEC_FC_KV_DTYPE]) {
-    case PYFA_DTYPE_F16: VEC_SWITCH_D(PYFA_DTYPE_F16)
-    case PYFA_DTYPE_BF16: VEC_SWITCH_D(PYFA_DTYPE_BF16)
-    default: VEC_SWITCH_D(PYFA_DTYPE_F32)
+    case PYFA_DTYPE_F16: VEC_SWITCH_D(VEC_CASE_F16)
+    case PYFA_DTYPE_BF16: VEC_SWITCH_D(VEC_CASE_BF16)
+    case PYFA_DTYPE_F32: VEC_SWITCH_D(VEC_CASE_F32)
+    default: pyfa_cpu_fail(d, "unsupported kv dtype %d", d->constants[PYFA_VEC_FC_KV_DTYPE]); return;
     }
 }
 

@@ -1,19 +1,28 @@
-/* A persistent pthread pool that runs the threadgroups of one dispatch at a
- * time. The calling thread works too; threadgroups are handed out through an
- * atomic counter so uneven groups balance themselves. */
+/* A persistent pthread pool that runs the threadgroups of one job at a time:
+ * one dispatch (pyfa_cpu_run) or several interleaved (pyfa_cpu_run_many, the
+ * barrier-stress mode). The calling thread works too; threadgroups are handed
+ * out through an atomic counter so uneven groups balance themselves. */
 #include "pyfa_cpu.h"
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define MAX_THREADS 256
 
+/* Item i of a job is threadgroup i / count of dispatch i % count (items past
+ * a dispatch's grid are skipped), so with count > 1 the dispatches' groups
+ * alternate in the order they are handed out. */
 typedef struct job {
-    const pyfa_cpu_dispatch *d;
-    pyfa_cpu_kernel kernel;
-    uint64_t total;
+    const pyfa_cpu_dispatch *const *d;
+    const pyfa_cpu_kernel *kernels;
+    const uint64_t *totals; /* threadgroups of each dispatch */
+    uint32_t count;
+    uint64_t items;         /* count * the largest total */
+    uint64_t scratch;       /* the largest threadgroup_memory */
     _Atomic uint64_t next;
     _Atomic uint32_t unfinished_workers;
 } job;
@@ -45,14 +54,17 @@ static void *scratch_for(uint64_t bytes) {
 }
 
 static void run_share(job *j) {
-    const pyfa_cpu_dispatch *d = j->d;
-    void *scratch = scratch_for(d->threadgroup_memory);
-    uint64_t gx = d->grid[0], gy = d->grid[1];
+    void *scratch = scratch_for(j->scratch);
     for (;;) {
         uint64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->total) break;
-        uint32_t x = (uint32_t)(i % gx), y = (uint32_t)((i / gx) % gy), z = (uint32_t)(i / (gx * gy));
-        j->kernel(d, x, y, z, scratch);
+        if (i >= j->items) break;
+        const uint32_t k = (uint32_t)(i % j->count);
+        const uint64_t g = i / j->count;
+        if (g >= j->totals[k]) continue;
+        const pyfa_cpu_dispatch *d = j->d[k];
+        const uint64_t gx = d->grid[0], gy = d->grid[1];
+        uint32_t x = (uint32_t)(g % gx), y = (uint32_t)((g / gx) % gy), z = (uint32_t)(g / (gx * gy));
+        j->kernels[k](d, x, y, z, scratch);
     }
 }
 
@@ -66,7 +78,7 @@ static void *worker_main(void *arg) {
         job *j = current_job;
         pthread_mutex_unlock(&state_lock);
         /* A worker that cannot get scratch memory leaves the groups to others. */
-        if (!(j->d->threadgroup_memory && !scratch_for(j->d->threadgroup_memory))) run_share(j);
+        if (!(j->scratch && !scratch_for(j->scratch))) run_share(j);
         pthread_mutex_lock(&state_lock);
         if (atomic_fetch_sub(&j->unfinished_workers, 1) == 1) pthread_cond_broadcast(&work_done);
     }
@@ -100,30 +112,65 @@ uint32_t pyfa_cpu_thread_count(void) {
     return pool_threads;
 }
 
-int pyfa_cpu_run(const pyfa_cpu_dispatch *d, pyfa_cpu_kernel kernel) {
+void pyfa_cpu_fail(const pyfa_cpu_dispatch *d, const char *format, ...) {
+    /* The caller owns a mutable dispatch (const only to kernels); the pool's
+     * join publishes the message before the caller reads it. */
+    pyfa_cpu_dispatch *m = (pyfa_cpu_dispatch *)d;
+    int32_t expected = 0;
+    if (!__atomic_compare_exchange_n(&m->failed, &expected, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) return;
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(m->failure, sizeof m->failure, format, ap);
+    va_end(ap);
+    __atomic_store_n(&m->failed, 1, __ATOMIC_RELEASE);
+}
+
+static int run_job(job *j) {
     pthread_once(&pool_once, pool_start);
-    uint64_t total = (uint64_t)d->grid[0] * d->grid[1] * d->grid[2];
-    if (total == 0) return 0;
-    if (d->threadgroup_memory && !scratch_for(d->threadgroup_memory)) return -1;
-    job j = {.d = d, .kernel = kernel, .total = total};
-    atomic_init(&j.next, 0);
+    if (j->items == 0) return 0;
+    if (j->scratch && !scratch_for(j->scratch)) return -1;
+    atomic_init(&j->next, 0);
     uint32_t helpers = pool_threads - 1;
-    if (total == 1 || helpers == 0) {
-        run_share(&j);
+    if (j->items == 1 || helpers == 0) {
+        run_share(j);
         return 0;
     }
     pthread_mutex_lock(&submit_lock);
-    atomic_init(&j.unfinished_workers, helpers);
+    atomic_init(&j->unfinished_workers, helpers);
     pthread_mutex_lock(&state_lock);
-    current_job = &j;
+    current_job = j;
     job_generation++;
     pthread_cond_broadcast(&work_ready);
     pthread_mutex_unlock(&state_lock);
-    run_share(&j);
+    run_share(j);
     pthread_mutex_lock(&state_lock);
-    while (atomic_load(&j.unfinished_workers) != 0) pthread_cond_wait(&work_done, &state_lock);
+    while (atomic_load(&j->unfinished_workers) != 0) pthread_cond_wait(&work_done, &state_lock);
     current_job = NULL;
     pthread_mutex_unlock(&state_lock);
     pthread_mutex_unlock(&submit_lock);
     return 0;
+}
+
+int pyfa_cpu_run(const pyfa_cpu_dispatch *d, pyfa_cpu_kernel kernel) {
+    const uint64_t total = (uint64_t)d->grid[0] * d->grid[1] * d->grid[2];
+    job j = {.d = &d, .kernels = &kernel, .totals = &total, .count = 1, .items = total,
+             .scratch = d->threadgroup_memory};
+    return run_job(&j);
+}
+
+int pyfa_cpu_run_many(const pyfa_cpu_dispatch *const *d, const pyfa_cpu_kernel *kernels, uint32_t count) {
+    if (count == 0) return 0;
+    uint64_t *totals = malloc(sizeof(uint64_t) * count);
+    if (!totals) return -1;
+    job j = {.d = d, .kernels = kernels, .totals = totals, .count = count};
+    uint64_t largest = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        totals[k] = (uint64_t)d[k]->grid[0] * d[k]->grid[1] * d[k]->grid[2];
+        if (totals[k] > largest) largest = totals[k];
+        if (d[k]->threadgroup_memory > j.scratch) j.scratch = d[k]->threadgroup_memory;
+    }
+    j.items = largest * count;
+    const int r = run_job(&j);
+    free(totals);
+    return r;
 }

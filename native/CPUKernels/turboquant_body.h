@@ -6,6 +6,14 @@
  */
 #include "tq_codec.h"
 
+/* The widths and head dims the TurboQuant bodies are built for; anything else
+ * is reported through pyfa_cpu_fail (see attn_vec_body.h) before a row is
+ * touched, since the row buffers and codebook tables are sized for these. */
+#define TQ_IS(v) || x == (v)
+PYFA_INLINE int tq_bits_ok(int x) { return 0 PYFA_FOR_EACH_TQ_BITS(TQ_IS); }
+PYFA_INLINE int tq_head_dim_ok(uint32_t x) { return 0 PYFA_FOR_EACH_TQ_HEAD_DIM(TQ_IS); }
+#undef TQ_IS
+
 /* The three FWHT transforms of one f32 row, src -> dst (may alias). One
  * out-of-line copy serves fwht_sign_undo and the fused reduce + undo, so the
  * two run the same instructions. */
@@ -25,11 +33,16 @@ PYFA_INLINE void tq_fwht_kernel(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t
     const int dt = d->constants[PYFA_TQ_FWHT_FC_SRC_DTYPE];
     const uint32_t D = p->head_dim;
     float row[PYFA_MAX_HEAD_DIM];
+    if (!tq_head_dim_ok(D)) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u", D);
+        return;
+    }
     const char *src = (const char *)d->args[PYFA_TQ_FWHT_ARG_SRC] + (size_t)x * D * dtype_size(dt);
     switch (dt) {
     case PYFA_DTYPE_F16: row_to_f32(row, src, D, PYFA_DTYPE_F16); break;
     case PYFA_DTYPE_BF16: row_to_f32(row, src, D, PYFA_DTYPE_BF16); break;
-    default: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    case PYFA_DTYPE_F32: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    default: pyfa_cpu_fail(d, "unsupported src dtype %d", dt); return;
     }
     tq_transform_row((float *)d->args[PYFA_TQ_FWHT_ARG_DST] + (size_t)x * D, row, transform, D,
                      tq_seed(p->seed_lo, p->seed_hi), p->stream);
@@ -72,6 +85,10 @@ void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_
     const int dt = d->constants[PYFA_TQ_QUANT_FC_SRC_DTYPE];
     const uint32_t D = p->head_dim, bits = p->bits, levels = 1u << bits;
     float row[PYFA_MAX_HEAD_DIM], work[PYFA_MAX_HEAD_DIM], th[TQ_MAX_LEVELS];
+    if (!tq_head_dim_ok(D) || !tq_bits_ok((int)bits)) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u / bits %u", D, bits);
+        return;
+    }
     const float *cb = (const float *)d->args[PYFA_TQ_QUANT_ARG_CODEBOOK];
     tq_thresholds(th, cb, levels);
     const char *src = (const char *)d->args[PYFA_TQ_QUANT_ARG_SRC] +
@@ -79,7 +96,8 @@ void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_
     switch (dt) {
     case PYFA_DTYPE_F16: row_to_f32(row, src, D, PYFA_DTYPE_F16); break;
     case PYFA_DTYPE_BF16: row_to_f32(row, src, D, PYFA_DTYPE_BF16); break;
-    default: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    case PYFA_DTYPE_F32: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    default: pyfa_cpu_fail(d, "unsupported src dtype %d", dt); return;
     }
     uint32_t slot = p->write_pos + x;
     if (slot >= p->kv_capacity) slot -= p->kv_capacity;
@@ -96,6 +114,10 @@ void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x,
     (void)z, (void)scratch;
     const pyfa_tq_dequantize_params *p = (const pyfa_tq_dequantize_params *)d->args[PYFA_TQ_DEQUANT_ARG_PARAMS];
     const uint32_t D = p->head_dim, bits = p->bits;
+    if (!tq_head_dim_ok(D) || !tq_bits_ok((int)bits)) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u / bits %u", D, bits);
+        return;
+    }
     float cb[TQ_MAX_LEVELS] = {0};
     memcpy(cb, d->args[PYFA_TQ_DEQUANT_ARG_CODEBOOK], sizeof(float) << bits);
     uint32_t slot = p->first_slot + x;
@@ -112,8 +134,12 @@ void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x,
 void PYFA_ISA(pyfa_cpu_flash_attn_vec_tq)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                           void *scratch) {
     const int kb = d->constants[PYFA_TQ_VEC_FC_K_BITS], vb = d->constants[PYFA_TQ_VEC_FC_V_BITS];
+    if (!tq_bits_ok(kb) || !tq_bits_ok(vb)) { /* vec_load_row's width switch takes these as given */
+        pyfa_cpu_fail(d, "unsupported k_bits %d / v_bits %d", kb, vb);
+        return;
+    }
     switch (d->constants[PYFA_TQ_VEC_FC_HEAD_DIM]) {
-        TQ_VEC_CASE_D(64) TQ_VEC_CASE_D(128) TQ_VEC_CASE_D(256) TQ_VEC_CASE_D(512)
-    default: return;
+        PYFA_FOR_EACH_TQ_HEAD_DIM(TQ_VEC_CASE_D)
+    default: pyfa_cpu_fail(d, "unsupported head_dim %d", d->constants[PYFA_TQ_VEC_FC_HEAD_DIM]); return;
     }
 }

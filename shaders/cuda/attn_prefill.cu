@@ -567,6 +567,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
           int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
 __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(DT) && pyfa_is_head_dim(D), "flash_attn_prefill: dtype / head_dim");
+    static_assert(MASK_KIND == PYFA_MASK_ADDITIVE || MASK_KIND == PYFA_MASK_BOOL, "flash_attn_prefill: mask kind");
     const prefill::flags f = {HAS_MASK != 0, HAS_MASK != 0 && MASK_KIND == PYFA_MASK_BOOL, DO_CAUSAL != 0,
                               HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0};
     if constexpr (DT == PYFA_DTYPE_F32) {
@@ -578,10 +580,13 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
 
 template <int DT, int BQ, int BK, int MASK_KIND>
 __device__ __forceinline__ void flash_attn_prefill_blk_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(DT), "flash_attn_prefill_blk: dtype");
+    static_assert(MASK_KIND == PYFA_MASK_ADDITIVE || MASK_KIND == PYFA_MASK_BOOL, "flash_attn_prefill_blk: mask kind");
     prefill::prefill_blk(a, DT, MASK_KIND == PYFA_MASK_BOOL, BQ, BK);
 }
 
 template <int DT, int HAS_LSE>
 __device__ __forceinline__ void merge_attention_states_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(DT), "merge_attention_states: dtype"); /* D: the row loop reads params */
     prefill::merge_states<DT>(a, HAS_LSE != 0);
 }

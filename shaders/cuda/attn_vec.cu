@@ -313,6 +313,9 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
 
 template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT>
 __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(QDT) && pyfa_is_float_dtype(KVDT), "flash_attn_vec: q/kv dtype");
+    static_assert(pyfa_is_head_dim(D), "flash_attn_vec: head_dim");
+    static_assert(VARIANT == PYFA_VEC_VARIANT_PORTABLE || VARIANT == PYFA_VEC_VARIANT_MMA, "flash_attn_vec: variant");
     if constexpr (VARIANT == PYFA_VEC_VARIANT_MMA && KVDT != PYFA_DTYPE_F32) {
         flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0);
     } else {
@@ -324,6 +327,7 @@ __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
  * with the block-size-independent merge of attn_vec_reduce.cuh. */
 template <int D>
 __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_head_dim(D), "flash_attn_vec_reduce: head_dim");
     __shared__ float weight[PYFA_REDUCE_MAX_NWG];
     const pyfa_attn_reduce_params &p = pyfa_param<pyfa_attn_reduce_params>(a, PYFA_REDUCE_ARG_PARAMS);
     const uint32_t row = blockIdx.x, nwg = p.nwg < PYFA_REDUCE_MAX_NWG ? p.nwg : PYFA_REDUCE_MAX_NWG;

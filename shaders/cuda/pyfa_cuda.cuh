@@ -20,6 +20,19 @@ typedef long long int64_t;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+/* The constants every entry body switches over, at compile time: each body
+ * static_asserts that its template arguments are ones it is built for, so a
+ * specialisation outside them fails to compile (the NVRTC log becomes
+ * PyfaError.compile when the pipeline is made, before any launch) instead of
+ * taking a template branch meant for another value and leaving its output
+ * wrong or unwritten. The dispatchers' validation keeps them unreachable. */
+#define PYFA_IS_ONE_OF(v) || x == (v)
+__host__ __device__ constexpr bool pyfa_is_float_dtype(int x) { return false PYFA_FOR_EACH_ATTN_DTYPE(PYFA_IS_ONE_OF); }
+__host__ __device__ constexpr bool pyfa_is_head_dim(int x) { return false PYFA_FOR_EACH_HEAD_DIM(PYFA_IS_ONE_OF); }
+__host__ __device__ constexpr bool pyfa_is_tq_head_dim(int x) { return false PYFA_FOR_EACH_TQ_HEAD_DIM(PYFA_IS_ONE_OF); }
+__host__ __device__ constexpr bool pyfa_is_tq_bits(int x) { return false PYFA_FOR_EACH_TQ_BITS(PYFA_IS_ONE_OF); }
+#undef PYFA_IS_ONE_OF
+
 #define PYFA_LOG2E 1.4426950408889634f
 #define PYFA_LN2 0.6931471805599453f
 

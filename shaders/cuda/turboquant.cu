@@ -152,6 +152,7 @@ __device__ __forceinline__ uint32_t code_from_bytes(const uint8_t *row, uint32_t
 
 template <int SDT, int D>
 __device__ __forceinline__ void tq_fwht_row(const pyfa_cuda_args &a, uint32_t transform) {
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_head_dim(D), "fwht: src dtype / head_dim");
     constexpr int E = D / 32;
     const pyfa_tq_fwht_params &p = pyfa_param<pyfa_tq_fwht_params>(a, PYFA_TQ_FWHT_ARG_PARAMS);
     const int lane = threadIdx.x & 31;
@@ -181,6 +182,7 @@ __device__ void fwht_sign_undo_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, 
  * partials are the latency); warp 0 then rotates the row. */
 template <int D>
 __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_tq_head_dim(D), "flash_attn_vec_reduce_tq_hb_undo: head_dim");
     constexpr int E = D / 32;
     const pyfa_tq_reduce_undo_params &p = pyfa_param<pyfa_tq_reduce_undo_params>(a, PYFA_REDUCE_ARG_PARAMS);
     __shared__ float s_row[D];
@@ -274,6 +276,8 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, con
  * (exact), then encoded. */
 template <int SDT, int BITS, int D>
 __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_bits(BITS) && pyfa_is_tq_head_dim(D),
+                  "hadamard_quantize_kv: src dtype / bits / head_dim");
     const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
     __shared__ float s_x[D];
     constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
@@ -287,6 +291,7 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
  * into the original domain: x~ = s . FWHT(c[idx]) * (scale / D). */
 template <int BITS, int D>
 __device__ void tq_dequantize_kv_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_tq_bits(BITS) && pyfa_is_tq_head_dim(D), "tq_dequantize_kv: bits / head_dim");
     constexpr int E = D / 32;
     const pyfa_tq_dequantize_params &p = pyfa_param<pyfa_tq_dequantize_params>(a, PYFA_TQ_DEQUANT_ARG_PARAMS);
     const float *cb = &pyfa_param<float>(a, PYFA_TQ_DEQUANT_ARG_CODEBOOK);
@@ -642,6 +647,8 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 
 template <int KB, int VB, int D, int SOFTCAP, int DIRECT>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D),
+                  "flash_attn_vec_tq: k/v bits / head_dim");
     if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA)) {
         flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0);
     } else {

@@ -18,7 +18,18 @@ typedef struct pyfa_cpu_dispatch {
     uint32_t grid[3];                      /* threadgroups per dimension */
     uint32_t threads[3];                   /* threads per threadgroup (GPU geometry; informative) */
     uint64_t threadgroup_memory;           /* scratch bytes each threadgroup gets, 64-byte aligned */
+    /* Set by a kernel through pyfa_cpu_fail (first report wins, any thread);
+     * the caller zeroes it before the run and reads it after. */
+    int32_t failed;
+    char failure[124];
 } pyfa_cpu_dispatch;
+
+/* Reports that a threadgroup of `d` could not run (a function constant its
+ * build does not handle): the first report's message is kept in d->failure
+ * and d->failed becomes 1. The kernel then returns without writing; the
+ * dispatch is an error for the caller, never a silent partial output. Never
+ * aborts. printf-style message. */
+void pyfa_cpu_fail(const pyfa_cpu_dispatch *d, const char *format, ...) __attribute__((format(printf, 2, 3)));
 
 /* Runs one threadgroup (x, y, z). `scratch` holds threadgroup_memory bytes. */
 typedef void (*pyfa_cpu_kernel)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
@@ -31,6 +42,12 @@ pyfa_cpu_kernel pyfa_cpu_find_kernel(const char *name);
  * concurrent callers take turns on the pool. Returns 0, or -1 if scratch
  * memory could not be allocated (nothing ran). */
 int pyfa_cpu_run(const pyfa_cpu_dispatch *d, pyfa_cpu_kernel kernel);
+
+/* Runs the threadgroups of `count` dispatches together, interleaved over the
+ * pool (dispatch order is not an ordering: groups of later dispatches run
+ * before, between and alongside those of earlier ones). For stress-testing
+ * the barriers ops record; same return values as pyfa_cpu_run. */
+int pyfa_cpu_run_many(const pyfa_cpu_dispatch *const *d, const pyfa_cpu_kernel *kernels, uint32_t count);
 
 /* Threads the pool uses (PYFA_NUM_THREADS overrides the core count). */
 uint32_t pyfa_cpu_thread_count(void);

@@ -7,7 +7,9 @@ public final class CommandEncoder {
     private var recorded: [EncodedCommand] = []
     private var pendingOpKind: OpKind = .other
 
-    init(device: Device, queue: CommandQueue) {
+    /// An encoder that submits to `queue`: Device.makeEncoder passes the
+    /// backend's own; tools that capture, reorder or replay commands pass theirs.
+    public init(device: Device, queue: CommandQueue) {
         self.device = device
         self.queue = queue
     }

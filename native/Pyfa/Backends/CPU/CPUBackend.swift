@@ -96,23 +96,68 @@ final class CPUBackend: Backend {
         return CPUPipeline(name: name, kernel: k, constants: constants)
     }
 
-    func makeQueue() throws -> CommandQueue { CPUQueue() }
+    func makeQueue() throws -> CommandQueue { CPUQueue(stress: try BarrierStress.fromEnvironment()) }
 }
 
-/// Executes commands synchronously at submit, in order (so barriers hold by
-/// construction); `wait` reports the first failure.
+/// How a CPU queue orders the dispatches between two barriers (a segment).
+/// The queue runs everything on the host, so a barrier an op forgot to record
+/// is invisible in `.off`; the stress modes break exactly what a missing
+/// barrier would break on a GPU that overlaps dispatches (a Metal concurrent
+/// encoder, a CUDA graph): a dispatch may only rely on writes that a barrier
+/// separates from it. Segments always run in order.
+public enum BarrierStress: Equatable, Sendable {
+    /// Every dispatch in recorded order (the default).
+    case off
+    /// The dispatches of each segment in reverse order.
+    case reverse
+    /// The threadgroups of a segment's dispatches interleaved over the pool
+    /// (pyfa_cpu_run_many), so they overlap.
+    case concurrent
+
+    public static let variable = "PYFA_CPU_BARRIER_STRESS"
+
+    /// From PYFA_CPU_BARRIER_STRESS: unset, empty or "off", "reverse",
+    /// "concurrent"; any other value is an error rather than a silent default.
+    public static func fromEnvironment() throws -> BarrierStress {
+        guard let raw = getenv(variable) else { return .off }
+        switch String(cString: raw) {
+        case "", "off": return .off
+        case "reverse": return .reverse
+        case "concurrent": return .concurrent
+        case let other:
+            throw PyfaError.invalid("\(variable): '\(other)' is not one of off, reverse, concurrent")
+        }
+    }
+}
+
+/// Executes commands synchronously at submit, one barrier-delimited segment
+/// after another (in order, so barriers hold by construction; within a
+/// segment as `stress` says); `wait` reports the first failure, after which
+/// the rest of that submission is skipped.
 final class CPUQueue: CommandQueue {
     private var failure: PyfaError?
+    let stress: BarrierStress
+
+    /// `stress` is read once per queue (CPUBackend.makeQueue passes the
+    /// environment's choice); tests pass a mode directly.
+    init(stress: BarrierStress = .off) {
+        self.stress = stress
+    }
 
     func submit(_ commands: [EncodedCommand]) throws {
-        for command in commands {
-            guard case .dispatch(let d) = command else { continue }
-            do {
-                try run(d)
-            } catch let e as PyfaError {
-                failure = e
-                return
+        var segment: [EncodedDispatch] = []
+        do {
+            for command in commands {
+                switch command {
+                case .dispatch(let d): segment.append(d)
+                case .barrier:
+                    try runSegment(segment)
+                    segment.removeAll()
+                }
             }
+            try runSegment(segment)
+        } catch let e as PyfaError {
+            failure = e
         }
     }
 
@@ -123,10 +168,57 @@ final class CPUQueue: CommandQueue {
         }
     }
 
-    private func run(_ d: EncodedDispatch) throws {
+    private func runSegment(_ segment: [EncodedDispatch]) throws {
+        switch stress {
+        case .off:
+            for d in segment { try PreparedDispatch(d).run() }
+        case .reverse:
+            for d in segment.reversed() { try PreparedDispatch(d).run() }
+        case .concurrent:
+            if segment.count == 1 {
+                try PreparedDispatch(segment[0]).run()
+            } else if !segment.isEmpty {
+                try PreparedDispatch.runTogether(segment.map(PreparedDispatch.init))
+            }
+        }
+    }
+}
+
+extension Device {
+    /// A CPU queue in the given stress mode, whatever the environment says
+    /// (tests and tools pair it with CommandEncoder(device:queue:)); other
+    /// backends refuse.
+    public func makeQueue(barrierStress: BarrierStress) throws -> CommandQueue {
+        guard backend is CPUBackend else {
+            throw PyfaError.unsupported("barrier stress: only the cpu backend has it, not \(backend.name)")
+        }
+        return CPUQueue(stress: barrierStress)
+    }
+}
+
+/// One dispatch in the C kernels' form: the pyfa_cpu_dispatch (heap-allocated,
+/// so its address is stable while several run together) and the inline
+/// argument bytes it points into, both alive as long as this object.
+private final class PreparedDispatch {
+    let name: String
+    let kernel: pyfa_cpu_kernel
+    let dispatch: UnsafeMutablePointer<pyfa_cpu_dispatch>
+    private let inlineStorage: UnsafeMutableRawPointer
+
+    init(_ d: EncodedDispatch) throws {
         guard let p = d.pipeline as? CPUPipeline else {
             throw PyfaError.internal("dispatch \(d.pipeline.name): pipeline is not a CPU pipeline")
         }
+        name = p.name
+        kernel = p.kernel
+        // Inline bytes get stable, aligned addresses for the duration of the run.
+        let inlineTotal = d.args.reduce(0) { total, a in
+            if case .bytes(let b) = a.arg { return total + ((b.count + 15) & ~15) }
+            return total
+        }
+        inlineStorage = UnsafeMutableRawPointer.allocate(byteCount: max(16, inlineTotal), alignment: 16)
+        dispatch = UnsafeMutablePointer<pyfa_cpu_dispatch>.allocate(capacity: 1)
+        dispatch.initialize(to: pyfa_cpu_dispatch())
         var c = pyfa_cpu_dispatch()
         c.grid = d.grid
         c.threads = d.threads
@@ -134,13 +226,6 @@ final class CPUQueue: CommandQueue {
         withUnsafeMutableBytes(of: &c.constants) { raw in
             for (i, v) in p.constants.values.enumerated() { raw.storeBytes(of: v, toByteOffset: i * 4, as: Int32.self) }
         }
-        // Inline bytes get stable, aligned addresses for the duration of the run.
-        let inlineTotal = d.args.reduce(0) { total, a in
-            if case .bytes(let b) = a.arg { return total + ((b.count + 15) & ~15) }
-            return total
-        }
-        let inlineStorage = UnsafeMutableRawPointer.allocate(byteCount: max(16, inlineTotal), alignment: 16)
-        defer { inlineStorage.deallocate() }
         var cursor = 0
         for (slot, arg) in d.args {
             guard slot >= 0 && slot < Int(PYFA_CPU_MAX_ARGS) else {
@@ -166,9 +251,39 @@ final class CPUQueue: CommandQueue {
             withUnsafeMutableBytes(of: &c.args) { $0.storeBytes(of: address, toByteOffset: slot * MemoryLayout<UnsafeMutableRawPointer>.stride, as: UnsafeMutableRawPointer.self) }
             withUnsafeMutableBytes(of: &c.arg_bytes) { $0.storeBytes(of: UInt64(size), toByteOffset: slot * 8, as: UInt64.self) }
         }
-        if pyfa_cpu_run(&c, p.kernel) != 0 {
-            throw PyfaError.outOfMemory("dispatch \(p.name): could not allocate \(d.threadgroupMemory) bytes of threadgroup scratch")
+        dispatch.pointee = c
+    }
+
+    deinit {
+        dispatch.deinitialize(count: 1)
+        dispatch.deallocate()
+        inlineStorage.deallocate()
+    }
+
+    func run() throws {
+        if pyfa_cpu_run(dispatch, kernel) != 0 {
+            throw PyfaError.outOfMemory("dispatch \(name): could not allocate \(dispatch.pointee.threadgroup_memory) bytes of threadgroup scratch")
         }
+        try checkKernel()
+    }
+
+    static func runTogether(_ all: [PreparedDispatch]) throws {
+        let dispatches: [UnsafePointer<pyfa_cpu_dispatch>?] = all.map { UnsafePointer($0.dispatch) }
+        let kernels: [pyfa_cpu_kernel?] = all.map { $0.kernel }
+        if pyfa_cpu_run_many(dispatches, kernels, UInt32(all.count)) != 0 {
+            throw PyfaError.outOfMemory("dispatches \(all.map(\.name).joined(separator: ", ")): could not allocate threadgroup scratch")
+        }
+        for p in all { try p.checkKernel() }
+    }
+
+    /// A kernel that reached a case its build does not handle (pyfa_cpu_fail)
+    /// wrote nothing: that is an error of the library, never a result.
+    private func checkKernel() throws {
+        guard dispatch.pointee.failed != 0 else { return }
+        let message = withUnsafeBytes(of: &dispatch.pointee.failure) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        throw PyfaError.internal("kernel \(name): \(message)")
     }
 }
 
