@@ -2,6 +2,31 @@
 // libpyfa: flash-attention kernels behind one C ABI (native/CPyfa/include/pyfa.h).
 import PackageDescription
 
+// The Metal backend (native/Pyfa/Backends/Metal) is written against Apple's
+// Metal API. On Apple platforms that is the system framework; on Linux it is
+// this package's own `Metal` module, which runs the same .metal sources on an
+// MSL CPU executor (native/MSLExecutor), so the Metal path builds and is
+// tested everywhere.
+#if os(Linux)
+let metalTargets: [Target] = [
+    .target(
+        name: "MSLExecutor",
+        path: "native/MSLExecutor",
+        exclude: ["stdlib"],
+        cSettings: [.define("_GNU_SOURCE")],
+        linkerSettings: [.linkedLibrary("dl"), .linkedLibrary("pthread")]
+    ),
+    .target(name: "Metal", dependencies: ["MSLExecutor"], path: "native/MetalLinux"),
+    .testTarget(name: "MetalLinuxTests", dependencies: ["Metal", "MSLExecutor"], path: "native/Tests/MetalLinuxTests"),
+]
+let metalDependency: [Target.Dependency] = ["Metal"]
+let metalLinker: [LinkerSetting] = []
+#else
+let metalTargets: [Target] = []
+let metalDependency: [Target.Dependency] = []
+let metalLinker: [LinkerSetting] = [.linkedFramework("Metal", .when(platforms: [.macOS, .iOS]))]
+#endif
+
 let package = Package(
     name: "pyfa",
     products: [
@@ -26,15 +51,19 @@ let package = Package(
             path: "native/CUDADriver",
             linkerSettings: [.linkedLibrary("dl"), .linkedLibrary("pthread")]
         ),
+        // The embedded Metal kernel sources (C23 #embed of shaders/metal/*).
+        .target(name: "PyfaMetalSources", path: "native/MetalSources"),
         .target(
             name: "Pyfa",
-            dependencies: ["CPyfa", "PyfaShaderCommon", "PyfaCPUKernels", "PyfaCUDADriver"],
+            dependencies: ["CPyfa", "PyfaShaderCommon", "PyfaCPUKernels", "PyfaCUDADriver", "PyfaMetalSources"]
+                + metalDependency,
             path: "native/Pyfa",
-            swiftSettings: [.swiftLanguageMode(.v5)]
+            swiftSettings: [.swiftLanguageMode(.v5)],
+            linkerSettings: metalLinker
         ),
         .executableTarget(name: "PyfaExample", dependencies: ["Pyfa", "CPyfa"], path: "native/Example",
                           swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "PyfaTests", dependencies: ["Pyfa", "CPyfa", "PyfaShaderCommon"], path: "native/Tests/PyfaTests",
                     swiftSettings: [.swiftLanguageMode(.v5)]),
-    ]
+    ] + metalTargets
 )
