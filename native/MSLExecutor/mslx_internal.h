@@ -11,6 +11,13 @@
  * (mslx_entry_<kernel> of its module). */
 typedef void (*mslx_entry_fn)(const mslx_lane_ctx *ctx);
 mslx_entry_fn mslx__function_entry(const mslx_function *function);
+/* Bit i set: the kernel takes [[buffer(i)]] (resp. [[threadgroup(i)]]); the
+ * runtime refuses a dispatch that leaves one of them unbound. */
+uint32_t mslx__function_buffer_mask(const mslx_function *function);
+uint32_t mslx__function_threadgroup_mask(const mslx_function *function);
+/* "clang <version> (<path>)" of the compiler the front end uses, or a reason
+ * it has none; for mslx_describe. */
+const char *mslx__compiler_description(void);
 
 /* Runtime -> front end: the table every loaded module's mslx_module_init
  * receives. */
