@@ -1,5 +1,5 @@
 /*
- * The interface between the executor's runtime (runtime/*.c, linked into
+ * The interface between the executor's runtime (runtime.c and fiber.c, linked into
  * libpyfa) and a compiled kernel module (the shared object the front end
  * builds from one specialised .metal source). Plain C, no includes: the front
  * end passes this file to clang with the module's sources, the runtime
@@ -57,7 +57,10 @@ typedef struct mslx_lane_ctx {
 #define MSLX_MEM_THREADGROUP 2u
 #define MSLX_MEM_TEXTURE 4u
 
-/* The runtime's services, in the order of this table. */
+/* The runtime's services, in the order of this table. Not declared in the
+ * kernel unit (C++ for OpenCL has no function pointers); it needs only the
+ * lane context above. */
+#ifndef __OPENCL_CPP_VERSION__
 typedef struct mslx_runtime {
     unsigned int abi_version; /* MSLX_ABI_VERSION */
     unsigned int reserved;
@@ -96,5 +99,6 @@ typedef struct mslx_runtime {
      * mslx_function_static_threadgroup_memory() bytes. */
     void *(*threadgroup_static)(unsigned long offset);
 } mslx_runtime;
+#endif
 
 #endif

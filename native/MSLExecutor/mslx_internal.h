@@ -26,8 +26,11 @@ const mslx_runtime *mslx__runtime(void);
 /* The clang options a kernel unit is compiled with (besides -I for the
  * executor's headers, -D for function constants, -o and the input). The
  * runtime's <metal_stdlib> (stdlib/metal_stdlib) is written for exactly
- * these; change them together. */
+ * these; change them together. -cl-no-stdinc: no opencl-c-base.h and no
+ * implicit OpenCL builtin functions (they would call unresolved mangled
+ * symbols such as _Z3expf and make `exp` ambiguous); <metal_stdlib> declares
+ * every type and function a kernel uses, and enables cl_khr_fp16 itself. */
 #define MSLX_KERNEL_CFLAGS \
     "-x", "clcpp", "-cl-std=clc++2021", "-O2", "-fPIC", "-ffp-contract=off", \
-    "-cl-ext=+cl_khr_fp16", "-D__METAL_VERSION__=310", "-D__HAVE_MSLX__=1", \
+    "-cl-no-stdinc", "-D__METAL_VERSION__=310", "-D__HAVE_MSLX__=1", \
     "-Wno-unused-value", "-Wno-ignored-attributes", "-Wno-unknown-attributes"
