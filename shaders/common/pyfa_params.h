@@ -36,7 +36,8 @@
  *   k,v [batch, num_kv_heads, kv_capacity, head_dim] f32 | f16 | bf16
  *   kv_len, ring_start [batch]                       u32
  *   tmp (nwg > 1) partial outputs [batch*num_heads, nwg, head_dim] f32,
- *       then (S, M) pairs [batch*num_heads, nwg, 2] f32
+ *       then (S, M) pairs [batch*num_heads, nwg, 2] f32; with nwg == 1 the
+ *       dispatcher binds out in this slot (never written there)
  *   out [batch, num_heads, head_dim]                 f32
  * A slot s of sequence b is valid iff s < kv_len[b]; its logical position is
  * (s - ring_start[b]) mod kv_capacity. With window > 0 only the last `window`

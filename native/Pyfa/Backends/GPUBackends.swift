@@ -2,5 +2,6 @@
 /// A backend folder adds its entry here; Ops/ never name a backend.
 let gpuBackendOpeners: [String: () throws -> Backend] = [
     "cuda": { try CUDABackend() },
+    "metal": { try MetalBackend() },
 ]
-let gpuBackendNames: [String] = ["cuda"]
+let gpuBackendNames: [String] = ["cuda", "metal"]

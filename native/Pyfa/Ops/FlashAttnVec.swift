@@ -88,7 +88,7 @@ public enum FlashAttnVec {
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        var args: [(slot: Int, arg: KernelArg)] = [
+        let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
             (Int(PYFA_VEC_ARG_Q), .buffer(q)),
             (Int(PYFA_VEC_ARG_K), .buffer(k)),
@@ -96,8 +96,10 @@ public enum FlashAttnVec {
             (Int(PYFA_VEC_ARG_KV_LEN), .buffer(kvLen)),
             (Int(PYFA_VEC_ARG_RING_START), .buffer(ringStart)),
             (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            // Without a split there is no tmp; out stands in, so every slot a
+            // kernel declares is bound (Metal requires it; nothing writes it).
+            (Int(PYFA_VEC_ARG_TMP), .buffer(tmpBuffer ?? out)),
         ]
-        if let t = tmpBuffer { args.append((Int(PYFA_VEC_ARG_TMP), .buffer(t))) }
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)

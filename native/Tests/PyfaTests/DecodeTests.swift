@@ -17,7 +17,22 @@ final class DecodeTests: XCTestCase {
     }
 
     func testDecodeMatchesDirectSoftmax() throws {
-        let device = try Device.open("cpu")
+        try checkDecode(try Device.open("cpu"))
+    }
+
+    /// The Metal backend through the same Swift API: a GPU on a Mac, the MSL
+    /// executor on Linux (where it must open: the package builds it there).
+    func testDecodeOnMetalMatchesDirectSoftmax() throws {
+        #if os(Linux)
+        let device = try Device.open("metal")
+        XCTAssertEqual(device.backend.info.is_gpu, 0)
+        #else
+        guard let device = try? Device.open("metal") else { throw XCTSkip("no Metal device") }
+        #endif
+        try checkDecode(device)
+    }
+
+    private func checkDecode(_ device: Device) throws {
         let (H, Hkv, D, cap, n) = (4, 2, 64, 300, 257)
         let q = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
         let k = try device.makeBuffer(dtype: .f32, shape: [1, Hkv, cap, D])

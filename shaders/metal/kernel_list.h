@@ -1,0 +1,9 @@
+/*
+ * Metal kernels by registry name: PYFA_METAL_KERNEL(name, source file). The
+ * file defines `kernel void <name>` with the op family's function constants
+ * (type int) at the indices of its shaders/common header. Every file named
+ * here, and every header a source includes, is embedded into libpyfa
+ * (native/MetalSources/sources.c).
+ */
+PYFA_METAL_KERNEL(flash_attn_vec, "flash_attn_vec.metal")
+PYFA_METAL_KERNEL(flash_attn_vec_reduce, "flash_attn_vec_reduce.metal")

@@ -1,0 +1,58 @@
+// Helpers every pyfa Metal kernel shares: reading rows of the attention
+// dtypes (pyfa_params.h codes) as f32. The dtype is a function constant, so
+// each specialisation keeps one branch.
+#pragma once
+#include <metal_stdlib>
+#include "pyfa_params.h"
+using namespace metal;
+
+// bf16 bits -> f32 (bf16 is the high half of an f32): exact.
+inline float pyfa_bf16_to_f32(ushort bits) { return as_type<float>(uint(bits) << 16); }
+
+// Element i of a row of `dtype`.
+inline float pyfa_load1(device const uchar *row, uint i, int dtype) {
+    if (dtype == PYFA_DTYPE_F16) return float(((device const half *)row)[i]);
+    if (dtype == PYFA_DTYPE_BF16) return pyfa_bf16_to_f32(((device const ushort *)row)[i]);
+    return ((device const float *)row)[i];
+}
+
+// float4 column c (elements 4c .. 4c + 3) of a row of `dtype`.
+inline float4 pyfa_load4(device const uchar *row, uint c, int dtype) {
+    if (dtype == PYFA_DTYPE_F16) return float4(((device const half4 *)row)[c]);
+    if (dtype == PYFA_DTYPE_BF16) {
+        const ushort4 u = ((device const ushort4 *)row)[c];
+        return float4(pyfa_bf16_to_f32(u.x), pyfa_bf16_to_f32(u.y), pyfa_bf16_to_f32(u.z), pyfa_bf16_to_f32(u.w));
+    }
+    return ((device const float4 *)row)[c];
+}
+
+// Bytes of one element of an attention dtype.
+inline uint pyfa_dtype_size(int dtype) { return dtype == PYFA_DTYPE_F32 ? 4 : 2; }
+
+// The score of a masked position, and the running max before any key: a
+// finite stand-in for -inf, since Metal compiles with fast math, which may
+// assume no infinities (a comparison with -INFINITY can fold away). Every
+// real score is above it, and exp(PYFA_MASKED_SCORE - m) is 0.
+#define PYFA_MASKED_SCORE (-3.0e38f)
+
+// The logical positions [begin, end) workgroup iwg of a sequence covers, and
+// the sequence's ring_start. kv_len and ring_start may be device-resident and
+// unchecked (or rewritten after the call was recorded), so they are clamped
+// into range, as every GPU backend does: a length above the capacity reads
+// the whole cache, a ring_start outside it counts as 0.
+struct pyfa_vec_span {
+    uint ring, begin, end;
+};
+
+inline pyfa_vec_span pyfa_vec_workgroup_span(uint kv_len, uint ring, uint cap, uint window, uint nwg, uint iwg) {
+    kv_len = int(kv_len) < 0 ? 0 : min(kv_len, cap);
+    ring = ring < cap ? ring : 0;
+    const uint lo = (window > 0 && kv_len > window) ? kv_len - window : 0;
+    const ulong n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
+    const ulong c0 = ulong(iwg) * chunk, c1 = c0 + chunk;
+    pyfa_vec_span span;
+    span.ring = ring;
+    span.begin = lo + uint(c0 < n ? c0 : n);
+    span.end = lo + uint(c1 < n ? c1 : n);
+    return span;
+}
