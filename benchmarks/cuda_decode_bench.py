@@ -1,7 +1,7 @@
 """Decode attention on the CUDA device against torch SDPA (flash and cuDNN
 backends) in the same process: CUDA events around back-to-back launches on one
 stream, warm-up excluded, median over repeats. Bandwidth counts the K and V
-bytes read (as ../shared/reference/peers_measured.md does).
+bytes read (the usual convention for decode bandwidth).
 
 pyfa is timed two ways:
   kernel: dispatches recorded ahead, then one commit between the events, so

@@ -1,6 +1,7 @@
 """Devices and buffers: thin owners of the C handles."""
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -179,9 +180,10 @@ _default_lock = threading.Lock()
 
 
 def default_device() -> Device:
-    """The process-wide ``Device("auto")``, opened on first use."""
+    """The process-wide default device, opened on first use: ``$PYFA_BACKEND``
+    (``cpu``, ``cuda``, ``metal``) when set, else ``Device("auto")``."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = Device("auto")
+            _default = Device(os.environ.get("PYFA_BACKEND") or "auto")
         return _default

@@ -1,5 +1,6 @@
-import zlib
 import os
+import re
+import zlib
 
 import numpy as np
 import pytest
@@ -8,14 +9,40 @@ import pyfa
 
 
 AVAILABLE = pyfa.available_backends()
-# Backends the suite runs on: every backend that opens here, or PYFA_TEST_BACKENDS.
-TEST_BACKENDS = os.environ.get("PYFA_TEST_BACKENDS", ",".join(AVAILABLE)).split(",")
+_NAMED = os.environ.get("PYFA_BACKEND") or os.environ.get("PYFA_TEST_BACKENDS")
 
 
-@pytest.fixture(params=[b for b in ["cpu", "cuda", "metal"] if b in pyfa.backends()])
+def _test_backends() -> list[str]:
+    """Backends the suite runs on: $PYFA_BACKEND (one backend, which is then
+    also the default device of calls that name none) or $PYFA_TEST_BACKENDS
+    (a comma list); by default the CPU and every GPU that opens. A device that
+    opens but runs on the CPU without being the CPU backend (the Metal
+    backend's MSL executor on Linux) runs only when named."""
+    if _NAMED:
+        return _NAMED.split(",")
+    return [b for b in AVAILABLE if b == "cpu" or pyfa.Device(b).is_gpu]
+
+
+TEST_BACKENDS = _test_backends()
+
+
+def _fixture_backends() -> list[str]:
+    """The device fixture's parameters: the selected backends, plus (unless
+    backends were named) compiled-in GPU backends without a device here, which
+    skip saying so. A device that opens but is not selected is left out
+    rather than skipped, so the skips count only GPU cases that did not run."""
+    compiled = [b for b in ["cpu", "cuda", "metal"] if b in pyfa.backends()]
+    if _NAMED:
+        return [b for b in compiled if b in TEST_BACKENDS]
+    return [b for b in compiled if b in TEST_BACKENDS or b not in AVAILABLE]
+
+
+@pytest.fixture(params=_fixture_backends())
 def device(request):
-    if request.param not in AVAILABLE or request.param not in TEST_BACKENDS:
+    if request.param not in AVAILABLE:
         pytest.skip(f"backend {request.param} has no device here")
+    if request.param not in TEST_BACKENDS:
+        pytest.skip(f"backend {request.param} not selected (PYFA_BACKEND={request.param} runs it)")
     return pyfa.Device(request.param)
 
 
@@ -25,17 +52,28 @@ def cpu():
 
 
 @pytest.fixture
+def dev():
+    """The device of tests that run on one backend (bad input, low-level
+    calls): $PYFA_BACKEND's when set, else the CPU."""
+    return pyfa.Device(os.environ.get("PYFA_BACKEND") or "cpu")
+
+
+@pytest.fixture
 def rng(request):
     # A fresh, reproducible stream per test.
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+_NOT_YET = re.compile(r"no (CUDA|Metal) implementation yet")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     """An op whose kernels a GPU backend does not have yet reports
-    UnsupportedError ("no CUDA implementation yet"): such cases skip, saying so,
-    instead of failing; every other error still fails."""
+    UnsupportedError ("no CUDA implementation yet", "no Metal implementation
+    yet"): such cases skip, saying so, instead of failing; every other error
+    still fails."""
     outcome = yield
     exc = outcome.excinfo[1] if outcome.excinfo else None
-    if isinstance(exc, pyfa.UnsupportedError) and "no CUDA implementation yet" in str(exc):
+    if isinstance(exc, pyfa.UnsupportedError) and _NOT_YET.search(str(exc)):
         outcome.force_exception(pytest.skip.Exception(str(exc).splitlines()[0], _use_item_location=True))

@@ -20,92 +20,92 @@ def raises(match, fn, *args, **kw):
         fn(*args, **kw)
 
 
-def test_zero_heads(cpu):
+def test_zero_heads(dev):
     q, k, v = arrays()
-    raises("num_heads: must be > 0", pyfa.decode_attention, q[:0], k, v, 4, device=cpu)
-    raises("num_kv_heads: must be > 0", pyfa.decode_attention, q, k[:0], v[:0], 4, device=cpu)
+    raises("num_heads: must be > 0", pyfa.decode_attention, q[:0], k, v, 4, device=dev)
+    raises("num_kv_heads: must be > 0", pyfa.decode_attention, q, k[:0], v[:0], 4, device=dev)
 
 
-def test_heads_not_multiple_of_kv_heads(cpu):
+def test_heads_not_multiple_of_kv_heads(dev):
     q, k, v = arrays(H=6, Hkv=4)
-    raises("num_heads: 6 must be a multiple of num_kv_heads \\(4\\)", pyfa.decode_attention, q, k, v, 4, device=cpu)
+    raises("num_heads: 6 must be a multiple of num_kv_heads \\(4\\)", pyfa.decode_attention, q, k, v, 4, device=dev)
 
 
 @pytest.mark.parametrize("D", [32, 72, 100, 1024])
-def test_unsupported_head_dim(cpu, D):
+def test_unsupported_head_dim(dev, D):
     q, k, v = arrays(D=D)
-    raises(f"head_dim: {D} is not supported", pyfa.decode_attention, q, k, v, 4, device=cpu)
+    raises(f"head_dim: {D} is not supported", pyfa.decode_attention, q, k, v, 4, device=dev)
 
 
 @pytest.mark.parametrize("kv_len,match", [(0, "kv_len\\[0\\]: 0 must be in 1...kv_capacity"),
                                           (33, "kv_len\\[0\\]: 33 must be in 1...kv_capacity"),
                                           (-1, "kv_len\\[0\\]: -1 must be in 1...kv_capacity"),
                                           ([4, 0], "kv_len\\[1\\]: 0")])
-def test_kv_len_out_of_range(cpu, kv_len, match):
+def test_kv_len_out_of_range(dev, kv_len, match):
     q, k, v = arrays()
     if isinstance(kv_len, list):
         q, k, v = np.stack([q, q]), np.stack([k, k]), np.stack([v, v])
-    raises(match, pyfa.decode_attention, q, k, v, kv_len, device=cpu)
+    raises(match, pyfa.decode_attention, q, k, v, kv_len, device=dev)
 
 
-def test_kv_len_count_must_match_batch(cpu):
+def test_kv_len_count_must_match_batch(dev):
     q, k, v = arrays()
-    raises("kv_len: expected 1 values", pyfa.decode_attention, q, k, v, [3, 4], device=cpu)
+    raises("kv_len: expected 1 values", pyfa.decode_attention, q, k, v, [3, 4], device=dev)
 
 
-def test_ring_start_rules(cpu):
+def test_ring_start_rules(dev):
     q, k, v = arrays()
     raises("ring_start\\[0\\]: 32 must be in 0..<kv_capacity", pyfa.decode_attention, q, k, v, 32, ring_start=32,
-           device=cpu)
+           device=dev)
     raises("ring_start\\[0\\]: -2 must be in 0..<kv_capacity", pyfa.decode_attention, q, k, v, 32, ring_start=-2,
-           device=cpu)
+           device=dev)
     raises("ring_start\\[0\\]: 3 must be 0 unless the ring is full", pyfa.decode_attention, q, k, v, 10,
-           ring_start=3, device=cpu)
+           ring_start=3, device=dev)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64, np.uint8])
-def test_wrong_dtype(cpu, dtype):
+def test_wrong_dtype(dev, dtype):
     q, k, v = arrays()
-    raises("q: dtype", pyfa.decode_attention, q.astype(dtype), k, v, 4, device=cpu)
-    raises("k_cache: dtype", pyfa.decode_attention, q, k.astype(dtype), v, 4, device=cpu)
+    raises("q: dtype", pyfa.decode_attention, q.astype(dtype), k, v, 4, device=dev)
+    raises("k_cache: dtype", pyfa.decode_attention, q, k.astype(dtype), v, 4, device=dev)
 
 
-def test_mismatched_kv_dtypes_and_shapes(cpu):
+def test_mismatched_kv_dtypes_and_shapes(dev):
     q, k, v = arrays()
-    raises("v_cache: dtype float32 differs", pyfa.decode_attention, q, k, v.astype(np.float32), 4, device=cpu)
-    raises("v_cache: shape", pyfa.decode_attention, q, k, v[:, :16], 4, device=cpu)
+    raises("v_cache: dtype float32 differs", pyfa.decode_attention, q, k, v.astype(np.float32), 4, device=dev)
+    raises("v_cache: shape", pyfa.decode_attention, q, k, v[:, :16], 4, device=dev)
     raises("k_cache: shape .* does not match q", pyfa.decode_attention, q, k[:, :, :32], v[:, :, :32], 4,
-           device=cpu)
+           device=dev)
 
 
-def test_wrong_rank(cpu):
+def test_wrong_rank(dev):
     q, k, v = arrays()
-    raises("q: expected 2-D or 3-D", pyfa.decode_attention, q[0], k, v, 4, device=cpu)
-    raises("k_cache: expected 3-D", pyfa.decode_attention, q, k[0], v[0], 4, device=cpu)
+    raises("q: expected 2-D or 3-D", pyfa.decode_attention, q[0], k, v, 4, device=dev)
+    raises("k_cache: expected 3-D", pyfa.decode_attention, q, k[0], v[0], 4, device=dev)
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_scale(cpu, scale):
+def test_non_finite_scale(dev, scale):
     q, k, v = arrays()
-    raises("scale: must be finite", pyfa.decode_attention, q, k, v, 4, scale=scale, device=cpu)
+    raises("scale: must be finite", pyfa.decode_attention, q, k, v, 4, scale=scale, device=dev)
 
 
 @pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf")])
-def test_bad_softcap(cpu, softcap):
+def test_bad_softcap(dev, softcap):
     q, k, v = arrays()
-    raises("softcap: must be finite and >= 0", pyfa.decode_attention, q, k, v, 4, softcap=softcap, device=cpu)
+    raises("softcap: must be finite and >= 0", pyfa.decode_attention, q, k, v, 4, softcap=softcap, device=dev)
 
 
 @pytest.mark.parametrize("window", [-1, 0, 2.5, "8"])
-def test_bad_window(cpu, window):
+def test_bad_window(dev, window):
     q, k, v = arrays()
-    raises("window: must be None or a positive int", pyfa.decode_attention, q, k, v, 4, window=window, device=cpu)
+    raises("window: must be None or a positive int", pyfa.decode_attention, q, k, v, 4, window=window, device=dev)
 
 
-def test_bad_out(cpu):
+def test_bad_out(dev):
     q, k, v = arrays()
-    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 32), np.float32), device=cpu)
-    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 64), np.float16), device=cpu)
+    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 32), np.float32), device=dev)
+    raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 64), np.float16), device=dev)
 
 
 def test_unknown_backend():
@@ -113,7 +113,7 @@ def test_unknown_backend():
         pyfa.Device("tpu")
 
 
-def _low_level(cpu, **overrides):
+def _low_level(dev, **overrides):
     """A decode through the C ABI with one piece replaced by `overrides`."""
     H, Hkv, D, cap = 4, 2, 64, 32
     arrays_ = {
@@ -126,8 +126,8 @@ def _low_level(cpu, **overrides):
               "scale": 0.125}
     params.update(overrides.pop("params", {}))
     arrays_.update(overrides)
-    bufs = [cpu.wrap(a) if a is not None else None for a in arrays_.values()]
-    enc = cpu.encoder()
+    bufs = [dev.wrap(a) if a is not None else None for a in arrays_.values()]
+    enc = dev.encoder()
     p = ffi.new("pyfa_flash_attn_vec_params *", params)
     check(lib.pyfa_flash_attn_vec(enc, p, *(b.handle if b else ffi.NULL for b in bufs)))
     check(lib.pyfa_encoder_commit(enc))
@@ -135,8 +135,8 @@ def _low_level(cpu, **overrides):
     return arrays_["out"]
 
 
-def test_low_level_baseline_runs(cpu):
-    assert np.isfinite(_low_level(cpu)).all()
+def test_low_level_baseline_runs(dev):
+    assert np.isfinite(_low_level(dev)).all()
 
 
 @pytest.mark.parametrize("name,array,match", [
@@ -148,22 +148,22 @@ def test_low_level_baseline_runs(cpu):
     ("out", np.zeros((1, 4, 64), np.float16), "out: dtype f16 not accepted"),
     ("q", None, "q: buffer is NULL"),
 ])
-def test_low_level_undersized_or_wrong_buffers(cpu, name, array, match):
+def test_low_level_undersized_or_wrong_buffers(dev, name, array, match):
     with pytest.raises(pyfa.InvalidArgumentError, match=match):
-        _low_level(cpu, **{name: array})
+        _low_level(dev, **{name: array})
 
 
-def test_low_level_params_rules(cpu):
+def test_low_level_params_rules(dev):
     with pytest.raises(pyfa.InvalidArgumentError, match="nwg: 5000 exceeds 1024"):
-        _low_level(cpu, params={"nwg": 5000})
+        _low_level(dev, params={"nwg": 5000})
     with pytest.raises(pyfa.InvalidArgumentError, match="batch: must be > 0"):
-        _low_level(cpu, params={"batch": 0})
+        _low_level(dev, params={"batch": 0})
 
 
-def test_failed_call_leaves_output_untouched(cpu):
+def test_failed_call_leaves_output_untouched(dev):
     out = np.full((1, 4, 64), 7.0, np.float32)
     with pytest.raises(pyfa.InvalidArgumentError):
-        _low_level(cpu, out=out, kv_len=np.array([99], np.uint32))
+        _low_level(dev, out=out, kv_len=np.array([99], np.uint32))
     assert (out == 7.0).all()
 
 
@@ -176,30 +176,30 @@ def test_null_handles_are_errors_not_crashes():
     lib.pyfa_buffer_free(ffi.NULL)  # freeing NULL is a no-op
 
 
-def test_buffer_rules(cpu):
+def test_buffer_rules(dev):
     with pytest.raises(pyfa.InvalidArgumentError, match="shape\\[1\\]: must be >= 0"):
-        cpu.buffer((2, -3), np.float32)
+        dev.buffer((2, -3), np.float32)
     with pytest.raises(pyfa.InvalidArgumentError, match="shape: size overflows"):
-        cpu.buffer((2**40, 2**40), np.float32)
+        dev.buffer((2**40, 2**40), np.float32)
     with pytest.raises(pyfa.InvalidArgumentError, match="ndim: at most 8"):
-        cpu.buffer((1,) * 9, np.float32)
+        dev.buffer((1,) * 9, np.float32)
     with pytest.raises(pyfa.InvalidArgumentError, match="dtype: .*float64.* is not supported"):
-        cpu.buffer((2,), np.float64)
+        dev.buffer((2,), np.float64)
     with pytest.raises(pyfa.InvalidArgumentError, match="storage: 'managed'"):
-        cpu.buffer((2,), np.float32, storage="managed")
-    b = cpu.buffer((4,), np.float32)
+        dev.buffer((2,), np.float32, storage="managed")
+    b = dev.buffer((4,), np.float32)
     with pytest.raises(pyfa.InvalidArgumentError, match="write: array has 8 bytes"):
         b.write(np.zeros(2, np.float32))
     bad = ffi.new("pyfa_buffer **")
-    assert lib.pyfa_buffer_new(bad, cpu.handle, 42, 1, [4], 0) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert lib.pyfa_buffer_new(bad, dev.handle, 42, 1, [4], 0) == lib.PYFA_ERR_INVALID_ARGUMENT
     assert b"dtype: unknown dtype code 42" in ffi.string(lib.pyfa_last_error())
     assert lib.pyfa_buffer_read(b.handle, 8, ffi.new("char[16]"), 16) == lib.PYFA_ERR_INVALID_ARGUMENT
     assert b"outside the buffer's 16 bytes" in ffi.string(lib.pyfa_last_error())
 
 
-def test_wrap_rejects_small_memory(cpu):
+def test_wrap_rejects_small_memory(dev):
     a = np.zeros(4, np.float32)
     out = ffi.new("pyfa_buffer **")
-    assert lib.pyfa_buffer_wrap(out, cpu.handle, ffi.from_buffer(a), 8, lib.PYFA_DTYPE_F32, 1, [4]) == \
+    assert lib.pyfa_buffer_wrap(out, dev.handle, ffi.from_buffer(a), 8, lib.PYFA_DTYPE_F32, 1, [4]) == \
         lib.PYFA_ERR_INVALID_ARGUMENT
     assert b"nbytes: 8 bytes cannot hold shape [4] of f32" in ffi.string(lib.pyfa_last_error())
