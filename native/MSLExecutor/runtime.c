@@ -93,7 +93,6 @@ typedef struct job {
     mslx_options opt;
     uint64_t static_size;
     uint64_t total;               /* threadgroups in the grid */
-    uint32_t ctx_buffers;         /* ctx entries to fill: highest bound index + 1 */
     _Atomic uint64_t next;        /* next threadgroup to take */
     atomic_int failed;
     int participants, max_participants, finished; /* under pool.lock */

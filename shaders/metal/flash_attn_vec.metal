@@ -32,11 +32,28 @@ kernel void flash_attn_vec(
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_simdgroup]])
 {
+    const uint iwg = tg.x, kvh = tg.y, b = tg.z;
+    if (!pyfa_is_head_dim(fc_head_dim) || !pyfa_is_attn_dtype(fc_kv_dtype) || !pyfa_is_attn_dtype(fc_q_dtype)) {
+        // Unreachable through the dispatchers: poison this workgroup's rows
+        // (their partials, with a state that makes the reduce keep them).
+        const uint D = max(uint(fc_head_dim), 1u), G = p.num_heads / p.num_kv_heads;
+        const uint row0 = b * p.num_heads + kvh * G, nrows = p.batch * p.num_heads;
+        device float *dst = fc_direct_out ? out + ulong(row0) * D : tmp;
+        for (uint g = 0; g < G; g++) {
+            const ulong base = fc_direct_out ? ulong(g) * D : (ulong(row0 + g) * p.nwg + iwg) * D;
+            for (uint i = lane; i < D; i += PYFA_METAL_VEC_THREADS) dst[base + i] = NAN;
+            if (!fc_direct_out && lane == 0) {
+                device float *sm = tmp + ulong(nrows) * p.nwg * D + (ulong(row0 + g) * p.nwg + iwg) * 2;
+                sm[0] = 1.0f;
+                sm[1] = 0.0f;
+            }
+        }
+        return;
+    }
     const uint D = uint(fc_head_dim), D4 = D / 4;
     const uint NC = pyfa_metal_vec_cols_per_lane(D);
     const uint G = p.num_heads / p.num_kv_heads;
     const uint GP = pyfa_metal_vec_heads_per_pass(D, G);
-    const uint iwg = tg.x, kvh = tg.y, b = tg.z;
     const uint cap = p.kv_capacity, nwg = p.nwg;
     const pyfa_vec_span span = pyfa_vec_workgroup_span(kv_len[b], ring_start[b], cap, p.window, nwg, iwg);
     const uint ring = span.ring, begin = span.begin, end = span.end;

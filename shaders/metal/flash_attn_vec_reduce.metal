@@ -16,6 +16,10 @@ kernel void flash_attn_vec_reduce(
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_threadgroup]])
 {
+    if (!pyfa_is_head_dim(fc_head_dim)) { // unreachable through the dispatchers: poison the row
+        for (uint i = lane; i < p.head_dim; i += PYFA_METAL_REDUCE_THREADS) out[ulong(tg.x) * p.head_dim + i] = NAN;
+        return;
+    }
     const uint D = uint(fc_head_dim), D4 = D / 4, nwg = p.nwg, row = tg.x;
     device const float *sm = tmp + ulong(p.nrows) * nwg * D + ulong(row) * nwg * 2;
     device const float4 *part = (device const float4 *)(tmp + ulong(row) * nwg * D);

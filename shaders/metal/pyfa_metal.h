@@ -26,6 +26,15 @@ inline float4 pyfa_load4(device const uchar *row, uint c, int dtype) {
     return ((device const float4 *)row)[c];
 }
 
+// Whether a function constant holds a value the kernels are built for (the
+// X-macro lists of pyfa_params.h). A specialisation outside them is never
+// dispatched (the dispatchers validate first); if one is, its kernel fills
+// its outputs with NaN instead of returning with them unwritten.
+#define PYFA_METAL_IS(v) || x == (v)
+inline bool pyfa_is_head_dim(int x) { return false PYFA_FOR_EACH_HEAD_DIM(PYFA_METAL_IS); }
+inline bool pyfa_is_attn_dtype(int x) { return false PYFA_FOR_EACH_ATTN_DTYPE(PYFA_METAL_IS); }
+#undef PYFA_METAL_IS
+
 // Bytes of one element of an attention dtype.
 inline uint pyfa_dtype_size(int dtype) { return dtype == PYFA_DTYPE_F32 ? 4 : 2; }
 

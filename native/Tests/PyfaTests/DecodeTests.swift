@@ -32,6 +32,42 @@ final class DecodeTests: XCTestCase {
         try checkDecode(device)
     }
 
+    /// A specialisation outside the supported lists, dispatched by hand (the
+    /// dispatchers never build one): the Metal kernel poisons its rows with NaN
+    /// rather than leaving them unwritten.
+    func testMetalKernelPoisonsUnsupportedConstants() throws {
+        #if os(Linux)
+        let device = try Device.open("metal")
+        #else
+        guard let device = try? Device.open("metal") else { throw XCTSkip("no Metal device") }
+        #endif
+        let (H, D, cap) = (2, 64, 32)
+        var p = params(heads: UInt32(H), kvHeads: 1, headDim: UInt32(D), capacity: UInt32(cap))
+        p.nwg = 1
+        let q = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        let kv = try device.makeBuffer(dtype: .f32, shape: [1, 1, cap, D])
+        let lens = try device.makeBuffer(dtype: .u32, shape: [1])
+        let rings = try device.makeBuffer(dtype: .u32, shape: [1])
+        let out = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
+        lens.contents!.storeBytes(of: UInt32(cap), as: UInt32.self)
+        rings.contents!.storeBytes(of: UInt32(0), as: UInt32.self)
+        fill(out) { _ in 0 }
+        let bad = try FlashAttnVec.vecConstants(q: .f32, kv: .u8, headDim: UInt32(D), softcap: false, direct: true,
+                                                variant: PYFA_VEC_VARIANT_PORTABLE)
+        let pipeline = try device.registry.pipeline("flash_attn_vec", constants: bad)
+        let encoder = try device.makeEncoder()
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)), (Int(PYFA_VEC_ARG_K), .buffer(kv)),
+            (Int(PYFA_VEC_ARG_V), .buffer(kv)), (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)),
+            (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)), (Int(PYFA_VEC_ARG_TMP), .buffer(out)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+        ], grid: (1, 1, 1), threads: (32, 1, 1), threadgroupMemory: 4096)
+        try encoder.commit()
+        try encoder.wait()
+        let o = out.contents!.bindMemory(to: Float.self, capacity: out.count)
+        XCTAssertTrue((0..<out.count).allSatisfy { o[$0].isNaN })
+    }
+
     private func checkDecode(_ device: Device) throws {
         let (H, Hkv, D, cap, n) = (4, 2, 64, 300, 257)
         let q = try device.makeBuffer(dtype: .f32, shape: [1, H, D])
