@@ -29,6 +29,8 @@ let metalLinker: [LinkerSetting] = [.linkedFramework("Metal", .when(platforms: [
 
 let package = Package(
     name: "pyfa",
+    // The Metal backend uses MTLDevice.location and other macOS 13 / iOS 16 API.
+    platforms: [.macOS(.v13), .iOS(.v16)],
     products: [
         .library(name: "pyfa", type: .dynamic, targets: ["Pyfa"]),
         .executable(name: "pyfa-example", targets: ["PyfaExample"]),
