@@ -44,7 +44,8 @@ static const char glue_unit[] =
     "int mslx_rt_check_enabled(void) { return mslx_rt->check_enabled(); }\n"
     "int mslx_rt_perturb_ulps(void) { return mslx_rt->perturb_ulps(); }\n"
     "unsigned long mslx_rt_random_u64(void) { return mslx_rt->random_u64(); }\n"
-    "void *mslx_rt_threadgroup_static(unsigned long offset) { return mslx_rt->threadgroup_static(offset); }\n";
+    "void *mslx_rt_threadgroup_static(unsigned long offset) { return mslx_rt->threadgroup_static(offset); }\n"
+    "unsigned int mslx_rt_simd_lane(void) { return mslx_rt->simd_lane(); }\n";
 
 static const char *const kernel_flags[] = {MSLX_KERNEL_CFLAGS};
 #define KERNEL_FLAG_COUNT (sizeof kernel_flags / sizeof kernel_flags[0])

@@ -493,6 +493,11 @@ static void *rt_threadgroup_static(unsigned long offset) {
     return (char *)g->static_area + offset;
 }
 
+static unsigned int rt_simd_lane(void) {
+    mslx_group *g = calling_group("simd_lane");
+    return g->current->index % MSLX_SIMD_WIDTH;
+}
+
 static const mslx_runtime runtime_table = {
     .abi_version = MSLX_ABI_VERSION,
     .reserved = 0,
@@ -504,6 +509,7 @@ static const mslx_runtime runtime_table = {
     .perturb_ulps = rt_perturb_ulps,
     .random_u64 = rt_random_u64,
     .threadgroup_static = rt_threadgroup_static,
+    .simd_lane = rt_simd_lane,
 };
 
 const mslx_runtime *mslx__runtime(void) { return &runtime_table; }

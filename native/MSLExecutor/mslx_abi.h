@@ -28,7 +28,7 @@
 #ifndef MSLX_ABI_H
 #define MSLX_ABI_H
 
-#define MSLX_ABI_VERSION 1u
+#define MSLX_ABI_VERSION 2u
 #define MSLX_LANES_PER_SIMDGROUP 32u
 
 /* What one lane sees: its bindings and built-in positions. The trampoline
@@ -98,6 +98,11 @@ typedef struct mslx_runtime {
      * `offset` (bytes) of the threadgroup's static area, which holds
      * mslx_function_static_threadgroup_memory() bytes. */
     void *(*threadgroup_static)(unsigned long offset);
+
+    /* The calling lane's index in its SIMD-group (thread_index_in_simdgroup),
+     * for SIMD-group functions that need it (shuffles, prefix sums, matrix
+     * fragments) without the kernel passing it in. */
+    unsigned int (*simd_lane)(void);
 } mslx_runtime;
 #endif
 
