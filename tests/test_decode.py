@@ -157,3 +157,32 @@ def test_explicit_workgroup_counts_match(device, rng):
         check_status(lib.pyfa_encoder_commit(enc))
         check_status(lib.pyfa_encoder_wait(enc))
         check(out, ref)
+
+
+def test_two_decodes_in_one_commit_share_tmp(device, rng):
+    """Ops recorded into one commit run as if in order, even where a backend
+    may overlap the dispatches between two barriers: the second decode
+    overwrites the tmp the first one's reduce reads (the encoder puts a
+    barrier between them; CI runs this under reversed dispatch orders)."""
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check as check_status
+
+    if not device.host_visible:
+        pytest.skip("low-level host-memory wrap needs a host-visible device")
+    nwg = 4
+    q1, k1, v1 = make(rng, 1, 4, 2, 64, 300, np.float32)
+    q2, k2, v2 = make(rng, 1, 4, 2, 64, 300, np.float32)
+    params = ffi.new("pyfa_flash_attn_vec_params *", {
+        "batch": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "kv_capacity": 300,
+        "nwg": nwg, "scale": 0.125})
+    tmp = np.zeros(4 * nwg * 66, np.float32)
+    lens, rings = np.array([300], np.int32), np.array([0], np.int32)
+    out1, out2 = np.full((1, 4, 64), np.nan, np.float32), np.full((1, 4, 64), np.nan, np.float32)
+    wrap = {id(a): device.wrap(a) for a in (q1, k1, v1, q2, k2, v2, tmp, lens, rings, out1, out2)}
+    enc = device.encoder()
+    for q, k, v, out in ((q1, k1, v1, out1), (q2, k2, v2, out2)):
+        check_status(lib.pyfa_flash_attn_vec(enc, params, *(wrap[id(a)].handle for a in (q, k, v, lens, rings, tmp, out))))
+    check_status(lib.pyfa_encoder_commit(enc))
+    check_status(lib.pyfa_encoder_wait(enc))
+    check(out1, reference.decode_attention(q1, k1, v1, 300, scale=0.125))
+    check(out2, reference.decode_attention(q2, k2, v2, 300, scale=0.125))

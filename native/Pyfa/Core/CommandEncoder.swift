@@ -1,11 +1,21 @@
 /// Records dispatches and barriers; `commit` submits them in order to the
 /// device's queue, `wait` blocks until they finish and reports execution
 /// errors. One encoder per thread; encoders of one device may run at once.
+///
+/// Dispatches between two barriers may run concurrently (a Metal concurrent
+/// encoder does so). Ops record the barriers their own dispatches need; the
+/// encoder adds one before any dispatch that binds memory a dispatch since
+/// the last barrier also binds, so ops recorded into one commit (two decodes
+/// sharing a tmp buffer, an op reading another's output) run as if in order.
+/// Overlap is judged by address range, without telling reads from writes:
+/// two readers of one buffer get a barrier they do not strictly need.
 public final class CommandEncoder {
     public let device: Device
     private let queue: CommandQueue
     private var recorded: [EncodedCommand] = []
     private var pendingOpKind: OpKind = .other
+    /// Address ranges [start, end) bound since the last barrier.
+    private var segmentRanges: [(start: UInt64, end: UInt64)] = []
 
     /// An encoder that submits to `queue`: Device.makeEncoder passes the
     /// backend's own; tools that capture, reorder or replay commands pass theirs.
@@ -20,23 +30,34 @@ public final class CommandEncoder {
     public func dispatch(_ pipeline: Pipeline, args: [(slot: Int, arg: KernelArg)],
                          grid: (UInt32, UInt32, UInt32), threads: (UInt32, UInt32, UInt32),
                          threadgroupMemory: Int = 0) throws {
+        var ranges: [(start: UInt64, end: UInt64)] = []
         for (slot, arg) in args {
             if case .buffer(let b, _) = arg {
                 try require(b.device === device,
                             "argument \(slot) of \(pipeline.name): buffer belongs to another device")
+                let start = b.memory.deviceAddress
+                if b.nbytes > 0 { ranges.append((start, start &+ UInt64(b.nbytes))) }
             }
         }
+        if ranges.contains(where: { r in segmentRanges.contains { $0.start < r.end && r.start < $0.end } }) {
+            memoryBarrier()
+        }
+        segmentRanges += ranges
         recorded.append(.dispatch(EncodedDispatch(pipeline: pipeline, args: args, grid: grid, threads: threads,
                                                   threadgroupMemory: threadgroupMemory, opKind: pendingOpKind)))
         pendingOpKind = .other
     }
 
     /// Makes later dispatches see what earlier ones wrote.
-    public func memoryBarrier() { recorded.append(.barrier) }
+    public func memoryBarrier() {
+        recorded.append(.barrier)
+        segmentRanges.removeAll()
+    }
 
     public func commit() throws {
         let commands = recorded
         recorded.removeAll()
+        segmentRanges.removeAll()
         try queue.submit(commands)
     }
 
