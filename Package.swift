@@ -29,7 +29,7 @@ let metalLinker: [LinkerSetting] = [.linkedFramework("Metal", .when(platforms: [
 
 let package = Package(
     name: "pyfa",
-    // The Metal backend uses MTLDevice.location and other macOS 13 / iOS 16 API.
+    // The Metal backend's floor: Metal 3 era API (unified-memory queries, concurrent encoders).
     platforms: [.macOS(.v13), .iOS(.v16)],
     products: [
         .library(name: "pyfa", type: .dynamic, targets: ["Pyfa"]),

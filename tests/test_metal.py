@@ -2,6 +2,9 @@
 place or copied, ops without Metal kernels. Its numerics run through the
 shared decode / KV-cache / bad-input tests with PYFA_BACKEND=metal."""
 import mmap
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -67,3 +70,52 @@ def test_ops_without_metal_kernels_say_so(metal, rng):
     q = rng.standard_normal((1, 2, 16, 64)).astype(np.float32)
     with pytest.raises(pyfa.UnsupportedError, match="no Metal implementation yet"):
         pyfa.attention(q, q, q, device=metal)
+
+
+def test_read_only_caller_memory_is_never_written(metal, rng, tmp_path):
+    """K and V in read-only pages, off page boundaries: bound through a copy,
+    and the write-back after the call touches only bytes kernels changed."""
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 100, 64)).astype(np.float16)
+    v = rng.standard_normal((1, 2, 100, 64)).astype(np.float16)
+    path = tmp_path / "kv.bin"
+    path.write_bytes(b"\0" * 64 + k.tobytes() + v.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    try:
+        kr = np.frombuffer(mm, np.float16, k.size, offset=64).reshape(k.shape)
+        vr = np.frombuffer(mm, np.float16, v.size, offset=64 + k.nbytes).reshape(v.shape)
+        assert not kr.flags.writeable and kr.ctypes.data % mmap.PAGESIZE
+        out = pyfa.decode_attention(q, kr, vr, 77, device=metal)
+        np.testing.assert_allclose(out, reference.decode_attention(q, k, v, 77), atol=2e-5, rtol=0)
+        del kr, vr
+    finally:
+        mm.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_runs_kernels(metal, rng):
+    """A child forked after the parent ran kernels has none of its threads;
+    its first call must still run (not wait on workers that are gone)."""
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 300, 64)).astype(np.float32)
+    ref = reference.decode_attention(q, k, k, 300)
+    np.testing.assert_allclose(pyfa.decode_attention(q, k, k, 300, device=metal), ref, atol=2e-5, rtol=0)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says whether its result was right
+        ok = False
+        try:
+            ok = np.allclose(pyfa.decode_attention(q, k, k, 300, device=metal), ref, atol=2e-5, rtol=0)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's call did not finish in 60 s")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0

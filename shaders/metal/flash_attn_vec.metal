@@ -35,8 +35,9 @@ kernel void flash_attn_vec(
     const uint iwg = tg.x, kvh = tg.y, b = tg.z;
     if (!pyfa_is_head_dim(fc_head_dim) || !pyfa_is_attn_dtype(fc_kv_dtype) || !pyfa_is_attn_dtype(fc_q_dtype)) {
         // Unreachable through the dispatchers: poison this workgroup's rows
-        // (their partials, with a state that makes the reduce keep them).
-        const uint D = max(uint(fc_head_dim), 1u), G = p.num_heads / p.num_kv_heads;
+        // (their partials, with a state that makes the reduce keep them),
+        // laid out by params.head_dim, which sized the buffers.
+        const uint D = p.head_dim, G = p.num_heads / p.num_kv_heads;
         const uint row0 = b * p.num_heads + kvh * G, nrows = p.batch * p.num_heads;
         device float *dst = fc_direct_out ? out + ulong(row0) * D : tmp;
         for (uint g = 0; g < G; g++) {
@@ -75,7 +76,7 @@ kernel void flash_attn_vec(
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint i = lane; i < gn * D; i += PYFA_METAL_VEC_THREADS) {
             const uint g = i / D, d = i - g * D;
-            q_rows[i] = pyfa_load1(q + (row0 + g) * q_row_bytes, d, fc_q_dtype) * q_scale;
+            q_rows[i] = pyfa_load1(q + ulong(row0 + g) * q_row_bytes, d, fc_q_dtype) * q_scale;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
@@ -93,15 +94,16 @@ kernel void flash_attn_vec(
             float score[PYFA_METAL_VEC_ACC4];
             for (uint g = 0; g < gn; g++) score[g] = PYFA_MASKED_SCORE;
             if (pos < end) {
-                const uint slot = pos + ring >= cap ? pos + ring - cap : pos + ring;
+                const uint slot = pyfa_ring_slot(pos, ring, cap);
                 device const uchar *k_row = k_head + ulong(slot) * kv_row_bytes;
                 for (uint g = 0; g < gn; g++) score[g] = 0.0f;
                 for (uint c = 0; c < D4; c++) {
                     const float4 kc = pyfa_load4(k_row, c, fc_kv_dtype);
                     for (uint g = 0; g < gn; g++) score[g] += dot(q_rows4[g * D4 + c], kc);
                 }
+                // precise::tanh: the fast-math tanh is NaN for arguments past ~44.
                 if (fc_has_softcap) {
-                    for (uint g = 0; g < gn; g++) score[g] = p.softcap * tanh(score[g] * p.scale / p.softcap);
+                    for (uint g = 0; g < gn; g++) score[g] = p.softcap * precise::tanh(score[g] * p.scale / p.softcap);
                 }
             }
 
@@ -124,7 +126,7 @@ kernel void flash_attn_vec(
             const uint nb = min(uint(PYFA_METAL_VEC_BLOCK), end - block);
             for (uint j = 0; j < nb; j++) {
                 const uint pj = block + j;
-                const uint slot = pj + ring >= cap ? pj + ring - cap : pj + ring;
+                const uint slot = pyfa_ring_slot(pj, ring, cap);
                 device const uchar *v_row = v_head + ulong(slot) * kv_row_bytes;
                 for (uint t = 0; t < NC; t++) {
                     const uint c = lane + t * PYFA_METAL_VEC_THREADS;

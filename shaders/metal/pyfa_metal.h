@@ -44,6 +44,10 @@ inline uint pyfa_dtype_size(int dtype) { return dtype == PYFA_DTYPE_F32 ? 4 : 2;
 // real score is above it, and exp(PYFA_MASKED_SCORE - m) is 0.
 #define PYFA_MASKED_SCORE (-3.0e38f)
 
+// The cache slot of logical position pos (< cap) with the ring starting at
+// slot ring (< cap), without forming pos + ring (which may pass 2^32).
+inline uint pyfa_ring_slot(uint pos, uint ring, uint cap) { return pos >= cap - ring ? pos - (cap - ring) : pos + ring; }
+
 // The logical positions [begin, end) workgroup iwg of a sequence covers, and
 // the sequence's ring_start. kv_len and ring_start may be device-resident and
 // unchecked (or rewritten after the call was recorded), so they are clamped

@@ -26,6 +26,9 @@ final class MetalBackend: Backend {
     let name = "metal"
     let device: MTLDevice
     let plan: BackendPlan
+    /// One queue per device: queues are costly, and command buffers from any
+    /// thread may share one.
+    let commandQueue: MTLCommandQueue
     private let lock = Lock()
     /// One library per kernel source file, made on first use.
     private var libraries: [String: MTLLibrary] = [:]
@@ -38,14 +41,18 @@ final class MetalBackend: Backend {
         guard let device = MTLCreateSystemDefaultDevice() else {
             throw PyfaError.unavailable("backend 'metal': no Metal device on this machine")
         }
+        guard let queue = device.makeCommandQueue() else {
+            throw PyfaError.unavailable("backend 'metal': could not make a command queue on \(device.name)")
+        }
         self.device = device
+        commandQueue = queue
         plan = MetalPlan(maxThreadgroupMemory: device.maxThreadgroupMemoryLength)
     }
 
     var info: pyfa_device_info {
         var i = pyfa_device_info()
         copyCString("metal", into: &i.backend)
-        let isGPU = device.location != .unspecified
+        let isGPU = MetalBackend.isGPU(device)
         copyCString(isGPU ? device.name : "\(device.name) (runs on the CPU; not a GPU)", into: &i.name)
         i.compute_units = 0 // Metal does not report GPU cores
         i.max_threads_per_threadgroup = UInt32(device.maxThreadsPerThreadgroup.width)
@@ -60,6 +67,7 @@ final class MetalBackend: Backend {
     /// Both storage kinds are shared-mode buffers: on unified memory a private
     /// buffer gains nothing, and shared keeps `read` / `write` plain copies.
     func allocate(bytes: Int, storage: Storage) throws -> BufferMemory {
+        try require(bytes <= device.maxBufferLength, "buffer: \(bytes) bytes exceed the device's largest buffer (\(device.maxBufferLength))")
         guard let buffer = device.makeBuffer(length: max(bytes, 16), options: .storageModeShared) else {
             throw PyfaError.outOfMemory("buffer: Metal could not allocate \(bytes) bytes")
         }
@@ -72,8 +80,9 @@ final class MetalBackend: Backend {
         guard let pointer = UnsafeMutableRawPointer(bitPattern: UInt(address)) else {
             return try allocate(bytes: 0, storage: .shared)
         }
+        try require(bytes <= device.maxBufferLength, "nbytes: \(bytes) bytes exceed the device's largest buffer (\(device.maxBufferLength))")
         let page = Int(getpagesize())
-        if Int(address) % page == 0, bytes > 0,
+        if UInt(address) % UInt(page) == 0, bytes > 0,
            let buffer = device.makeBuffer(bytesNoCopy: pointer, length: (bytes + page - 1) / page * page,
                                           options: .storageModeShared, deallocator: nil) {
             return MetalBufferMemory(buffer: buffer)
@@ -108,11 +117,17 @@ final class MetalBackend: Backend {
         return MetalPipeline(name: name, state: state)
     }
 
-    func makeQueue() throws -> CommandQueue {
-        guard let queue = device.makeCommandQueue() else {
-            throw PyfaError.unavailable("backend 'metal': could not make a command queue")
-        }
-        return MetalQueue(queue: queue)
+    func makeQueue() throws -> CommandQueue { MetalQueue(queue: commandQueue) }
+
+    /// Whether the device is a GPU: one with no physical location is not (the
+    /// MSL executor on Linux). Every Metal device of the other Apple
+    /// platforms, which have no `location`, is a GPU.
+    static func isGPU(_ device: MTLDevice) -> Bool {
+        #if os(macOS) || os(Linux)
+        return device.location != .unspecified
+        #else
+        return true
+        #endif
     }
 
     /// The library of one source file; compiled once, also when threads race

@@ -27,8 +27,10 @@ final class MetalBufferMemory: BufferMemory {
 
 /// Caller memory Metal cannot wrap (not page-aligned): kernels bind a copy.
 /// The queue uploads the caller's bytes before a command buffer that uses it
-/// runs and copies the buffer back once it completed; the host pointer stays
-/// the caller's, so host reads and writes between calls need no sync.
+/// runs and, once it completed without error, writes back the bytes kernels
+/// changed (so memory kernels only read, possibly read-only, is never
+/// written); the host pointer stays the caller's, so host reads and writes
+/// between calls need no sync.
 final class MetalCopiedMemory: BufferMemory {
     let buffer: MTLBuffer
     let host: UnsafeMutableRawPointer
@@ -52,5 +54,16 @@ final class MetalCopiedMemory: BufferMemory {
     }
 
     func upload() { if bytes > 0 { memcpy(buffer.contents(), host, bytes) } }
-    func download() { if bytes > 0 { memcpy(host, buffer.contents(), bytes) } }
+
+    /// Copies back the chunks that differ from the caller's bytes.
+    func download() {
+        let chunk = 4096
+        let copy = buffer.contents()
+        var offset = 0
+        while offset < bytes {
+            let n = min(chunk, bytes - offset)
+            if memcmp(host + offset, copy + offset, n) != 0 { memcpy(host + offset, copy + offset, n) }
+            offset += n
+        }
+    }
 }

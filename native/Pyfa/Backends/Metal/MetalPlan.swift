@@ -13,10 +13,10 @@ struct MetalPlan: BackendPlan {
     static let positionsPerWorkgroup: UInt32 = 128
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
-        let groups = max(1, p.batch * p.num_kv_heads)
-        let target = MetalPlan.decodeThreadgroups
+        let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
+        let target = UInt64(MetalPlan.decodeThreadgroups)
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
-        var nwg: UInt32 = groups >= target ? 1 : (target + groups - 1) / groups
+        var nwg = UInt32(groups >= target ? 1 : (target + groups - 1) / groups)
         nwg = max(1, min(nwg, visible / MetalPlan.positionsPerWorkgroup, 64))
         let group = p.num_heads / max(1, p.num_kv_heads)
         return VecGeometry(nwg: nwg, threads: UInt32(PYFA_METAL_VEC_THREADS),

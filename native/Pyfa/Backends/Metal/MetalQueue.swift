@@ -1,10 +1,10 @@
 import Metal
 
-/// One command buffer per submission, with one compute encoder whose
-/// dispatches may overlap (.concurrent): a `.barrier` command becomes a
-/// buffer memory barrier, exactly where a dispatch reads what an earlier one
-/// wrote. `wait` blocks on every command buffer in flight and reports the
-/// first failure.
+/// One command buffer per submission (on the device's command queue), with
+/// one compute encoder whose dispatches may overlap (.concurrent): a
+/// `.barrier` command becomes a buffer memory barrier, exactly where a
+/// dispatch reads what an earlier one wrote. `wait` blocks on every command
+/// buffer in flight and reports the first failure.
 final class MetalQueue: CommandQueue {
     let queue: MTLCommandQueue
     private var inFlight: [(commands: MTLCommandBuffer, copies: [MetalCopiedMemory])] = []
@@ -37,6 +37,10 @@ final class MetalQueue: CommandQueue {
             throw error
         }
         encoder.endEncoding()
+        // A copy an earlier submission still uses is synced back before this
+        // one overwrites it with the caller's bytes.
+        let reused = Set(copies.keys)
+        try finish { $0.copies.contains { reused.contains(ObjectIdentifier($0)) } }
         for c in copies.values { c.upload() }
         buffer.commit()
         inFlight.append((buffer, Array(copies.values)))
@@ -79,18 +83,28 @@ final class MetalQueue: CommandQueue {
                                                                     depth: Int(d.threads.2)))
     }
 
-    func wait() throws {
-        let pending = inFlight
-        inFlight.removeAll()
+    func wait() throws { try finish { _ in true } }
+
+    /// Waits for the submissions `picked` selects, writes back their copies
+    /// (only of those that completed: a failed one leaves caller memory as it
+    /// was) and reports the first failure.
+    private func finish(_ picked: ((commands: MTLCommandBuffer, copies: [MetalCopiedMemory])) -> Bool) throws {
         var failure: PyfaError? = nil
-        for (commands, copies) in pending {
-            commands.waitUntilCompleted()
-            if commands.status == .error, failure == nil {
-                let reason = commands.error.map { String(describing: $0) } ?? "no reason given"
-                failure = PyfaError.execution("metal: command buffer failed: \(reason)")
+        var rest: [(commands: MTLCommandBuffer, copies: [MetalCopiedMemory])] = []
+        for entry in inFlight {
+            guard picked(entry) else {
+                rest.append(entry)
+                continue
             }
-            for c in copies { c.download() }
+            entry.commands.waitUntilCompleted()
+            if entry.commands.status == .error {
+                let reason = entry.commands.error.map { String(describing: $0) } ?? "no reason given"
+                failure = failure ?? PyfaError.execution("metal: command buffer failed: \(reason)")
+            } else {
+                for c in entry.copies { c.download() }
+            }
         }
+        inFlight = rest
         if let failure { throw failure }
     }
 }
