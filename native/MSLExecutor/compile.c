@@ -331,7 +331,8 @@ int mslx__load_module(const char *unit, size_t unit_length, const char *what, vo
     char hex[65], path[PATH_MAX + 80];
     cache_key(unit, unit_length, version, hex);
     snprintf(path, sizeof path, "%s/%s.so", cache, hex);
-    if (access(path, R_OK) == 0 && open_module(path, handle, NULL, 0) == MSLX_OK) return MSLX_OK;
+    if (access(path, R_OK) == 0 && mslx__owned_privately(path) && open_module(path, handle, NULL, 0) == MSLX_OK)
+        return MSLX_OK;
     /* Absent, or unloadable (damaged by something outside us): build it. */
     status = compile_module(unit, unit_length, what, path, err, err_len);
     if (status) return status;

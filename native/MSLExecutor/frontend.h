@@ -50,6 +50,8 @@ int mslx__write_file(const char *path, const void *data, size_t length);
 int mslx__read_file(const char *path, mslx_buf *out);
 /* mkdir -p; 0 or an errno value. */
 int mslx__make_dirs(const char *path);
+/* 1 if path belongs to this user and only this user can write it. */
+int mslx__owned_privately(const char *path);
 /* A fresh private directory under $TMPDIR (or /tmp); path gets the name. */
 int mslx__make_work_dir(char *path, size_t path_len, char *err, size_t err_len);
 /* Removes a directory tree this process created (never follows links). */

@@ -120,7 +120,33 @@ static struct {
     int count;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0};
 
-static __thread worker *current_worker;
+/* The workers by thread, for the fault handler: it must not use thread-local
+ * storage, since a thread's first access to a dlopen'ed library's TLS may
+ * allocate, which a signal handler must not do. Append-only, under the pool's
+ * lock; read without it. */
+static struct {
+    _Atomic(worker *) by_index[MAX_WORKERS];
+    pthread_t thread[MAX_WORKERS];
+    atomic_int count;
+} worker_threads;
+
+static void register_worker_thread(worker *w) {
+    int i = atomic_load(&worker_threads.count);
+    if (i >= MAX_WORKERS) return;
+    worker_threads.thread[i] = pthread_self();
+    atomic_store(&worker_threads.by_index[i], w);
+    atomic_store(&worker_threads.count, i + 1);
+}
+
+static worker *worker_of_this_thread(void) {
+    pthread_t self = pthread_self();
+    int n = atomic_load(&worker_threads.count);
+    for (int i = 0; i < n; i++) {
+        worker *w = atomic_load(&worker_threads.by_index[i]);
+        if (w && pthread_equal(worker_threads.thread[i], self)) return w;
+    }
+    return NULL;
+}
 
 static char *tg_slot_end(const worker *w, uint32_t slot) {
     size_t page = page_size();
@@ -276,10 +302,10 @@ static job *find_work(void) {
 
 static void *worker_main(void *arg) {
     worker *w = arg;
-    current_worker = w;
     mslx__current_group = &w->group;
     sigaltstack(&w->alt_stack, NULL);
     pthread_mutex_lock(&pool.lock);
+    register_worker_thread(w);
     for (;;) {
         job *j = find_work();
         if (!j) {
@@ -307,7 +333,7 @@ static void *worker_main(void *arg) {
 static struct sigaction previous_segv, previous_bus;
 
 static void fault_handler(int sig, siginfo_t *info, void *context) {
-    worker *w = current_worker;
+    worker *w = worker_of_this_thread();
     if (w && w->in_kernel) {
         w->in_kernel = 0;
         w->fault_addr = info->si_addr;
@@ -365,10 +391,26 @@ fail:
     return NULL;
 }
 
+/* A forked child has none of the parent's workers (only the forking thread
+ * survives fork): it starts with an empty pool and fresh locks. */
+static void pool_after_fork_child(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.work, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.jobs = NULL;
+    pool.count = 0;
+    atomic_store(&worker_threads.count, 0);
+}
+
+static void pool_setup(void) {
+    install_fault_handlers();
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
 /* Grows the pool to `count` workers (under pool.lock). Returns the count reached. */
 static int pool_grow(int count) {
-    static pthread_once_t handlers_once = PTHREAD_ONCE_INIT;
-    pthread_once(&handlers_once, install_fault_handlers);
+    static pthread_once_t setup_once = PTHREAD_ONCE_INIT;
+    pthread_once(&setup_once, pool_setup);
     while (pool.count < count) {
         worker *w = worker_create();
         if (!w) break;
@@ -418,8 +460,14 @@ static int validate(const mslx_dispatch_desc *d, const char *name, char *err, si
             return set_error(err, err_len, MSLX_ERR_INVALID,
                              "kernel %s: [[threadgroup(%u)]] has no threadgroup memory length", name, i);
     }
+    /* Each length is bounded before rounding or summing, so neither wraps. */
     uint64_t total = round16(mslx_function_static_threadgroup_memory(d->function));
-    for (uint32_t i = 0; i < MSLX_MAX_BINDINGS; i++) total += round16(d->threadgroup_memory_length[i]);
+    for (uint32_t i = 0; i < MSLX_MAX_BINDINGS; i++) {
+        if (d->threadgroup_memory_length[i] > MSLX_MAX_THREADGROUP_MEMORY)
+            return set_error(err, err_len, MSLX_ERR_INVALID, "kernel %s: [[threadgroup(%u)]] length %" PRIu64
+                             " exceeds %u", name, i, d->threadgroup_memory_length[i], MSLX_MAX_THREADGROUP_MEMORY);
+        total += round16(d->threadgroup_memory_length[i]);
+    }
     if (total > MSLX_MAX_THREADGROUP_MEMORY)
         return set_error(err, err_len, MSLX_ERR_INVALID,
                          "kernel %s: %" PRIu64 " bytes of threadgroup memory (kernel's own and [[threadgroup(i)]] "

@@ -414,6 +414,13 @@ static int make_private_cache(once_result *r) {
     return 1;
 }
 
+/* Whether compiled modules at `path` may be loaded: it belongs to this user
+ * and nobody else can write it (loading a shared object runs its code). */
+int mslx__owned_privately(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
 static void resolve_cache_dir(void) {
     once_result *r = &cache_result;
     const char *setting = getenv("PYFA_CACHE_DIR");
@@ -430,12 +437,13 @@ static void resolve_cache_dir(void) {
         int e = mslx__make_dirs(r->value);
         r->status = e ? MSLX_ERR_UNAVAILABLE : MSLX_OK;
         if (e) snprintf(r->message, sizeof r->message, "cannot create the kernel cache %s: %s", r->value, strerror(e));
+        else if (!mslx__owned_privately(r->value)) make_private_cache(r); /* shared with others: not trusted */
         return;
     }
     /* The default location is a convenience: without it, compile privately. */
     const char *home = getenv("HOME");
     if (home && *home && (size_t)snprintf(r->value, sizeof r->value, "%s/.cache/pyfa/msl", home) < sizeof r->value &&
-        mslx__make_dirs(r->value) == 0) {
+        mslx__make_dirs(r->value) == 0 && mslx__owned_privately(r->value)) {
         r->status = MSLX_OK;
         return;
     }

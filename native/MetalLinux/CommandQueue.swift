@@ -60,9 +60,18 @@ final class QueueWorker: @unchecked Sendable {
     private var head = 0
     private var running = false
     private var stopping = false
+    /// The process whose thread runs the queue: a forked child has no such
+    /// thread (and none of the parent's pending work), so it starts afresh.
+    private var owner = getpid()
 
     func submit(_ commandBuffer: ExecutorCommandBuffer) {
         let start: Bool = state.withLock {
+            if owner != getpid() {
+                owner = getpid()
+                running = false
+                pending.removeAll()
+                head = 0
+            }
             pending.append(commandBuffer)
             state.broadcast()
             if running { return false }
