@@ -41,6 +41,7 @@ final class APITests: MetalTestCase {
 
         let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         let memory = UnsafeMutableRawPointer.allocate(byteCount: 2 * page, alignment: page)
+        memory.initializeMemory(as: UInt8.self, repeating: 0, count: 2 * page) // add_one reads it
         XCTAssertNil(device.makeBuffer(bytesNoCopy: memory + 16, length: page, options: [], deallocator: nil),
                      "not page-aligned")
         final class Flag: @unchecked Sendable { var freed = 0 }
