@@ -13,6 +13,8 @@ rounding of the output to the I/O dtype: half an ulp, 2^-11 (f16) or 2^-8
   normalised MSE (mean (out-ref)^2 / mean ref^2) <= 5e-4 for f16/bf16,
   and |lse - ref_lse| <= 1e-4 (f32 statistics, |lse| ~ log(kv_len) + scores).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,21 @@ import pyfa
 from pyfa import prefill, reference
 
 BF16 = pyfa.bfloat16
+# The MSL executor's perturbation mode adds fresh random ulps to every
+# dispatch's math, so two runs that are bit-identical on a device (with and
+# without blk) differ there by a few f32 ulps, which may flip the last bit of
+# an f16 / bf16 output; they are then compared to that.
+PERTURBED = os.environ.get("PYFA_MSL_PERTURB_ULPS", "0") not in ("", "0")
+LAST_BIT = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2.0**-10, BF16: 2.0**-7}
+
+
+def assert_same_run(a, b):
+    """Two dispatches of the same attention (with and without blk): bit-identical."""
+    if PERTURBED:
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                   rtol=LAST_BIT[np.dtype(a.dtype)], atol=1e-5)
+    else:
+        assert np.array_equal(a, b)
 ROUND = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
 HEAD_DIMS = list(pyfa.supported("head_dims"))
 
@@ -142,7 +159,8 @@ def test_masks_and_blk(device, rng, kind, rank, causal, window, dtype, D, layout
     kw = dict(mask=mask, causal=causal, window=window, layout=layout, return_lse=True, device=device)
     with_blk, lse_blk = prefill._attention(q, k, v, scale=None, q_offset=None, softcap=0.0, out=None, use_blk=True, **kw)
     without, lse_no = prefill._attention(q, k, v, scale=None, q_offset=None, softcap=0.0, out=None, use_blk=False, **kw)
-    assert np.array_equal(with_blk, without) and np.array_equal(lse_blk, lse_no)
+    assert_same_run(with_blk, without)
+    assert_same_run(lse_blk, lse_no)
     ref, ref_lse = reference.attention(q, k, v, mask=mask, causal=causal, window=window, layout=layout, return_lse=True)
     check_close(with_blk, ref, dtype)
     check_lse(lse_blk, ref_lse)
@@ -470,7 +488,8 @@ def test_random_combinations(device, rng, case):
         kw["mask"] = block_mask(rng, shape, c["mask"], c["dtype"], plan_tile(device, c["D"], c["dtype"]))
         forced = [prefill._attention(q, k, v, scale=None, return_lse=True, device=device, out=None, use_blk=u, **kw)
                   for u in (True, False)]
-        assert np.array_equal(forced[0][0], forced[1][0]) and np.array_equal(forced[0][1], forced[1][1])
+        assert_same_run(forced[0][0], forced[1][0])
+        assert_same_run(forced[0][1], forced[1][1])
     out, lse, ref, ref_lse = run_both(q, k, v, device, **kw)
     check_close(out, ref, c["dtype"])
     check_lse(lse, ref_lse)

@@ -29,7 +29,8 @@ void merge_row(constant pyfa_merge_attn_params &p, device const uchar *o_a, devi
     const float fa = none ? 0.0f : wa / total, fb = none ? 0.0f : wb / total;
     for (uint d = lane; d < p.head_dim; d += PYFA_METAL_PREFILL_AUX_THREADS)
         o[d] = none ? T(0.0f) : T(fa * float(a[d]) + fb * float(b[d]));
-    if (fc_has_lse && lane == 0) lse_out[idx] = none ? pyfa_neg_inf() : mx + log(total);
+    // One side alone passes its lse through unchanged (no exp/log round trip).
+    if (fc_has_lse && lane == 0) lse_out[idx] = none ? pyfa_neg_inf() : none_a ? lb : none_b ? la : mx + log(total);
 }
 
 // lse_out is bound in every dispatch (the dispatcher binds a stand-in when
