@@ -1,6 +1,6 @@
 """The Metal backend's own surface: device facts, caller memory wrapped in
 place or copied, ops without Metal kernels. Its numerics run through the
-shared decode / KV-cache / bad-input tests with PYFA_BACKEND=metal."""
+shared decode / prefill / KV-cache / bad-input tests with PYFA_BACKEND=metal."""
 import mmap
 import os
 import signal
@@ -67,9 +67,10 @@ def test_shared_buffers_are_what_kernels_read(metal, rng):
 
 
 def test_ops_without_metal_kernels_say_so(metal, rng):
-    q = rng.standard_normal((1, 2, 16, 64)).astype(np.float32)
+    from pyfa import turboquant
+    x = rng.standard_normal((2, 64)).astype(np.float32)
     with pytest.raises(pyfa.UnsupportedError, match="no Metal implementation yet"):
-        pyfa.attention(q, q, q, device=metal)
+        turboquant.fwht(x, "fwht", device=metal)
 
 
 def test_read_only_caller_memory_is_never_written(metal, rng, tmp_path):

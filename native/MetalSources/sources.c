@@ -27,6 +27,15 @@ static const char src_flash_attn_vec[] = {
 static const char src_flash_attn_vec_reduce[] = {
 #embed "../../shaders/metal/flash_attn_vec_reduce.metal"
 , 0};
+static const char src_flash_attn_prefill[] = {
+#embed "../../shaders/metal/flash_attn_prefill.metal"
+, 0};
+static const char src_flash_attn_prefill_blk[] = {
+#embed "../../shaders/metal/flash_attn_prefill_blk.metal"
+, 0};
+static const char src_merge_attention_states[] = {
+#embed "../../shaders/metal/merge_attention_states.metal"
+, 0};
 
 static const struct {
     const char *name;
@@ -40,6 +49,9 @@ static const struct {
     {"pyfa_metal.h", src_pyfa_metal, sizeof src_pyfa_metal - 1},
     {"flash_attn_vec.metal", src_flash_attn_vec, sizeof src_flash_attn_vec - 1},
     {"flash_attn_vec_reduce.metal", src_flash_attn_vec_reduce, sizeof src_flash_attn_vec_reduce - 1},
+    {"flash_attn_prefill.metal", src_flash_attn_prefill, sizeof src_flash_attn_prefill - 1},
+    {"flash_attn_prefill_blk.metal", src_flash_attn_prefill_blk, sizeof src_flash_attn_prefill_blk - 1},
+    {"merge_attention_states.metal", src_merge_attention_states, sizeof src_merge_attention_states - 1},
 };
 
 const char *pyfa_metal_source(const char *file, size_t *length) {

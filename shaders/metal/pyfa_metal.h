@@ -69,3 +69,13 @@ inline pyfa_vec_span pyfa_vec_workgroup_span(uint kv_len, uint ring, uint cap, u
     span.end = lo + uint(c1 < n ? c1 : n);
     return span;
 }
+
+// -inf as a stored value (an LSE of a row with no visible key), and a test
+// for it by bit pattern: fast math may fold -INFINITY comparisons away.
+inline float pyfa_neg_inf() { return as_type<float>(0xff800000u); }
+inline bool pyfa_is_neg_inf(float x) { return as_type<uint>(x) == 0xff800000u; }
+
+// Apple's layout of an 8x8 SIMD-group matrix: lane l's thread_elements() are
+// row pyfa_mat_row(l), columns pyfa_mat_col(l) and pyfa_mat_col(l) + 1.
+inline uint pyfa_mat_row(uint l) { return ((l >> 2) & 4) + ((l >> 1) & 3); }
+inline uint pyfa_mat_col(uint l) { return ((l >> 2) & 2) * 2 + (l & 1) * 2; }

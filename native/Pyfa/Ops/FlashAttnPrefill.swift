@@ -133,16 +133,20 @@ public enum FlashAttnPrefill {
                                              window: p.window > 0, softcap: p.softcap > 0, blk: blk != nil,
                                              lse: lse != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        var args: [(slot: Int, arg: KernelArg)] = [
+        let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
             (Int(PYFA_PREFILL_ARG_Q), .buffer(q)),
             (Int(PYFA_PREFILL_ARG_K), .buffer(k)),
             (Int(PYFA_PREFILL_ARG_V), .buffer(v)),
             (Int(PYFA_PREFILL_ARG_OUT), .buffer(out)),
+            // Every slot is bound (Metal requires it of every declared
+            // argument): an absent mask or blk has q stand in, an absent lse
+            // out; the function constants say they are absent, so no kernel
+            // reads or writes a stand-in.
+            (Int(PYFA_PREFILL_ARG_MASK), .buffer(mask ?? q)),
+            (Int(PYFA_PREFILL_ARG_BLK), .buffer(blk ?? q)),
+            (Int(PYFA_PREFILL_ARG_LSE), .buffer(lse ?? out)),
         ]
-        if let mask { args.append((Int(PYFA_PREFILL_ARG_MASK), .buffer(mask))) }
-        if let blk { args.append((Int(PYFA_PREFILL_ARG_BLK), .buffer(blk))) }
-        if let lse { args.append((Int(PYFA_PREFILL_ARG_LSE), .buffer(lse))) }
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)

@@ -23,4 +23,25 @@ final class PrefillLayoutTests: XCTestCase {
         XCTAssertEqual(p.num_k_blocks, (300 + g.blockK - 1) / g.blockK)
         XCTAssertEqual(blkBytes, 4 * Int(p.num_q_blocks) * Int(p.num_k_blocks))
     }
+
+    /// The Metal prefill tiles of metal_layout.h, for every head_dim and
+    /// element size: within 32 KiB, whole 8x8 tiles dealt evenly, within
+    /// the kernel's register arrays, K/V chunks that divide head_dim.
+    func testMetalPrefillGeometry() {
+        let sg = UInt32(PYFA_METAL_PREFILL_SIMDGROUPS), threads = UInt32(PYFA_METAL_PREFILL_THREADS)
+        XCTAssertEqual(threads, 32 * sg)
+        for d: UInt32 in [64, 80, 96, 128, 192, 256, 512] {
+            for bytes: UInt32 in [2, 4] {
+                let bq = pyfa_metal_prefill_block_q(d, bytes), bk = pyfa_metal_prefill_block_k(d, bytes)
+                let kc = pyfa_metal_prefill_kv_cols(d, bytes)
+                XCTAssertLessThanOrEqual(pyfa_metal_prefill_threadgroup_bytes(d, bytes), 32768, "D=\(d) x\(bytes)")
+                XCTAssertTrue(bq % 8 == 0 && bk % 8 == 0 && d % kc == 0 && kc % 8 == 0, "D=\(d) x\(bytes)")
+                XCTAssertEqual((bq / 8) * (d / 8) % sg, 0, "output tiles dealt evenly, D=\(d) x\(bytes)")
+                XCTAssertLessThanOrEqual((bq / 8) * (d / 8) / sg, UInt32(PYFA_METAL_PREFILL_MAX_ACC))
+                XCTAssertLessThanOrEqual(((bq / 8) * (bk / 8) + sg - 1) / sg, UInt32(PYFA_METAL_PREFILL_MAX_SCORE_TILES))
+                XCTAssertTrue(threads % bq == 0 && 32 % (threads / bq) == 0, "a softmax row within one SIMD-group")
+                XCTAssertLessThanOrEqual(bk / (threads / bq), 8, "keys per softmax thread (PYFA_PREFILL_KEYS_PER_THREAD)")
+            }
+        }
+    }
 }

@@ -1,8 +1,9 @@
 import PyfaShaderCommon
 
-/// Metal geometry. Decode sizes come from metal_layout.h, the functions the
-/// kernels read too. Ops without Metal kernels yet get placeholder geometry:
-/// their pipelines report "no Metal implementation yet" before any dispatch.
+/// Metal geometry. Decode and prefill sizes come from metal_layout.h, the
+/// functions the kernels read too. Ops without Metal kernels yet get
+/// placeholder geometry: their pipelines report "no Metal implementation yet"
+/// before any dispatch.
 struct MetalPlan: BackendPlan {
     let maxThreadgroupMemory: Int
 
@@ -27,11 +28,19 @@ struct MetalPlan: BackendPlan {
         (UInt32(PYFA_METAL_REDUCE_THREADS), 0)
     }
 
+    /// The tile of metal_layout.h for head_dim and the I/O element size.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
-        PrefillGeometry(blockQ: 32, blockK: 32, threads: 32, threadgroupMemory: 0)
+        let bytes = UInt32(dtype.size)
+        return PrefillGeometry(blockQ: pyfa_metal_prefill_block_q(headDim, bytes),
+                               blockK: pyfa_metal_prefill_block_k(headDim, bytes),
+                               threads: UInt32(PYFA_METAL_PREFILL_THREADS),
+                               threadgroupMemory: Int(pyfa_metal_prefill_threadgroup_bytes(headDim, bytes)))
     }
 
-    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
+    /// The blk pre-pass and merge_attention_states: one SIMD-group, no threadgroup memory.
+    func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
+        (UInt32(PYFA_METAL_PREFILL_AUX_THREADS), 0)
+    }
     func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
 }
