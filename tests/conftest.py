@@ -46,6 +46,17 @@ def device(request):
     return pyfa.Device(request.param)
 
 
+@pytest.fixture(params=[b for b in _fixture_backends() if b != "cpu"])
+def accelerator(request):
+    """A non-CPU backend the suite runs on (the device fixture's rules), for
+    tests that compare it with the CPU backend."""
+    if request.param not in AVAILABLE:
+        pytest.skip(f"backend {request.param} has no device here")
+    if request.param not in TEST_BACKENDS:
+        pytest.skip(f"backend {request.param} not selected (PYFA_BACKEND={request.param} runs it)")
+    return pyfa.Device(request.param)
+
+
 @pytest.fixture
 def cpu():
     return pyfa.Device("cpu")

@@ -1,5 +1,5 @@
 """The Metal backend's own surface: device facts, caller memory wrapped in
-place or copied, ops without Metal kernels. Its numerics run through the
+place or copied, read-only caller memory, fork. Its numerics run through the
 shared decode / prefill / KV-cache / bad-input tests with PYFA_BACKEND=metal."""
 import mmap
 import os
@@ -64,13 +64,6 @@ def test_shared_buffers_are_what_kernels_read(metal, rng):
     q = rng.standard_normal((4, 64)).astype(np.float32)
     ref = reference.decode_attention(q[None], k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None], 50)[0]
     np.testing.assert_allclose(cache.attend(q), ref, atol=2e-5, rtol=0)
-
-
-def test_ops_without_metal_kernels_say_so(metal, rng):
-    from pyfa import turboquant
-    x = rng.standard_normal((2, 64)).astype(np.float32)
-    with pytest.raises(pyfa.UnsupportedError, match="no Metal implementation yet"):
-        turboquant.fwht(x, "fwht", device=metal)
 
 
 def test_read_only_caller_memory_is_never_written(metal, rng, tmp_path):

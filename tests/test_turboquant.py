@@ -574,16 +574,13 @@ def test_bad_decode_and_dequantize_params(cpu):
 
 # --------------------------------------------------------------------------- cross-backend
 
-@pytest.mark.skipif("cuda" not in pyfa.available_backends(), reason="no CUDA device here")
-@pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))
-@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
-def test_cuda_codec_is_byte_identical_to_cpu(cpu, D, bits):
-    """The codec is a pure function of the row (turboquant_params.h): CUDA and CPU store the same
-    code bytes and the same scale bits, for every input dtype and scale mode, and decode them to
-    the same floats (the same FWHT additions in the same order)."""
-    gpu = pyfa.Device("cuda")
+def _codec_matches_cpu(backend: str, D: int, bits: int) -> None:
+    """The codec is a pure function of the row (turboquant_params.h): `backend` and the CPU store
+    the same code bytes and the same scale bits, for every input dtype, scale mode and stream, and
+    decode them to the same floats (the same FWHT additions in the same order)."""
+    gpu, cpu, rows = pyfa.Device(backend), pyfa.Device("cpu"), 257
     rng = np.random.default_rng(10 * D + bits)
-    x = (rng.standard_normal((257, D)) * rng.uniform(1e-3, 1e3, (257, 1))).astype(np.float32)
+    x = (rng.standard_normal((rows, D)) * rng.uniform(1e-3, 1e3, (rows, 1))).astype(np.float32)
     x[5] = 0.0
     x[7] = 0.0
     x[7, 3] = 1.0  # one-hot: every rotated coordinate is +-1, next to no threshold
@@ -595,8 +592,33 @@ def test_cuda_codec_is_byte_identical_to_cpu(cpu, D, bits):
                 want = tq.quantize(xd, bits, seed=0xDEADBEEF12345678, stream=stream, norm_correction=nc, device=cpu)
                 np.testing.assert_array_equal(got[0], want[0])
                 np.testing.assert_array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
-    caches = [pyfa.TurboQuantKVCache(1, D, 257, k_bits=bits, v_bits=bits, seed=3, device=d) for d in (gpu, cpu)]
+    caches = [pyfa.TurboQuantKVCache(1, D, rows, k_bits=bits, v_bits=bits, seed=3, device=d) for d in (gpu, cpu)]
     for c in caches:
         c.append(x[:, None], x[::-1, None])
     for a, b in zip(caches[0].dequantize(), caches[1].dequantize()):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))
+@pytest.mark.parametrize("bits", pyfa.supported("tq_bits"))
+def test_codec_is_byte_identical_to_cpu(accelerator, D, bits):
+    """CUDA and Metal encode and decode bit for bit as the CPU does.
+
+    The Metal executor (Linux) runs this with its perturbation mode off: that
+    mode moves math results by a few ulps to stand in for Apple's fast math,
+    and one ulp on a norm or a rotated coordinate can flip a code at a cell
+    boundary. The codec's Metal library is built with fast math off
+    (kernel_list.h), so on a Mac its arithmetic is the IEEE arithmetic the
+    executor runs unperturbed; what this test pins there is the algorithm
+    (operation order, ties, packing), and the compile options pin the rest."""
+    perturbed = os.environ.get("PYFA_MSL_PERTURB_ULPS", "0") not in ("", "0")
+    if accelerator.backend == "metal" and not accelerator.is_gpu and perturbed:
+        code = (f"import tests.test_turboquant as t; t._codec_matches_cpu('metal', {D}, {bits}); "
+                "print('ok')")
+        env = dict(os.environ, PYFA_MSL_PERTURB_ULPS="0")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+        return
+    _codec_matches_cpu(accelerator.backend, D, bits)

@@ -36,6 +36,21 @@ static const char src_flash_attn_prefill_blk[] = {
 static const char src_merge_attention_states[] = {
 #embed "../../shaders/metal/merge_attention_states.metal"
 , 0};
+static const char src_pyfa_metal_tq[] = {
+#embed "../../shaders/metal/pyfa_metal_tq.h"
+, 0};
+static const char src_flash_attn_vec_tq[] = {
+#embed "../../shaders/metal/flash_attn_vec_tq.metal"
+, 0};
+static const char src_turboquant_quantize[] = {
+#embed "../../shaders/metal/turboquant_quantize.metal"
+, 0};
+static const char src_turboquant_dequantize[] = {
+#embed "../../shaders/metal/turboquant_dequantize.metal"
+, 0};
+static const char src_turboquant_fwht[] = {
+#embed "../../shaders/metal/turboquant_fwht.metal"
+, 0};
 
 static const struct {
     const char *name;
@@ -52,6 +67,11 @@ static const struct {
     {"flash_attn_prefill.metal", src_flash_attn_prefill, sizeof src_flash_attn_prefill - 1},
     {"flash_attn_prefill_blk.metal", src_flash_attn_prefill_blk, sizeof src_flash_attn_prefill_blk - 1},
     {"merge_attention_states.metal", src_merge_attention_states, sizeof src_merge_attention_states - 1},
+    {"pyfa_metal_tq.h", src_pyfa_metal_tq, sizeof src_pyfa_metal_tq - 1},
+    {"flash_attn_vec_tq.metal", src_flash_attn_vec_tq, sizeof src_flash_attn_vec_tq - 1},
+    {"turboquant_quantize.metal", src_turboquant_quantize, sizeof src_turboquant_quantize - 1},
+    {"turboquant_dequantize.metal", src_turboquant_dequantize, sizeof src_turboquant_dequantize - 1},
+    {"turboquant_fwht.metal", src_turboquant_fwht, sizeof src_turboquant_fwht - 1},
 };
 
 const char *pyfa_metal_source(const char *file, size_t *length) {
@@ -69,9 +89,26 @@ static const struct {
     const char *file;
 } kernels[] = {
 #define PYFA_METAL_KERNEL(name, file) {#name, file},
+#define PYFA_METAL_SAFE_MATH_FILE(file)
 #include "../../shaders/metal/kernel_list.h"
+#undef PYFA_METAL_SAFE_MATH_FILE
 #undef PYFA_METAL_KERNEL
 };
+
+static const char *const safe_math_files[] = {
+#define PYFA_METAL_KERNEL(name, file)
+#define PYFA_METAL_SAFE_MATH_FILE(file) file,
+#include "../../shaders/metal/kernel_list.h"
+#undef PYFA_METAL_SAFE_MATH_FILE
+#undef PYFA_METAL_KERNEL
+};
+
+int pyfa_metal_file_safe_math(const char *file) {
+    for (size_t i = 0; i < sizeof safe_math_files / sizeof safe_math_files[0]; i++) {
+        if (strcmp(safe_math_files[i], file) == 0) return 1;
+    }
+    return 0;
+}
 
 const char *pyfa_metal_kernel_file(const char *name) {
     for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {

@@ -105,3 +105,32 @@ PYFA_METAL_FN uint32_t pyfa_metal_prefill_threadgroup_bytes(uint32_t head_dim, u
     const uint32_t bk = pyfa_metal_prefill_block_k(head_dim, elem_bytes);
     return (bq * head_dim + bk * pyfa_metal_prefill_kv_cols(head_dim, elem_bytes)) * elem_bytes + bq * bk * 4 + bq * 4;
 }
+
+/*
+ * TurboQuant on Metal (turboquant_params.h). The row kernels
+ * (hadamard_quantize_kv, tq_dequantize_kv, the fwht family) and the fused
+ * reduce + undo run one SIMD-group per row, which holds the row in
+ * threadgroup memory for the FWHT's stages; flash_attn_vec_tq is the dense
+ * decode's geometry plus both codebooks in threadgroup memory.
+ */
+#define PYFA_METAL_TQ_ROW_THREADS 32
+/* Levels of the widest TurboQuant code (8 bits). */
+#define PYFA_METAL_TQ_MAX_LEVELS 256
+
+/* Threadgroup bytes of a row kernel: the row being transformed, then (the
+ * encoder) its centroids c[idx], both f32 [head_dim]. */
+PYFA_METAL_FN uint32_t pyfa_metal_tq_rows_threadgroup_bytes(uint32_t head_dim) {
+    return 2 * head_dim * 4;
+}
+
+/* Threadgroup bytes of flash_attn_vec_reduce_tq_hb_undo: one f32 row. */
+PYFA_METAL_FN uint32_t pyfa_metal_tq_reduce_undo_threadgroup_bytes(uint32_t head_dim) {
+    return head_dim * 4;
+}
+
+/* Threadgroup bytes of flash_attn_vec_tq: flash_attn_vec's layout, then the
+ * K codebook (f32 [2^k_bits]) and the V codebook (f32 [2^v_bits]). */
+PYFA_METAL_FN uint32_t pyfa_metal_vec_tq_threadgroup_bytes(uint32_t head_dim, uint32_t group, uint32_t k_bits,
+                                                          uint32_t v_bits) {
+    return pyfa_metal_vec_threadgroup_bytes(head_dim, group) + ((1u << k_bits) + (1u << v_bits)) * 4;
+}

@@ -11,5 +11,7 @@
 const char *pyfa_metal_source(const char *file, size_t *length);
 /* The source file that defines kernel `name`, or NULL if Metal has none. */
 const char *pyfa_metal_kernel_file(const char *name);
+/* 1 if `file` is built with fast math off (PYFA_METAL_SAFE_MATH_FILE), else 0. */
+int pyfa_metal_file_safe_math(const char *file);
 /* The i-th kernel name of the list, or NULL past its end. */
 const char *pyfa_metal_kernel_name(size_t i);

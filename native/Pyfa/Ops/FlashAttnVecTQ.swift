@@ -70,7 +70,7 @@ public enum FlashAttnVecTQ {
         let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
                                          direct: direct)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        var args: [(slot: Int, arg: KernelArg)] = [
+        let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
             (Int(PYFA_VEC_ARG_Q), qRot),
             (Int(PYFA_VEC_ARG_K), .buffer(kc)),
@@ -82,8 +82,11 @@ public enum FlashAttnVecTQ {
             (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
             (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
             (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
+            // Bound in every dispatch (it holds q_rot), so every slot a kernel
+            // declares is bound (Metal requires it); only nwg > 1 writes the
+            // partials' region.
+            (Int(PYFA_VEC_ARG_TMP), .buffer(t)),
         ]
-        if !direct { args.append((Int(PYFA_VEC_ARG_TMP), .buffer(t))) }
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.attn.nwg, a.num_kv_heads, a.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)

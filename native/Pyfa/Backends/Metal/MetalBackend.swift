@@ -130,6 +130,21 @@ final class MetalBackend: Backend {
         #endif
     }
 
+    /// Options of one source's library: fast math off for the files
+    /// kernel_list.h marks PYFA_METAL_SAFE_MATH_FILE (results that must be
+    /// the CPU's bits), Metal's defaults (fast math) for the rest.
+    static func compileOptions(_ file: String) -> MTLCompileOptions? {
+        guard pyfa_metal_file_safe_math(file) != 0 else { return nil }
+        let options = MTLCompileOptions()
+        if #available(macOS 15.0, iOS 18.0, *) {
+            options.mathMode = .safe
+            options.mathFloatingPointFunctions = .precise
+        } else {
+            options.fastMathEnabled = false
+        }
+        return options
+    }
+
     /// The library of one source file; compiled once, also when threads race
     /// (the lock is held while it compiles).
     private func library(_ file: String) throws -> MTLLibrary {
@@ -138,7 +153,7 @@ final class MetalBackend: Backend {
             let source = try MetalSource.expanded(file)
             let library: MTLLibrary
             do {
-                library = try device.makeLibrary(source: source, options: nil)
+                library = try device.makeLibrary(source: source, options: MetalBackend.compileOptions(file))
             } catch {
                 throw PyfaError.compile("Metal source \(file): \(error)")
             }

@@ -1,9 +1,7 @@
 import PyfaShaderCommon
 
-/// Metal geometry. Decode and prefill sizes come from metal_layout.h, the
-/// functions the kernels read too. Ops without Metal kernels yet get
-/// placeholder geometry: their pipelines report "no Metal implementation yet"
-/// before any dispatch.
+/// Metal geometry. Decode, prefill and TurboQuant sizes come from
+/// metal_layout.h, the functions the kernels read too.
 struct MetalPlan: BackendPlan {
     let maxThreadgroupMemory: Int
 
@@ -13,15 +11,28 @@ struct MetalPlan: BackendPlan {
     /// Fewest visible positions worth a workgroup of their own.
     static let positionsPerWorkgroup: UInt32 = 128
 
-    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
+    /// Workgroups per sequence for a decode over maxKvLen positions.
+    static func decodeWorkgroups(_ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> UInt32 {
         let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
         let target = UInt64(MetalPlan.decodeThreadgroups)
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
-        var nwg = UInt32(groups >= target ? 1 : (target + groups - 1) / groups)
-        nwg = max(1, min(nwg, visible / MetalPlan.positionsPerWorkgroup, 64))
+        let nwg = UInt32(groups >= target ? 1 : (target + groups - 1) / groups)
+        return max(1, min(nwg, visible / MetalPlan.positionsPerWorkgroup, 64))
+    }
+
+    func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
         let group = p.num_heads / max(1, p.num_kv_heads)
-        return VecGeometry(nwg: nwg, threads: UInt32(PYFA_METAL_VEC_THREADS),
+        return VecGeometry(nwg: MetalPlan.decodeWorkgroups(p, maxKvLen: maxKvLen),
+                           threads: UInt32(PYFA_METAL_VEC_THREADS),
                            threadgroupMemory: Int(pyfa_metal_vec_threadgroup_bytes(p.head_dim, group)))
+    }
+
+    func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
+        let group = p.attn.num_heads / max(1, p.attn.num_kv_heads)
+        return VecGeometry(nwg: MetalPlan.decodeWorkgroups(p.attn, maxKvLen: maxKvLen),
+                           threads: UInt32(PYFA_METAL_VEC_THREADS),
+                           threadgroupMemory: Int(pyfa_metal_vec_tq_threadgroup_bytes(p.attn.head_dim, group,
+                                                                                      p.k_bits, p.v_bits)))
     }
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
@@ -41,6 +52,12 @@ struct MetalPlan: BackendPlan {
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
         (UInt32(PYFA_METAL_PREFILL_AUX_THREADS), 0)
     }
-    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
-    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
+
+    func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
+        (UInt32(PYFA_METAL_TQ_ROW_THREADS), Int(pyfa_metal_tq_rows_threadgroup_bytes(headDim)))
+    }
+
+    func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
+        (UInt32(PYFA_METAL_REDUCE_THREADS), Int(pyfa_metal_tq_reduce_undo_threadgroup_bytes(headDim)))
+    }
 }
