@@ -113,3 +113,29 @@ def test_forked_child_runs_kernels(metal, rng):
             pytest.fail("the forked child's call did not finish in 60 s")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_device_seconds_come_from_the_command_buffers(metal, cpu, rng):
+    """pyfa_encoder_device_seconds: the GPU time of what the last wait
+    completed on Metal; an UnsupportedError on a backend without a device clock."""
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check
+
+    seconds = ffi.new("double *")
+    enc = cpu.encoder()
+    with pytest.raises(pyfa.UnsupportedError, match="device_seconds: backend 'cpu' has no device clock"):
+        check(lib.pyfa_encoder_device_seconds(enc, seconds))
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 200, 64)).astype(np.float32)
+    params = ffi.new("pyfa_flash_attn_vec_params *", {
+        "batch": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "kv_capacity": 200, "nwg": 1, "scale": 0.125})
+    bufs = [metal.wrap(a) for a in (q, k, k, np.array([200], np.int32), np.array([0], np.int32))]
+    out = np.zeros((1, 4, 64), np.float32)
+    enc = metal.encoder()
+    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), ffi.NULL, metal.wrap(out).handle))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    check(lib.pyfa_encoder_device_seconds(enc, seconds))
+    assert 0 < seconds[0] < 60
+    with pytest.raises(pyfa.InvalidArgumentError, match="seconds: out-pointer is NULL"):
+        check(lib.pyfa_encoder_device_seconds(enc, ffi.NULL))

@@ -105,6 +105,11 @@ void pyfa_encoder_free(pyfa_encoder *encoder);
 int pyfa_encoder_commit(pyfa_encoder *encoder);
 /* Blocks until submitted work finishes; reports execution errors. */
 int pyfa_encoder_wait(pyfa_encoder *encoder);
+/* Seconds the device spent executing the submissions the last wait
+ * completed, as the device measures it (Metal: each command buffer's
+ * gpuEndTime - gpuStartTime, summed). PYFA_ERR_UNSUPPORTED where the backend
+ * has no such clock (CPU, CUDA: time those with host or CUDA events). */
+int pyfa_encoder_device_seconds(pyfa_encoder *encoder, double *seconds);
 
 /* ---- decode: flash_attn_vec (+ reduce) ----
  * params->nwg == 0 asks the backend's plan for a cache of dtype kv_dtype; the

@@ -20,6 +20,18 @@ public func pyfa_encoder_commit_impl(_ encoder: OpaquePointer?) -> Int32 {
     abiCall { try (object(encoder, "encoder") as CommandEncoder).commit() }
 }
 
+@_cdecl("pyfa_encoder_device_seconds")
+public func pyfa_encoder_device_seconds_impl(_ encoder: OpaquePointer?, _ seconds: UnsafeMutablePointer<Double>?) -> Int32 {
+    abiCall {
+        guard let seconds else { throw PyfaError.invalid("seconds: out-pointer is NULL") }
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let s = e.lastDeviceSeconds else {
+            throw PyfaError.unsupported("device_seconds: backend '\(e.device.backend.name)' has no device clock")
+        }
+        seconds.pointee = s
+    }
+}
+
 @_cdecl("pyfa_encoder_wait")
 public func pyfa_encoder_wait_impl(_ encoder: OpaquePointer?) -> Int32 {
     abiCall { try (object(encoder, "encoder") as CommandEncoder).wait() }

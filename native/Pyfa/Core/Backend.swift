@@ -90,6 +90,9 @@ public protocol CommandQueue: AnyObject {
     func submit(_ commands: [EncodedCommand]) throws
     func wait() throws
     func useStream(_ handle: UInt64) throws
+    /// Seconds the device spent executing what the last `wait` completed, or
+    /// nil where the backend has no device clock.
+    var lastDeviceSeconds: Double? { get }
 }
 
 /// A backend: allocates, compiles and runs. Adding one adds a folder under
@@ -106,6 +109,8 @@ public protocol Backend: AnyObject {
 }
 
 extension CommandQueue {
+    public var lastDeviceSeconds: Double? { nil }
+
     /// Binds the queue to a caller's stream (a CUDA stream handle; 0 = the
     /// queue's own). Backends without streams refuse.
     public func useStream(_ handle: UInt64) throws {

@@ -63,6 +63,10 @@ public final class CommandEncoder {
 
     public func wait() throws { try queue.wait() }
 
+    /// Device execution seconds of what the last `wait` completed (nil: the
+    /// backend has no device clock).
+    public var lastDeviceSeconds: Double? { queue.lastDeviceSeconds }
+
     /// Dispatches recorded and not yet committed.
     public var pendingCount: Int { recorded.count }
 

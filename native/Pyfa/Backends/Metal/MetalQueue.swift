@@ -8,6 +8,10 @@ import Metal
 final class MetalQueue: CommandQueue {
     let queue: MTLCommandQueue
     private var inFlight: [(commands: MTLCommandBuffer, copies: [MetalCopiedMemory])] = []
+    /// GPU seconds of the command buffers the last wait completed (those a
+    /// submit had to finish early included).
+    private(set) var lastDeviceSeconds: Double? = nil
+    private var completedSeconds = 0.0
 
     init(queue: MTLCommandQueue) { self.queue = queue }
 
@@ -83,7 +87,13 @@ final class MetalQueue: CommandQueue {
                                                                     depth: Int(d.threads.2)))
     }
 
-    func wait() throws { try finish { _ in true } }
+    func wait() throws {
+        defer {
+            lastDeviceSeconds = completedSeconds
+            completedSeconds = 0
+        }
+        try finish { _ in true }
+    }
 
     /// Waits for the submissions `picked` selects, writes back their copies
     /// (only of those that completed: a failed one leaves caller memory as it
@@ -97,6 +107,7 @@ final class MetalQueue: CommandQueue {
                 continue
             }
             entry.commands.waitUntilCompleted()
+            completedSeconds += max(0, entry.commands.gpuEndTime - entry.commands.gpuStartTime)
             if entry.commands.status == .error {
                 let reason = entry.commands.error.map { String(describing: $0) } ?? "no reason given"
                 failure = failure ?? PyfaError.execution("metal: command buffer failed: \(reason)")
