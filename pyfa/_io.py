@@ -144,30 +144,6 @@ def finish(device: Device, a, buffer: Buffer):
     return a
 
 
-def index_array(value, name: str, batch: int, lo: int, hi: int) -> np.ndarray:
-    """An int32 [batch] array from an int or a sequence, each in [lo, hi]."""
-    v = np.asarray(value)
-    if v.dtype.kind not in "iu" or v.ndim > 1:
-        raise invalid(f"{name}: expected an int or a 1-D sequence of ints, got {value!r}")
-    v = np.broadcast_to(v.astype(np.int64), (batch,)) if v.ndim == 0 else v.astype(np.int64)
-    if v.shape != (batch,):
-        raise invalid(f"{name}: expected {batch} values (one per sequence), got {v.shape[0]}")
-    bad = (v < lo) | (v > hi)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise invalid(f"{name}[{i}]: {int(v[i])} must be in {lo}..{hi}")
-    return np.ascontiguousarray(v.astype(np.int32))
-
-
-def int_arg(value, name: str, lo: int, hi: int) -> int:
-    """A Python int in [lo, hi] (bools and non-integers are rejected)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise invalid(f"{name}: expected an int, got {value!r}")
-    if not lo <= int(value) <= hi:
-        raise invalid(f"{name}: {int(value)} must be in {lo}..{hi}")
-    return int(value)
-
-
 LAYOUTS = ("bhsd", "bshd")
 
 
@@ -183,8 +159,6 @@ def layout_dims(shape, layout: str):
 def layout_strides(layout: str, heads: int, seq: int, head_dim: int) -> list[int]:
     """Element strides (batch, head, row) of a contiguous ``[B, H, L, D]`` ("bhsd")
     or ``[B, L, H, D]`` ("bshd") array."""
-    if layout not in LAYOUTS:
-        raise invalid(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     if layout == "bhsd":
         return [heads * seq * head_dim, seq * head_dim, head_dim]
     return [seq * heads * head_dim, head_dim, heads * head_dim]

@@ -80,8 +80,8 @@ def is_gpu_array(x) -> bool:
     if isinstance(x, (np.ndarray, GpuArray)) or np.isscalar(x):
         return isinstance(x, GpuArray)
     if type(x).__module__.startswith("torch"):
-        return bool(getattr(x, "is_cuda", False))
-    if hasattr(x, "__cuda_array_interface__"):
+        return bool(_safe(lambda: getattr(x, "is_cuda", False)))
+    if _safe(lambda: hasattr(x, "__cuda_array_interface__")):
         return True
     dev = getattr(x, "__dlpack_device__", None)
     return dev is not None and _safe(dev) is not None and _safe(dev)[0] == _DLPACK_CUDA
@@ -120,14 +120,12 @@ def describe(x, name: str) -> GpuArray:
         dt = _dtype_from_cai(x, cai, name)
         return GpuArray(x, "cupy", cai["data"][0], tuple(cai["shape"]), dt, cupy.cuda.get_current_stream().ptr,
                         x.device.id)
-    if hasattr(x, "__cuda_array_interface__"):
-        cai = x.__cuda_array_interface__
-        strides = cai.get("strides")
-        if strides is not None and tuple(strides) != _c_strides(cai["shape"], np.dtype(cai["typestr"]).itemsize):
+    if _safe(lambda: hasattr(x, "__cuda_array_interface__")):
+        ptr, shape, typestr, strides, stream = _read_cai(x, name)
+        if strides is not None and strides != _c_strides(shape, np.dtype(typestr).itemsize):
             raise invalid(f"{name}: must be C-contiguous")
-        dt = _dtype_from_cai(x, cai, name)
-        stream = cai.get("stream") or 0
-        return GpuArray(x, "cai", cai["data"][0], tuple(cai["shape"]), dt, stream, 0)
+        dt = _dtype_from_cai(x, {"typestr": typestr}, name)
+        return GpuArray(x, "cai", ptr, shape, dt, stream, 0)
     info = _dlpack_info(x)
     if info is None:
         raise invalid(f"{name}: not a CUDA array")
@@ -135,6 +133,48 @@ def describe(x, name: str) -> GpuArray:
     if strides is not None and tuple(strides) != _c_strides(shape, dt.itemsize):
         raise invalid(f"{name}: must be C-contiguous")
     return GpuArray(x, "dlpack", ptr, shape, dt, 0, device_id)
+
+
+def _read_cai(x, name: str):
+    """(data pointer, shape, typestr, strides or None, stream) of a
+    ``__cuda_array_interface__``, each checked for its type (version 2/3 layout)."""
+    def bad(what):
+        return invalid(f"{name}: __cuda_array_interface__ {what}")
+
+    try:
+        cai = x.__cuda_array_interface__
+    except Exception as e:
+        raise bad(f"cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(cai, dict):
+        raise bad(f"must be a dict, got {type(cai).__name__}")
+
+    def ints(key, value, lo, hi):
+        if not isinstance(value, (tuple, list)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi for v in value):
+            raise bad(f"{key} must be a tuple of ints in {lo}..{hi}, got {value!r:.80}")
+        return tuple(value)
+
+    shape = ints("shape", cai.get("shape"), 0, 2**63 - 1)
+    typestr = cai.get("typestr")
+    try:
+        valid_type = isinstance(typestr, str) and np.dtype(typestr).kind in "biuf"
+    except Exception:
+        valid_type = False
+    if not valid_type:
+        raise bad(f"typestr must be a numpy type string, got {typestr!r:.80}")
+    data = cai.get("data")
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise bad(f"data must be (pointer, read_only), got {data!r:.80}")
+    ptr = ints("data pointer", data[:1], 0, 2**64 - 1)[0]
+    strides = cai.get("strides")
+    if strides is not None:
+        strides = ints("strides", strides, -(2**63), 2**63 - 1)
+        if len(strides) != len(shape):
+            raise bad(f"strides has {len(strides)} entries for {len(shape)} dims")
+    stream = cai.get("stream") or 0
+    if not isinstance(stream, int) or isinstance(stream, bool) or not 0 <= stream < 2**64:
+        raise bad(f"stream must be an int in 0..2**64-1, got {stream!r:.80}")
+    return ptr, shape, typestr, strides, stream
 
 
 def _c_strides(shape, itemsize):

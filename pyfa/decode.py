@@ -1,16 +1,14 @@
 """Decode attention over a dense KV cache (flash_attn_vec + reduce)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from . import _io, dtypes
+from . import _args, _io, dtypes
 from ._native import ffi, lib
-from .device import Device, default_device
+from .device import Device
 from .errors import check, invalid
 
-_I32_MAX = 2**31 - 1
+_I32_MAX = _args.I32_MAX
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
@@ -43,7 +41,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     >>> pyfa.decode_attention(q, k, k, kv_len=5).shape
     (4, 64)
     """
-    device = device or default_device()
+    device = _args.device_arg(device)
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
     single = q.ndim == 2
     k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,), gpu=True)
@@ -61,24 +59,28 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     Hkv, capacity = k.shape[1], k.shape[2]
     if capacity > _I32_MAX:
         raise invalid(f"k_cache: capacity {capacity} exceeds {_I32_MAX}")
-    if window is not None and (not isinstance(window, (int, np.integer)) or window <= 0):
-        raise invalid(f"window: must be None or a positive int, got {window!r}")
-    lens = _io.index_array(kv_len, "kv_len", B, -_I32_MAX, _I32_MAX)
-    rings = _io.index_array(ring_start, "ring_start", B, -_I32_MAX, _I32_MAX)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-
-    params = ffi.new("pyfa_flash_attn_vec_params *", {
+    # A window wider than any cache is no window: larger values clamp to the C field's range.
+    window = _args.optional_int(window, "window", 1, float("inf"), rule="must be None or a positive int")
+    scale = _args.default_scale(scale, D)
+    softcap = _args.float_arg(softcap, "softcap")
+    # The struct first: it bounds every dimension (a zero-size array's can be huge).
+    params = _args.params("pyfa_flash_attn_vec_params *", {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
-        "nwg": 0, "window": min(int(window or 0), 0xFFFFFFFF),
-        "scale": scale, "softcap": float(softcap),
+        "nwg": 0, "window": min(window or 0, _args.U32_MAX), "scale": scale, "softcap": softcap,
     })
+    lens = _args.index_array(kv_len, "kv_len", B, -_I32_MAX, _I32_MAX)
+    rings = _args.index_array(ring_start, "ring_start", B, -_I32_MAX, _I32_MAX)
     tmp_bytes = ffi.new("uint64_t *")
-    max_len = int(min(max(lens.max(), 0), 0xFFFFFFFF))
+    max_len = max(int(lens.max()), 0) if lens.size else 0
     check(lib.pyfa_flash_attn_vec_plan(device.handle, params, dtypes.code(k.dtype), min(max_len, capacity),
                                        tmp_bytes))
 
-    result, out_buf = _io.output(device, (B, H, D), np.float32, None if out is None else
-                                 (out[None] if single and hasattr(out, "shape") else out), like=like)
+    if out is not None and single:
+        try:
+            out = out[None]
+        except Exception:
+            raise invalid(f"out: expected an array of shape {(H, D)} and dtype float32, got {_args.show(out)}") from None
+    result, out_buf = _io.output(device, (B, H, D), np.float32, out, like=like)
     bufs = [_io.to_device(device, a, like) for a in (q, k, v, lens, rings)]
     tmp = _io.scratch(device, tmp_bytes[0], like)
     enc = _io.encoder(device, like)

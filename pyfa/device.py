@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from . import dtypes
+from ._args import I64_MAX, int_arg, show, str_arg
 from ._native import ffi, lib
 from .errors import PyfaError, check, invalid
 
@@ -52,7 +53,10 @@ class Buffer:
         return view.reshape(self.shape)
 
     def write(self, array) -> None:
-        a = np.ascontiguousarray(array, dtype=self.dtype)
+        try:
+            a = np.ascontiguousarray(array, dtype=self.dtype)
+        except Exception as e:
+            raise invalid(f"array: cannot be read as {self.dtype} ({e})") from None
         if a.nbytes != self.nbytes:
             raise invalid(f"write: array has {a.nbytes} bytes, buffer has {self.nbytes}")
         check(lib.pyfa_buffer_write(self._h, 0, ffi.from_buffer(a), a.nbytes))
@@ -84,7 +88,7 @@ class Device:
 
     def __init__(self, backend: str = "auto"):
         out = ffi.new("pyfa_device **")
-        check(lib.pyfa_device_new(out, str(backend).encode()))
+        check(lib.pyfa_device_new(out, str_arg(backend, "backend").encode()))
         self._h = ffi.gc(out[0], lib.pyfa_device_free)
         info = ffi.new("pyfa_device_info *")
         check(lib.pyfa_device_info_get(self._h, info))
@@ -110,8 +114,8 @@ class Device:
 
     def buffer(self, shape, dtype, storage: str = "shared") -> Buffer:
         """A new buffer of ``shape`` and ``dtype`` (numpy dtype; bf16 as ``ml_dtypes.bfloat16``)."""
-        if storage not in _STORAGE:
-            raise invalid(f"storage: {storage!r} is not 'shared' or 'private'")
+        if not isinstance(storage, str) or storage not in _STORAGE:
+            raise invalid(f"storage: {show(storage)} is not 'shared' or 'private'")
         shape = _shape(shape)
         out = ffi.new("pyfa_buffer **")
         check(lib.pyfa_buffer_new(out, self._h, dtypes.code(dtype), len(shape), shape, _STORAGE[storage]))
@@ -147,17 +151,16 @@ class Device:
 
 
 def _shape(shape) -> list[int]:
-    try:
-        dims = [int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,))]
-    except (TypeError, ValueError):
-        raise invalid(f"shape: {shape!r} is not a sequence of ints") from None
-    return dims
+    """A shape as int64 dims (negative dims are the library's to reject, by name)."""
+    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+    return [int_arg(s, f"shape[{i}]", -I64_MAX - 1, I64_MAX, rule="must be an int64") for i, s in enumerate(dims)]
+
 
 
 def supported(what: str) -> tuple[int, ...]:
     """What the kernels are built for: ``"head_dims"``, ``"tq_head_dims"``,
     ``"tq_bits"`` or ``"attn_dtypes"`` (dtype codes), as the library reports it."""
-    text = lib.pyfa_supported(str(what).encode())
+    text = lib.pyfa_supported(str_arg(what, "what").encode())
     if text == ffi.NULL:
         raise invalid(f"what: {what!r} is not one of 'head_dims', 'tq_head_dims', 'tq_bits', 'attn_dtypes'")
     return tuple(int(v) for v in ffi.string(text).decode().split(","))

@@ -2,16 +2,14 @@
 merge_attention_states."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from . import _io, dtypes
+from . import _args, _io, dtypes
 from ._native import ffi, lib
-from .device import Device, default_device
+from .device import Device
 from .errors import check, invalid
 
-_I32_MAX = 2**31 - 1
+_I32_MAX = _args.I32_MAX
 
 # A mask gets the blk pre-pass when it spans at least this many key tiles per
 # query tile: then a blocked tile (padding, document boundaries, sliding
@@ -77,9 +75,10 @@ def _mask_buffer(device, mask, io_dtype, B, H, qL, kL, like):
 def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layout, return_lse, device, out,
                use_blk):
     """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
-    device = device or default_device()
-    if layout not in _io.LAYOUTS:
-        raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
+    device = _args.device_arg(device)
+    layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
+    causal = _args.bool_arg(causal, "causal")
+    return_lse = _args.bool_arg(return_lse, "return_lse")
     q = _io.as_array(q, "q", ndims=(4,), gpu=True)
     k = _io.as_array(k, "k", ndims=(4,), gpu=True)
     v = _io.as_array(v, "v", ndims=(4,), gpu=True)
@@ -97,17 +96,17 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         raise invalid(f"k: batch {Bk} differs from q's batch {B}")
     if qL > _I32_MAX or kL > _I32_MAX:
         raise invalid(f"q_len/kv_len: must be <= {_I32_MAX}")
-    if window is not None:
-        window = _io.int_arg(window, "window", 1, _I32_MAX)
-    q_offset = kL - qL if q_offset is None else _io.int_arg(q_offset, "q_offset", -_I32_MAX, _I32_MAX)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    window = _args.optional_int(window, "window", 1, _I32_MAX)
+    q_offset = kL - qL if q_offset is None else _args.int_arg(q_offset, "q_offset", -_I32_MAX, _I32_MAX)
+    scale = _args.default_scale(scale, D)
+    softcap = _args.float_arg(softcap, "softcap")
     mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
         _mask_buffer(device, mask, q.dtype, B, H, qL, kL, like)
 
-    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+    params = _args.params("pyfa_flash_attn_prefill_params *", {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": qL, "kv_len": kL,
-        "q_offset": q_offset, "window": window or 0, "scale": scale, "softcap": float(softcap),
-        "causal": 1 if causal else 0,
+        "q_offset": q_offset, "window": window or 0, "scale": scale, "softcap": softcap,
+        "causal": int(causal),
         "q_strides": _io.layout_strides(layout, H, qL, D), "k_strides": _io.layout_strides(layout, Hkv, kL, D),
         "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
         "mask_strides": mask_strides,
@@ -150,9 +149,8 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     ``(o, lse)``: o in o_a's shape and dtype, lse float32 ``[B, H, L]``. Rows with ``-inf`` on
     both sides give zeros and ``-inf``.
     """
-    device = device or default_device()
-    if layout not in _io.LAYOUTS:
-        raise invalid(f"layout: {layout!r} is not one of {', '.join(_io.LAYOUTS)}")
+    device = _args.device_arg(device)
+    layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     o_a = _io.as_array(o_a, "o_a", ndims=(4,), gpu=True)
     o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,), gpu=True)
     if tuple(o_b.shape) != tuple(o_a.shape):
@@ -165,7 +163,7 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     for name, a in (("lse_a", lse_a), ("lse_b", lse_b)):
         if tuple(a.shape) != (B, H, L):
             raise invalid(f"{name}: expected shape [B, H, L] = {[B, H, L]}, got {list(a.shape)}")
-    params = ffi.new("pyfa_merge_attn_params *", {
+    params = _args.params("pyfa_merge_attn_params *", {
         "batch": B, "num_heads": H, "seq_len": L, "head_dim": D, "o_strides": _io.layout_strides(layout, H, L, D)})
     result, out_buf = _io.output(device, tuple(o_a.shape), o_a.dtype, out, like=like)
     lse, lse_buf = _io.output(device, (B, H, L), np.float32, None, "lse", like=like)
