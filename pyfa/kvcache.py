@@ -8,16 +8,21 @@ append past that raises :class:`pyfa.PyfaError` without changing anything.
 With ``sliding_window`` (``capacity >= sliding_window``) it is a ring buffer:
 token ``t`` (counting every token ever appended) lives in slot
 ``t % capacity``, and attention sees the last ``sliding_window`` tokens.
+
+A cache may be shared between threads: appends, attends and reads of one
+cache are serialised by the cache's lock, so every append gets its own slots
+(none is lost or overwritten by another) and an attend sees the rows of the
+appends that finished before it, never a partly written one.
 """
 from __future__ import annotations
 
-import math
+import threading
 
 import numpy as np
 
-from . import _io, cuda_interop, dtypes
+from . import _args, _io, cuda_interop, dtypes
 from ._native import ffi, lib
-from .device import Device, default_device
+from .device import Device
 from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
@@ -29,10 +34,8 @@ def _host_only(x, name: str) -> None:
         raise invalid(f"{name}: caches take host (numpy) arrays and copy them to their device; got a GPU array")
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise invalid(f"{name}: must be a positive int, got {value!r}")
-    return int(value)
+def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
+    return _args.int_arg(value, name, 1, hi, rule=f"must be a positive int (at most {hi})")
 
 
 class _RingCache:
@@ -41,17 +44,16 @@ class _RingCache:
     def __init__(self, num_kv_heads, head_dim, capacity, sliding_window, device):
         self.num_kv_heads = _positive_int(num_kv_heads, "num_kv_heads")
         self.head_dim = _positive_int(head_dim, "head_dim")
-        self.capacity = _positive_int(capacity, "capacity")
-        if capacity > 2**31 - 1:
-            raise invalid(f"capacity: {capacity} exceeds {2**31 - 1}")
+        self.capacity = _positive_int(capacity, "capacity", _args.I32_MAX)
         if sliding_window is not None:
             sliding_window = _positive_int(sliding_window, "sliding_window")
             if self.capacity < sliding_window:
                 raise invalid(f"capacity: {self.capacity} must be >= sliding_window ({sliding_window}) "
                               "for a ring-buffer cache")
         self.sliding_window = sliding_window
-        self.device = device or default_device()
-        self._total = 0  # tokens ever appended
+        self.device = _args.device_arg(device)
+        self._total = 0  # tokens ever appended; read and advanced under _lock
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
@@ -95,8 +97,7 @@ class _RingCache:
         if D != self.head_dim or H == 0 or H % self.num_kv_heads:
             raise invalid(f"q: expected shape [H, head_dim={self.head_dim}] with H a multiple of "
                           f"num_kv_heads ({self.num_kv_heads}), got {q.shape}")
-        scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
-        return q, scale, float(softcap)
+        return q, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap")
 
     def _index(self, value: int) -> np.ndarray:
         return np.array([value], dtype=np.int32)
@@ -143,9 +144,7 @@ class KVCache(_RingCache):
 
     def __init__(self, num_kv_heads, head_dim, capacity, *, dtype=np.float16, sliding_window=None, device=None):
         super().__init__(num_kv_heads, head_dim, capacity, sliding_window, device)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in dtypes.FLOAT_TYPES:
-            raise invalid(f"dtype: {self.dtype} not accepted (expected float16, bfloat16 or float32)")
+        self.dtype = _args.dtype_arg(dtype, "dtype", dtypes.FLOAT_TYPES)
         shape = (self.num_kv_heads, self.capacity, self.head_dim)
         self._k = self.device.buffer(shape, self.dtype)
         self._v = self.device.buffer(shape, self.dtype)
@@ -160,25 +159,31 @@ class KVCache(_RingCache):
         """Appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` (float16/bfloat16/float32/float64).
         Raises PyfaError, changing nothing, on bad shapes or (without a window) overflow."""
         k, v = self._check_kv(k, v)
-        skip, slot, count = self._plan_append(k.shape[0])
-        for buf, rows in ((self._k, k), (self._v, v)):
-            self._write_rows(buf, rows[skip:].astype(self.dtype), slot, self.capacity)
-        self._total += k.shape[0]
+        with self._lock:
+            skip, slot, count = self._plan_append(k.shape[0])
+            for buf, rows in ((self._k, k), (self._v, v)):
+                self._write_rows(buf, rows[skip:].astype(self.dtype), slot, self.capacity)
+            self._total += k.shape[0]
 
     def attend(self, q, *, scale=None, softcap=0.0) -> np.ndarray:
         """Decode attention of ``q [H, head_dim]`` over the cache; returns float32 ``[H, head_dim]``
         (zeros for an empty cache)."""
         q, scale, softcap = self._check_query(q, scale, softcap)
+        with self._lock:
+            return self._attend(q, scale, softcap)
+
+    def _attend(self, q, scale, softcap):
         H, D = q.shape
         kv_len, ring_start = self._ring()
-        if kv_len == 0:
-            return np.zeros((H, D), np.float32)
-        params = ffi.new("pyfa_flash_attn_vec_params *", {
+        params = _args.params("pyfa_flash_attn_vec_params *", {
             "batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
             "kv_capacity": self.capacity, "nwg": 0, "window": self.sliding_window or 0,
             "scale": scale, "softcap": softcap})
         tmp_bytes = ffi.new("uint64_t *")
+        # The plan checks every option, so an empty cache rejects what a full one would.
         check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, dtypes.code(self.dtype), kv_len, tmp_bytes))
+        if kv_len == 0:
+            return np.zeros((H, D), np.float32)
         tmp = self._scratch(int(tmp_bytes[0]))
         result, out = _io.output(self.device, (H, D), np.float32, None)
         lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))

@@ -44,9 +44,9 @@ import math
 
 import numpy as np
 
-from . import _io
+from . import _args, _io
 from ._native import ffi, lib
-from .device import Device, default_device, supported
+from .device import Device, supported
 from .errors import check, invalid
 from .kvcache import _RingCache, _host_only
 
@@ -72,11 +72,14 @@ def _codebook(bits: int) -> np.ndarray:
 def codebook(bits: int) -> np.ndarray:
     """The float32 Lloyd-Max codebook of N(0, 1) at ``bits`` in {2, 3, 4, 8}: ``2**bits`` sorted,
     symmetric centroids, computed by the library."""
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
-        raise invalid(f"bits: must be an int in {BIT_WIDTHS}, got {bits!r}")
+    return _codebook(_bit_width(bits, "bits"))
+
+
+def _bit_width(bits, name: str) -> int:
+    bits = _args.int_arg(bits, name, 0, 255, rule="must be a TurboQuant bit width (2, 3, 4 or 8)")
     if bits not in BIT_WIDTHS:
-        raise invalid(f"bits: {bits} is not a TurboQuant bit width (2, 3, 4 or 8)")
-    return _codebook(int(bits))
+        raise invalid(f"{name}: {bits} is not a TurboQuant bit width (2, 3, 4 or 8)")
+    return bits
 
 
 def row_bytes(head_dim: int, bits: int) -> int:
@@ -88,12 +91,13 @@ def norm_mode(norm_correction) -> int:
     """PYFA_TQ_NORM_* code of ``norm_correction`` (bool, or 'none' / 'norm_preserving' / 'unbiased')."""
     if isinstance(norm_correction, (bool, np.bool_)):
         return NORM_MODES[_CORRECTED] if norm_correction else NORM_MODES["none"]
-    if norm_correction in NORM_MODES:
+    if isinstance(norm_correction, str) and norm_correction in NORM_MODES:
         return NORM_MODES[norm_correction]
-    raise invalid(f"norm_correction: must be a bool or one of {sorted(NORM_MODES)}, got {norm_correction!r}")
+    raise invalid(f"norm_correction: must be a bool or one of {sorted(NORM_MODES)}, got {_args.show(norm_correction)}")
 
 
 def _check_head_dim(head_dim) -> int:
+    head_dim = _args.int_arg(head_dim, "head_dim", 1, _args.U32_MAX)
     if head_dim not in HEAD_DIMS:
         raise invalid(f"head_dim: {head_dim} is not supported by TurboQuant (the Hadamard rotation needs a "
                       "power of two: 64, 128, 256 or 512)")
@@ -101,9 +105,11 @@ def _check_head_dim(head_dim) -> int:
 
 
 def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
-        raise invalid(f"seed: must be an int in [0, 2**64), got {seed!r}")
-    return int(seed)
+    return _args.int_arg(seed, "seed", 0, _args.U64_MAX, rule="must be an int in [0, 2**64)")
+
+
+def _check_stream(stream) -> int:
+    return _args.int_arg(stream, "stream", STREAM_K, STREAM_V, rule=f"must be {STREAM_K} (K) or {STREAM_V} (V)")
 
 
 # --------------------------------------------------------------------------- reference (float64 numpy)
@@ -208,12 +214,12 @@ def fwht(x, transform: str = "fwht", *, seed: int = 0, stream: int = STREAM_K, d
 
     ``transform``: 'fwht' (``H x / sqrt(D)``), 'sign_premult' (``H (s*x) / sqrt(D)``) or
     'sign_undo' (``s * (H x) / sqrt(D)``)."""
-    device = device or default_device()
-    if transform not in TRANSFORMS:
-        raise invalid(f"transform: must be one of {sorted(TRANSFORMS)}, got {transform!r}")
+    device = _args.device_arg(device)
+    transform = _args.choice_arg(transform, "transform", sorted(TRANSFORMS))
     x = _io.as_array(x, "x", ndims=(2,))
     seed = _check_seed(seed)
-    params = ffi.new("pyfa_tq_fwht_params *", {
+    stream = _check_stream(stream)
+    params = _args.params("pyfa_tq_fwht_params *", {
         "nrows": x.shape[0], "head_dim": x.shape[1], "transform": TRANSFORMS[transform], "stream": stream,
         "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32})
     result, out = _io.output(device, x.shape, np.float32, None)
@@ -228,6 +234,7 @@ def quantize(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correc
     scales float32 ``[n]``)."""
     _host_only(x, "x")
     x = _io.as_array(x, "x", ndims=(2,))
+    stream = _check_stream(stream)
     cache = TurboQuantKVCache(1, x.shape[1], max(1, x.shape[0]), k_bits=bits, v_bits=bits, seed=seed,
                               norm_correction=norm_correction, device=device)
     cache._encode(x[:, None, :], stream, slot=0)
@@ -274,9 +281,7 @@ class TurboQuantKVCache(_RingCache):
 
     @staticmethod
     def _bits(bits, name):
-        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits not in BIT_WIDTHS:
-            raise invalid(f"{name}: {bits!r} is not a TurboQuant bit width (2, 3, 4 or 8)")
-        return int(bits)
+        return _bit_width(bits, name)
 
     @property
     def nbytes(self) -> int:
@@ -287,7 +292,7 @@ class TurboQuantKVCache(_RingCache):
         return {"seed_lo": self.seed & 0xFFFFFFFF, "seed_hi": self.seed >> 32}
 
     def _encode(self, rows: np.ndarray, stream: int, slot: int, enc=None) -> None:
-        params = ffi.new("pyfa_tq_quantize_params *", {
+        params = _args.params("pyfa_tq_quantize_params *", {
             "num_tokens": rows.shape[0], "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
             "kv_capacity": self.capacity, "write_pos": slot, "bits": self.bits[stream], "stream": stream,
             "norm_correction": self.norm_correction, **self._seed_fields()})
@@ -304,16 +309,17 @@ class TurboQuantKVCache(_RingCache):
         (float16/bfloat16/float32/float64) in one dispatch each. Raises PyfaError, changing
         nothing, on bad shapes or (without a window) overflow."""
         k, v = self._check_kv(k, v)
-        skip, slot, count = self._plan_append(k.shape[0])
         # float64 rows enter the encoder as float32 (the kernels read f32/f16/bf16).
-        k, v = (np.ascontiguousarray(a[skip:], dtype=np.float32 if a.dtype == np.float64 else a.dtype)
-                for a in (k, v))
+        k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
+        with self._lock:
+            skip, slot, count = self._plan_append(k.shape[0])
+            ks, vs = (np.ascontiguousarray(a[skip:]) for a in (k, v))
 
-        def record(enc):
-            self._encode(k, STREAM_K, slot, enc)
-            self._encode(v, STREAM_V, slot, enc)
-        self._run(self.device, record)
-        self._total += skip + count
+            def record(enc):
+                self._encode(ks, STREAM_K, slot, enc)
+                self._encode(vs, STREAM_V, slot, enc)
+            self._run(self.device, record)
+            self._total += skip + count
 
     def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None) -> np.ndarray:
         """Decode attention of ``q [H, head_dim]`` (float32/float16/bfloat16) over the codes, in the
@@ -321,17 +327,24 @@ class TurboQuantKVCache(_RingCache):
         cache). ``fused`` picks the fused reduce + undo tail; both tails give identical bits.
         ``nwg`` overrides the backend plan's workgroups per sequence (tests and tuning)."""
         q, scale, softcap = self._check_query(q, scale, softcap)
+        fused = _args.bool_arg(fused, "fused")
+        nwg = self._nwg(nwg)
+        with self._lock:
+            return self._attend(q, scale, softcap, fused, nwg)
+
+    def _attend(self, q, scale, softcap, fused, nwg):
         H, D = q.shape
         kv_len, ring_start = self._ring()
+        params = _args.params("pyfa_flash_attn_vec_tq_params *", {
+            "attn": {"batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
+                     "kv_capacity": self.capacity, "nwg": nwg, "window": self.sliding_window or 0,
+                     "scale": scale, "softcap": softcap},
+            "k_bits": self.k_bits, "v_bits": self.v_bits, "fused": int(fused), **self._seed_fields()})
+        tmp_bytes = ffi.new("uint64_t *")
+        # The plan checks every option, so an empty cache rejects what a full one would.
+        check(lib.pyfa_flash_attn_vec_tq_plan(self.device.handle, params, kv_len, tmp_bytes))
         if kv_len == 0:
             return np.zeros((H, D), np.float32)
-        params = ffi.new("pyfa_flash_attn_vec_tq_params *", {
-            "attn": {"batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
-                     "kv_capacity": self.capacity, "nwg": self._nwg(nwg), "window": self.sliding_window or 0,
-                     "scale": scale, "softcap": softcap},
-            "k_bits": self.k_bits, "v_bits": self.v_bits, "fused": 1 if fused else 0, **self._seed_fields()})
-        tmp_bytes = ffi.new("uint64_t *")
-        check(lib.pyfa_flash_attn_vec_tq_plan(self.device.handle, params, kv_len, tmp_bytes))
         nbytes = int(tmp_bytes[0])
         if nbytes not in self._tmp:
             self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
@@ -346,22 +359,22 @@ class TurboQuantKVCache(_RingCache):
 
     @staticmethod
     def _nwg(nwg) -> int:
-        if nwg is None:
-            return 0
-        if isinstance(nwg, bool) or not isinstance(nwg, (int, np.integer)) or nwg <= 0:
-            raise invalid(f"nwg: must be None or a positive int, got {nwg!r}")
-        return int(nwg)
+        return _args.optional_int(nwg, "nwg", 1, _args.U32_MAX, rule="must be None or a positive int") or 0
 
     def dequantize(self):
         """(k, v): float32 ``[len, num_kv_heads, head_dim]`` each, in chronological order and the
         original domain, decoded by the library (tq_dequantize_kv)."""
+        with self._lock:
+            return self._dequantize()
+
+    def _dequantize(self):
         n, first = self._ring()
         shape = (n, self.num_kv_heads, self.head_dim)
         if n == 0:
             return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
         results = []
         for stream in (STREAM_K, STREAM_V):
-            params = ffi.new("pyfa_tq_dequantize_params *", {
+            params = _args.params("pyfa_tq_dequantize_params *", {
                 "num_tokens": n, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
                 "kv_capacity": self.capacity, "first_slot": first, "bits": self.bits[stream], "stream": stream,
                 **self._seed_fields()})
@@ -379,4 +392,5 @@ class TurboQuantKVCache(_RingCache):
         """Copies of the stored codes and scales by physical slot:
         ``(k_codes, k_scales, v_codes, v_scales)``, codes uint8 ``[Hkv, capacity, D*bits/8]``,
         scales float32 ``[Hkv, capacity]``."""
-        return (*self._read(STREAM_K), *self._read(STREAM_V))
+        with self._lock:
+            return (*self._read(STREAM_K), *self._read(STREAM_V))
