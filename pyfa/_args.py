@@ -13,6 +13,7 @@ import math
 import numbers
 import operator
 import threading
+import warnings
 
 import numpy as np
 
@@ -110,7 +111,9 @@ def choice_arg(value, name: str, choices) -> str:
 def dtype_arg(value, name: str, allowed) -> np.dtype:
     """A numpy dtype among ``allowed``."""
     try:
-        dt = np.dtype(value)
+        with warnings.catch_warnings():  # numpy's deprecated aliases ("a") are rejected below anyway
+            warnings.simplefilter("ignore")
+            dt = np.dtype(value)
     except Exception:
         dt = None
     if dt is None or dt not in allowed:
