@@ -128,6 +128,9 @@ public enum FlashAttnPrefill {
                              elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"))
         }
         try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), ("k", k), ("v", v), ("mask", mask), ("blk", blk)]
+        try Check.noOverlap(out, "out", inputs: inputs)
+        try Check.noOverlap(lse, "lse", inputs: inputs + [("out", out)])
 
         let constants = try prefillConstants(dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k,
                                              maskKind: mask == nil ? nil : kind, causal: p.causal != 0,

@@ -88,6 +88,10 @@ public enum FlashAttnVec {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
         }
         try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
+        try Check.noOverlap(out, "out", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
+                                                 ("ring_start", ringStart), ("tmp", tmpBuffer)])
+        try Check.noOverlap(tmpBuffer, "tmp", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
+                                                       ("ring_start", ringStart)])
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant)

@@ -56,6 +56,10 @@ public enum FlashAttnVecTQ {
         let (geometry, qRotOffset, tmpBytes) = try plan(encoder.device, &p, maxKvLen: maxLen)
         let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: tmpBytes / 4)
         try Check.sameDevice([q, kc, ks, vc, vs, kvLen, ringStart, t, out], encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
+                                           ("v_scales", vs), ("kv_len", kvLen), ("ring_start", ringStart)]
+        try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
+        try Check.noOverlap(t, "tmp", inputs: inputs)
         let seedLo = p.seed_lo, seedHi = p.seed_hi
         let nrows = a.batch * a.num_heads  // fits 32 bits: validate
 
