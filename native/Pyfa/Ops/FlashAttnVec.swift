@@ -114,8 +114,8 @@ public enum FlashAttnVec {
         guard let t = tmpBuffer else { return }
 
         encoder.memoryBarrier()
-        try encodeReduce(encoder, tmp: t, out: out, nrows: p.batch * p.num_heads /* fits: validate */, headDim: p.head_dim, nwg: p.nwg,
-                         kernel: reduceKernel)
+        let nrows = p.batch * p.num_heads  // fits 32 bits: validate
+        try encodeReduce(encoder, tmp: t, out: out, nrows: nrows, headDim: p.head_dim, nwg: p.nwg, kernel: reduceKernel)
     }
 
     public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,
