@@ -133,7 +133,12 @@ class Device:
 
     def wrap_device(self, address: int, nbytes: int, dtype, shape, keepalive=None) -> Buffer:
         """Zero-copy buffer over device memory (CUDA backend): a torch / cupy
-        tensor's address; ``keepalive`` (the tensor) lives as long as the buffer."""
+        tensor's address; ``keepalive`` (the tensor) lives as long as the buffer.
+        Host-visible devices (CPU, Metal) refuse: a raw address there cannot be
+        checked, and ``wrap`` takes host arrays."""
+        if self._host_visible:
+            raise invalid(f"address: wrap_device needs a device with its own memory (CUDA); the {self.backend!r} "
+                          f"backend reads host memory: wrap a numpy array with wrap()")
         shape = _shape(shape)
         out = ffi.new("pyfa_buffer **")
         check(lib.pyfa_buffer_wrap(out, self._h, ffi.cast("void *", int(address)), int(nbytes), dtypes.code(dtype),

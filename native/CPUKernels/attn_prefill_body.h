@@ -437,7 +437,10 @@ PYFA_INLINE void merge_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, 
         if (lse_out) *lse_out = -INFINITY;
         return;
     }
-    const float wa = expf(la - mx), wb = expf(lb - mx), total = wa + wb;
+    /* +inf dominates (flash_attn_prefill_params.h): weight 1 for each +inf side, 0 for the other. */
+    const int top = mx == INFINITY;
+    const float wa = top ? (float)(la == INFINITY) : expf(la - mx), wb = top ? (float)(lb == INFINITY) : expf(lb - mx);
+    const float total = wa + wb;
     const vf8 fa = vf8_splat(wa / total), fb = vf8_splat(wb / total);
     for (uint32_t i = 0; i < D; i += 8)
         vf8_store_as(out, i, fa * vf8_load_as(oa, i, dt) + fb * vf8_load_as(ob, i, dt), dt);

@@ -99,9 +99,12 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
                           const int kv_dt, const uint32_t D, const int kbits, const int vbits) {
     const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
     const uint32_t G = p->num_heads / p->num_kv_heads;
-    const uint32_t kv_len = ((const uint32_t *)d->args[PYFA_VEC_ARG_KV_LEN])[b];
-    const uint32_t ring = ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
     const uint32_t cap = p->kv_capacity, nwg = p->nwg;
+    /* kv_len and ring_start clamped as pyfa_params.h says (as the GPU kernels do). */
+    uint32_t kv_len = ((const uint32_t *)d->args[PYFA_VEC_ARG_KV_LEN])[b];
+    uint32_t ring = ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
+    kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
+    ring = ring < cap ? ring : 0;
     const int q_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_Q_DTYPE];
     const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
     const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];

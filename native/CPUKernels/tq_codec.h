@@ -104,6 +104,24 @@ PYFA_INLINE void tq_pack(uint8_t *codes, const uint8_t *idx, uint32_t bits, uint
     }
 }
 
+/* The codec's row prescale (turboquant_params.h): 2^(128 - E), E the biased
+ * exponent of max |x[i]| clamped to 1..254, found on the bit patterns. */
+PYFA_INLINE float tq_prescale(const float *x, uint32_t D) {
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < D; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        b &= 0x7fffffffu;
+        m = b > m ? b : m;
+    }
+    uint32_t e = m >> 23;
+    e = e < 1 ? 1 : (e > 254 ? 254 : e);
+    const uint32_t pb = (255u - e) << 23;
+    float p;
+    memcpy(&p, &pb, sizeof p);
+    return p;
+}
+
 /*
  * Encodes x[D] (f32, original domain). work: D floats. Writes the packed
  * row and returns the scale. cb: the f32 codebook, th: its thresholds.
@@ -112,12 +130,14 @@ PYFA_INLINE float tq_encode_row(const float *x, float *work, uint8_t *codes, con
                                 uint32_t bits, uint32_t D, uint64_t seed, uint32_t stream, uint32_t norm_correction) {
 #pragma clang fp contract(off)
     uint8_t idx[PYFA_MAX_HEAD_DIM];
-    float cval[PYFA_MAX_HEAD_DIM];
+    float cval[PYFA_MAX_HEAD_DIM], xs[PYFA_MAX_HEAD_DIM];
     const uint32_t levels = 1u << bits;
-    memcpy(work, x, (size_t)D * sizeof(float));
+    const float pre = tq_prescale(x, D);
+    for (uint32_t i = 0; i < D; i++) xs[i] = x[i] * pre;
+    memcpy(work, xs, (size_t)D * sizeof(float));
     tq_apply_signs(work, seed, stream, D);
     tq_fwht(work, D);
-    const float norm = sqrtf(tq_dot(x, x, D));
+    const float norm = sqrtf(tq_dot(xs, xs, D));
     const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
     for (uint32_t i = 0; i < D; i++) work[i] = work[i] * inv;
     if (levels <= 16) {
@@ -138,7 +158,7 @@ PYFA_INLINE float tq_encode_row(const float *x, float *work, uint8_t *codes, con
         const float ct = tq_dot(cval, work, D);
         if (ct > 0.0f) scale = norm * ((float)D / ct);
     }
-    return scale;
+    return scale / pre;
 }
 
 /* The centroids c[idx] of a packed row (rotated domain, unscaled). */

@@ -129,6 +129,8 @@ typedef struct pyfa_flash_attn_prefill_params {
  *   m = max(lse_a, lse_b); w_x = exp(lse_x - m);
  *   out = (w_a o_a + w_b o_b) / (w_a + w_b); lse_out = m + log(w_a + w_b);
  *   both -inf: out = 0, lse_out = -inf.
+ *   +inf (a state of infinite weight) dominates: out = the o of the side(s)
+ *   whose lse is +inf (both: their mean), lse_out = +inf. NaN in, NaN out.
  * Grid: (seq_len, num_heads, batch); one threadgroup per row.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_merge_attn_params {

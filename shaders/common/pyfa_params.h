@@ -42,6 +42,12 @@
  * A slot s of sequence b is valid iff s < kv_len[b]; its logical position is
  * (s - ring_start[b]) mod kv_capacity. With window > 0 only the last `window`
  * logical positions are visible.
+ * kv_len and ring_start are read when the dispatch runs, not when it is
+ * recorded (the dispatcher checks them at record time only where they are
+ * host-visible). Every backend's kernel clamps the values it reads, so no
+ * value makes it read outside the cache: kv_len[b] negative as an int32 is 0
+ * (no visible key: out is 0), above kv_capacity is kv_capacity; ring_start[b]
+ * at or above kv_capacity is 0.
  * Grid: (nwg, num_kv_heads, batch); one workgroup serves the
  * num_heads/num_kv_heads query heads that share a KV head.
  * ------------------------------------------------------------------------- */

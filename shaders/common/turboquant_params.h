@@ -39,15 +39,27 @@
  *   ((p0+p4)+(p1+p5))+((p2+p6)+(p3+p7)).
  *
  * Encode one row x[D] (f16/bf16 inputs are first widened to f32 exactly):
- *   u[i] = s_K/V[i] * x[i];  FWHT(u)          (u = sqrt(D) * H.(s . x))
- *   norm = sqrtf(sumsq(x));  inv = norm > 0 ? 1.0f / norm : 0
+ *   E = bits 23..30 (the biased exponent) of the largest |x[i]| bit pattern
+ *       (x[i]'s bits & 0x7fffffff, compared as uint32), clamped to 1..254
+ *   pre = the f32 with bits (255 - E) << 23     (= 2^(128 - E), a normal f32)
+ *   xs[i] = x[i] * pre                          (max |xs[i]| in [2, 4): exact
+ *                                                for normal rows, and sumsq
+ *                                                cannot overflow or underflow)
+ *   u[i] = s_K/V[i] * xs[i];  FWHT(u)          (u = sqrt(D) * H.(s . xs))
+ *   norm = sqrtf(sumsq(xs)); inv = norm > 0 ? 1.0f / norm : 0
  *   t[i] = u[i] * inv                          (= y[i] * sqrt(D) / |x|)
  *   idx[i] = #{k in 1..L-1 : th[k] < t[i]}     (ties go to the lower cell)
- *   scale = norm                                 norm_correction NONE
- *         = norm * sqrtf((float)D / sumsq(c[idx]))  NORM_PRESERVING (if > 0)
- *         = norm * ((float)D / dot(c[idx], t))      UNBIASED (if dot > 0)
- *   (a zero denominator leaves scale = norm; a zero row gives scale 0).
- *   Rows must be finite.
+ *   s = norm                                     norm_correction NONE
+ *     = norm * sqrtf((float)D / sumsq(c[idx]))    NORM_PRESERVING (if > 0)
+ *     = norm * ((float)D / dot(c[idx], t))        UNBIASED (if dot > 0)
+ *   (a zero denominator leaves s = norm; a zero row gives s = 0)
+ *   scale = s / pre                            (exact unless the scale itself
+ *                                                leaves the f32 range)
+ *   Power-of-two prescaling changes no rounding in the normal range, so a
+ *   row whose sumsq(x) is a normal f32 encodes as without it; any finite
+ *   row's codes are those of its direction (tiny and subnormal rows
+ *   included), and its scale is finite wherever |x| is (up to ~1e37 at
+ *   D = 512). Rows must be finite.
  *
  * Decode: in the rotated domain the row is y~[i] = c[idx[i]] * scale / sqrt(D);
  *   in the original domain x~[i] = s[i] * FWHT(c[idx])[i] * (scale / (float)D).

@@ -553,7 +553,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
     const float lb = pyfa_ptr<const float>(a, PYFA_MERGE_ARG_LSE_B)[idx];
     const float mx = fmaxf(la, lb);
     const bool none = !(mx > -INFINITY); /* neither side saw a key */
-    const float wa = none ? 0.0f : expf(la - mx), wb = none ? 0.0f : expf(lb - mx), total = wa + wb;
+    const bool top = mx == INFINITY; /* +inf dominates: weight 1 for each +inf side, 0 for the other */
+    const float wa = none ? 0.0f : top ? (la == INFINITY ? 1.0f : 0.0f) : expf(la - mx);
+    const float wb = none ? 0.0f : top ? (lb == INFINITY ? 1.0f : 0.0f) : expf(lb - mx);
+    const float total = wa + wb;
     const float fa = none ? 0.0f : wa / total, fb = none ? 0.0f : wb / total;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x)
         pyfa_store_f32<DT>(out, d, none ? 0.0f : fa * pyfa_load_f32<DT>(oa, d) + fb * pyfa_load_f32<DT>(ob, d));

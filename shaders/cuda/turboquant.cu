@@ -212,9 +212,10 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
 #define PYFA_TQ_ENCODE_INLINE __forceinline__
 #endif
 
-/* Encodes the row s_x (f32, shared) into token blockIdx.x of KV head blockIdx.y. */
+/* Encodes the row s_x (f32, shared; prescaled in place) into token
+ * blockIdx.x of KV head blockIdx.y. */
 template <int BITS, int D>
-__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, const float *s_x) {
+__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, float *s_x) {
     constexpr int E = D / 32, L = 1 << BITS;
     const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
     const float *cb = &pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK);
@@ -226,9 +227,21 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, con
     __syncthreads();
 
     const uint64_t seed = tq::seed64(p.seed_lo, p.seed_hi);
+    /* The codec's prescale: 2^(128 - E), E the biased exponent of max |x| in 1..254. */
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < E; k++) m = max(m, __float_as_uint(s_x[lane * E + k]) & 0x7fffffffu);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const uint32_t ex = min(max(m >> 23, 1u), 254u);
+    const float pre = __uint_as_float((255u - ex) << 23);
     float u[E];
 #pragma unroll
-    for (int k = 0; k < E; k++) u[k] = s_x[lane * E + k];
+    for (int k = 0; k < E; k++) {
+        u[k] = __fmul_rn(s_x[lane * E + k], pre);
+        s_x[lane * E + k] = u[k];
+    }
+    __syncthreads(); /* the prescaled row, for sumsq */
     tq::apply_signs(u, seed, p.stream, lane);
     tq::fwht_warp(u, lane);
     const float norm = __fsqrt_rn(tq::dot_codec<D>(s_x, s_x, lane));
@@ -269,7 +282,7 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, con
         const float ct = tq::dot_codec<D>(s_c, s_t, lane);
         if (ct > 0.0f) scale = __fmul_rn(norm, __fdiv_rn((float)D, ct));
     }
-    if (lane == 0) pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES)[r] = scale;
+    if (lane == 0) pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES)[r] = __fdiv_rn(scale, pre);
 }
 
 /* Token blockIdx.x of KV head blockIdx.y (one warp): the row widened to f32

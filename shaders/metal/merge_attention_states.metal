@@ -2,7 +2,9 @@
 // with w_x = exp(lse_x - max(lse_a, lse_b)) (contract:
 // flash_attn_prefill_params.h). One SIMD-group per row; lanes split the
 // row's columns. A side whose lse is -inf (bit pattern: fast math may fold
-// comparisons with infinities) has weight 0; both: zeros and lse -inf.
+// comparisons with infinities) has weight 0; both: zeros and lse -inf. A
+// side whose lse is +inf dominates: weight 1 for each +inf side, 0 for the
+// other, lse +inf.
 #include <metal_stdlib>
 #include "pyfa_params.h"
 #include "metal_layout.h"
@@ -23,14 +25,20 @@ void merge_row(constant pyfa_merge_attn_params &p, device const uchar *o_a, devi
     device T *o = (device T *)out + off;
     const float la = lse_a[idx], lb = lse_b[idx];
     const bool none_a = pyfa_is_neg_inf(la), none_b = pyfa_is_neg_inf(lb);
+    const bool top_a = as_type<uint>(la) == 0x7f800000u, top_b = as_type<uint>(lb) == 0x7f800000u;
+    const bool top = top_a || top_b;
     const float mx = none_a ? lb : none_b ? la : max(la, lb);
-    const float wa = none_a ? 0.0f : exp(la - mx), wb = none_b ? 0.0f : exp(lb - mx), total = wa + wb;
+    const float wa = top ? (top_a ? 1.0f : 0.0f) : none_a ? 0.0f : exp(la - mx);
+    const float wb = top ? (top_b ? 1.0f : 0.0f) : none_b ? 0.0f : exp(lb - mx);
+    const float total = wa + wb;
     const bool none = none_a && none_b;
     const float fa = none ? 0.0f : wa / total, fb = none ? 0.0f : wb / total;
     for (uint d = lane; d < p.head_dim; d += PYFA_METAL_PREFILL_AUX_THREADS)
         o[d] = none ? T(0.0f) : T(fa * float(a[d]) + fb * float(b[d]));
     // One side alone passes its lse through unchanged (no exp/log round trip).
-    if (fc_has_lse && lane == 0) lse_out[idx] = none ? pyfa_neg_inf() : none_a ? lb : none_b ? la : mx + log(total);
+    if (fc_has_lse && lane == 0)
+        lse_out[idx] = none ? pyfa_neg_inf() : top ? as_type<float>(0x7f800000u) : none_a ? lb : none_b ? la
+                                                                                   : mx + log(total);
 }
 
 // lse_out is bound in every dispatch (the dispatcher binds a stand-in when

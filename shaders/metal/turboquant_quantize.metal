@@ -72,9 +72,17 @@ kernel void hadamard_quantize_kv(
     device const uchar *x = src + (ulong(token) * p.num_kv_heads + head) * D * pyfa_dtype_size(fc_src_dtype);
 
     for (uint i = lane; i < D; i += T) u[i] = pyfa_load1(x, i, fc_src_dtype) * pyfa_tq_sign(p.seed_lo, p.seed_hi, p.stream, i);
+
+    // The codec's prescale: 2^(128 - E), E the biased exponent of max |x| in
+    // 1..254 (|u[i]| = |x[i]|); each lane scales the coordinates it wrote.
+    uint m = 0;
+    for (uint i = lane; i < D; i += T) m = max(m, as_type<uint>(u[i]) & 0x7fffffffu);
+    m = simd_max(m);
+    const float pre = as_type<float>((255u - clamp(m >> 23, 1u, 254u)) << 23);
+    for (uint i = lane; i < D; i += T) u[i] = u[i] * pre;
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    // sumsq(x) (= sumsq(s . x) exactly): partial l sums u[8k + l]^2, k ascending.
+    // sumsq(xs) (= sumsq(s . xs) exactly): partial l sums u[8k + l]^2, k ascending.
     float part = 0.0f;
     if (lane < 8) {
         for (uint i = lane; i < D; i += 8) {
@@ -116,5 +124,5 @@ kernel void hadamard_quantize_kv(
         const float d = pyfa_tq_combine8(sum);
         if (d > 0.0f) scale = preserving ? norm * sqrt(float(D) / d) : norm * (float(D) / d);
     }
-    if (lane == 0) scales[r] = scale;
+    if (lane == 0) scales[r] = scale / pre;
 }

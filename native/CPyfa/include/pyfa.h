@@ -8,7 +8,11 @@
  *    pyfa_last_error() returns a message for the calling thread, valid until
  *    that thread's next pyfa call. Nothing here aborts the process.
  *  - Handles are opaque; each pyfa_X_new has a pyfa_X_free. Results come back
- *    through a leading out-pointer.
+ *    through a leading out-pointer. A handle is an id, not an address: it is
+ *    checked on every use, and a NULL, freed, unknown or other-type handle
+ *    gives PYFA_ERR_INVALID_ARGUMENT naming the argument (the free functions
+ *    ignore it and leave a message in pyfa_last_error; the buffer getters
+ *    return NULL / 0 / -1). Ids are never reused within a process.
  *  - Parameter structs come from pyfa_params.h, shared with the kernels.
  */
 #pragma once
@@ -84,9 +88,13 @@ int pyfa_device_info_get(pyfa_device *device, pyfa_device_info *out);
 /* ---- buffers ---- */
 int pyfa_buffer_new(pyfa_buffer **out, pyfa_device *device, pyfa_dtype dtype, uint32_t ndim,
                     const int64_t *shape, pyfa_storage storage);
-/* Wraps caller memory (host memory on the CPU backend). The memory must stay
- * valid and unmoved until the buffer is freed and every encoder using it has
- * finished. nbytes must cover the shape. */
+/* Wraps caller memory: host memory on host-visible backends (CPU, Metal),
+ * device memory on CUDA (checked with the driver: host memory is refused).
+ * The memory must stay valid and unmoved until the buffer is freed and every
+ * encoder using it has finished. nbytes must cover the shape. On the CPU
+ * backend the address cannot be checked: it is the caller's promise (a wrong
+ * one crashes, as any C pointer would); the Python API only passes it memory
+ * it owns (numpy arrays), and Device.wrap_device refuses host-visible devices. */
 int pyfa_buffer_wrap(pyfa_buffer **out, pyfa_device *device, void *data, uint64_t nbytes,
                      pyfa_dtype dtype, uint32_t ndim, const int64_t *shape);
 void pyfa_buffer_free(pyfa_buffer *buffer);

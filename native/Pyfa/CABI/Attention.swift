@@ -22,8 +22,8 @@ public func pyfa_flash_attn_vec_impl(_ encoder: OpaquePointer?, _ params: Unsafe
                                      _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try FlashAttnVec.encode(e, try value(params, "params"), q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
-                                kvLen: optionalObject(kvLen), ringStart: optionalObject(ringStart),
-                                tmp: optionalObject(tmp), out: optionalObject(out))
+        try FlashAttnVec.encode(e, try value(params, "params"), q: optionalObject(q, "q"), k: optionalObject(k, "k"), v: optionalObject(v, "v"),
+                                kvLen: optionalObject(kvLen, "kv_len"), ringStart: optionalObject(ringStart, "ring_start"),
+                                tmp: optionalObject(tmp, "tmp"), out: optionalObject(out, "out"))
     }
 }

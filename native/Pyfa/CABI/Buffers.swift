@@ -37,20 +37,20 @@ public func pyfa_buffer_free_impl(_ buffer: OpaquePointer?) {
 
 @_cdecl("pyfa_buffer_contents")
 public func pyfa_buffer_contents_impl(_ buffer: OpaquePointer?) -> UnsafeMutableRawPointer? {
-    let b: Buffer? = optionalObject(buffer)
+    let b: Buffer? = try? object(buffer, "buffer")
     guard let b, b.storage == .shared else { return nil }
     return b.contents
 }
 
 @_cdecl("pyfa_buffer_nbytes")
 public func pyfa_buffer_nbytes_impl(_ buffer: OpaquePointer?) -> UInt64 {
-    let b: Buffer? = optionalObject(buffer)
+    let b: Buffer? = try? object(buffer, "buffer")
     return UInt64(b?.nbytes ?? 0)
 }
 
 @_cdecl("pyfa_buffer_dtype")
 public func pyfa_buffer_dtype_impl(_ buffer: OpaquePointer?) -> Int32 {
-    let b: Buffer? = optionalObject(buffer)
+    let b: Buffer? = try? object(buffer, "buffer")
     return b?.dtype.rawValue ?? -1
 }
 

@@ -22,7 +22,7 @@ public func pyfa_flash_attn_prefill_blk_impl(_ encoder: OpaquePointer?,
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
         try FlashAttnPrefill.encodeBlk(e, try value(params, "params"), dtype: try DType(code: dtype),
-                                       mask: optionalObject(mask), blk: optionalObject(blk))
+                                       mask: optionalObject(mask, "mask"), blk: optionalObject(blk, "blk"))
     }
 }
 
@@ -34,9 +34,9 @@ public func pyfa_flash_attn_prefill_impl(_ encoder: OpaquePointer?,
                                          _ lse: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try FlashAttnPrefill.encode(e, try value(params, "params"), q: optionalObject(q), k: optionalObject(k), v: optionalObject(v),
-                                    mask: optionalObject(mask), blk: optionalObject(blk), out: optionalObject(out),
-                                    lse: optionalObject(lse))
+        try FlashAttnPrefill.encode(e, try value(params, "params"), q: optionalObject(q, "q"), k: optionalObject(k, "k"), v: optionalObject(v, "v"),
+                                    mask: optionalObject(mask, "mask"), blk: optionalObject(blk, "blk"), out: optionalObject(out, "out"),
+                                    lse: optionalObject(lse, "lse"))
     }
 }
 
@@ -46,8 +46,8 @@ public func pyfa_merge_attention_states_impl(_ encoder: OpaquePointer?, _ params
                                              _ lseB: OpaquePointer?, _ out: OpaquePointer?, _ lseOut: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try MergeAttentionStates.encode(e, try value(params, "params"), oA: optionalObject(oA), lseA: optionalObject(lseA),
-                                        oB: optionalObject(oB), lseB: optionalObject(lseB), out: optionalObject(out),
-                                        lseOut: optionalObject(lseOut))
+        try MergeAttentionStates.encode(e, try value(params, "params"), oA: optionalObject(oA, "o_a"), lseA: optionalObject(lseA, "lse_a"),
+                                        oB: optionalObject(oB, "o_b"), lseB: optionalObject(lseB, "lse_b"), out: optionalObject(out, "out"),
+                                        lseOut: optionalObject(lseOut, "lse_out"))
     }
 }

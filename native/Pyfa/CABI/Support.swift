@@ -22,24 +22,88 @@ func abiCall(_ body: () throws -> Void) -> Int32 {
     }
 }
 
-/// Opaque handles are retained Swift objects.
-func retainHandle<T: AnyObject>(_ object: T) -> OpaquePointer {
-    OpaquePointer(Unmanaged.passRetained(object).toOpaque())
+/// The live handles of the C ABI. A handle is an id, never an address: ids
+/// count up from 1 and are never reused, so a freed handle stays dead (a later
+/// object never takes its value) and every use is checked against the
+/// registry: a NULL, freed, double-freed, forged or wrong-type handle is an
+/// error naming the argument, never a stray read. One lock-protected
+/// dictionary; a lookup returns a strong reference, so an object freed by
+/// another thread during a call lives until the call returns.
+final class HandleRegistry: @unchecked Sendable {
+    static let shared = HandleRegistry()
+
+    private let lock = Lock()
+    private var live: [UInt: AnyObject] = [:]
+    private var next: UInt = 0
+
+    /// Ids are (counter << 4) | 8: non-NULL, 16-aligned-plus-8 so that a
+    /// pointer to real memory (16-aligned) is never mistaken for one.
+    func insert(_ object: AnyObject) -> OpaquePointer {
+        lock.withLock {
+            next += 1
+            let id = next << 4 | 8
+            live[id] = object
+            return OpaquePointer(bitPattern: id)!
+        }
+    }
+
+    func lookup(_ handle: OpaquePointer) -> AnyObject? {
+        let id = UInt(bitPattern: handle)
+        return lock.withLock { live[id] }
+    }
+
+    /// Removes `handle` if it is live and holds a T; returns whether it did.
+    func remove<T: AnyObject>(_ handle: OpaquePointer, as: T.Type) -> Bool {
+        let id = UInt(bitPattern: handle)
+        let removed: AnyObject? = lock.withLock {
+            guard live[id] is T else { return nil }
+            return live.removeValue(forKey: id)
+        }
+        return removed != nil  // the object is released here, outside the lock
+    }
 }
 
+/// The kind a handle error reports ("a buffer", "an encoder", "a device").
+private func handleKind<T>(_ type: T.Type) -> String {
+    switch type {
+    case is Buffer.Type: return "a buffer"
+    case is CommandEncoder.Type: return "an encoder"
+    case is Device.Type: return "a device"
+    default: return "a \(type)"
+    }
+}
+
+/// A new handle holding `object` (the registry's reference keeps it alive).
+func retainHandle<T: AnyObject>(_ object: T) -> OpaquePointer {
+    HandleRegistry.shared.insert(object)
+}
+
+/// The live T behind `handle`; an error naming `what` for NULL, freed or
+/// another type's handles.
 func object<T: AnyObject>(_ handle: OpaquePointer?, _ what: String) throws -> T {
     guard let handle else { throw PyfaError.invalid("\(what): handle is NULL") }
-    return Unmanaged<T>.fromOpaque(UnsafeRawPointer(handle)).takeUnretainedValue()
+    guard let o = HandleRegistry.shared.lookup(handle) else {
+        throw PyfaError.invalid("\(what): not a live handle (freed, or never returned by pyfa)")
+    }
+    guard let t = o as? T else {
+        throw PyfaError.invalid("\(what): handle is not \(handleKind(T.self)) (another type's handle)")
+    }
+    return t
 }
 
-func optionalObject<T: AnyObject>(_ handle: OpaquePointer?) -> T? {
-    guard let handle else { return nil }
-    return Unmanaged<T>.fromOpaque(UnsafeRawPointer(handle)).takeUnretainedValue()
+/// nil for NULL; otherwise as `object`.
+func optionalObject<T: AnyObject>(_ handle: OpaquePointer?, _ what: String) throws -> T? {
+    guard handle != nil else { return nil }
+    return try object(handle, what) as T
 }
 
-func releaseHandle<T: AnyObject>(_ handle: OpaquePointer?, as: T.Type) {
+/// Frees a handle of type T. NULL is a no-op; a freed, unknown or other-type
+/// handle changes nothing and leaves a message in pyfa_last_error.
+func releaseHandle<T: AnyObject>(_ handle: OpaquePointer?, as type: T.Type) {
     guard let handle else { return }
-    Unmanaged<T>.fromOpaque(UnsafeRawPointer(handle)).release()
+    if !HandleRegistry.shared.remove(handle, as: type) {
+        pyfa_set_last_error("free: handle is not a live handle of \(handleKind(type)) (already freed, or another type's)")
+    }
 }
 
 /// The struct a const pointer argument points at.

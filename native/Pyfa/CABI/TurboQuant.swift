@@ -9,8 +9,8 @@ public func pyfa_hadamard_quantize_kv_impl(_ encoder: OpaquePointer?, _ params: 
                                            _ scales: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try TurboQuant.encodeQuantize(e, try value(params, "params"), src: optionalObject(src), codes: optionalObject(codes),
-                                      scales: optionalObject(scales))
+        try TurboQuant.encodeQuantize(e, try value(params, "params"), src: optionalObject(src, "src"), codes: optionalObject(codes, "codes"),
+                                      scales: optionalObject(scales, "scales"))
     }
 }
 
@@ -20,8 +20,8 @@ public func pyfa_tq_dequantize_kv_impl(_ encoder: OpaquePointer?, _ params: Unsa
                                        _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try TurboQuant.encodeDequantize(e, try value(params, "params"), codes: optionalObject(codes), scales: optionalObject(scales),
-                                        out: optionalObject(out))
+        try TurboQuant.encodeDequantize(e, try value(params, "params"), codes: optionalObject(codes, "codes"), scales: optionalObject(scales, "scales"),
+                                        out: optionalObject(out, "out"))
     }
 }
 
@@ -30,7 +30,7 @@ public func pyfa_fwht_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<py
                            _ src: OpaquePointer?, _ dst: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try TurboQuant.encodeFwht(e, try value(params, "params"), src: optionalObject(src), dst: optionalObject(dst))
+        try TurboQuant.encodeFwht(e, try value(params, "params"), src: optionalObject(src, "src"), dst: optionalObject(dst, "dst"))
     }
 }
 
@@ -56,10 +56,10 @@ public func pyfa_flash_attn_vec_tq_impl(_ encoder: OpaquePointer?, _ params: Uns
                                         _ out: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        try FlashAttnVecTQ.encode(e, try value(params, "params"), q: optionalObject(q), kCodes: optionalObject(kCodes),
-                                  kScales: optionalObject(kScales), vCodes: optionalObject(vCodes),
-                                  vScales: optionalObject(vScales), kvLen: optionalObject(kvLen),
-                                  ringStart: optionalObject(ringStart), tmp: optionalObject(tmp),
-                                  out: optionalObject(out))
+        try FlashAttnVecTQ.encode(e, try value(params, "params"), q: optionalObject(q, "q"), kCodes: optionalObject(kCodes, "k_codes"),
+                                  kScales: optionalObject(kScales, "k_scales"), vCodes: optionalObject(vCodes, "v_codes"),
+                                  vScales: optionalObject(vScales, "v_scales"), kvLen: optionalObject(kvLen, "kv_len"),
+                                  ringStart: optionalObject(ringStart, "ring_start"), tmp: optionalObject(tmp, "tmp"),
+                                  out: optionalObject(out, "out"))
     }
 }

@@ -38,3 +38,24 @@ func checkedProduct(_ values: [Int], what: String) throws -> Int {
     }
     return total
 }
+
+/// a + b for sizes, failing with a clear error instead of trapping on overflow.
+func checkedSum(_ a: Int, _ b: Int, what: String) throws -> Int {
+    let (r, overflow) = a.addingReportingOverflow(b)
+    if overflow { throw PyfaError.invalid("\(what): size overflows 64 bits") }
+    return r
+}
+
+/// The product of 32-bit counts that a kernel holds in a 32-bit field (a row
+/// count, a grid dimension): an error naming `what` when it does not fit.
+func checkedCount32(_ values: [UInt32], what: String) throws -> UInt32 {
+    var total: UInt64 = 1
+    for v in values {
+        let (r, overflow) = total.multipliedReportingOverflow(by: UInt64(v))
+        if overflow || r > UInt64(UInt32.max) {
+            throw PyfaError.invalid("\(what): \(values.map(String.init).joined(separator: " * ")) exceeds \(UInt32.max)")
+        }
+        total = r
+    }
+    return UInt32(total)
+}

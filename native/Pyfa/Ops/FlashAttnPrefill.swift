@@ -28,8 +28,8 @@ public enum FlashAttnPrefill {
         }
         p.num_q_blocks = (p.q_len + p.block_q - 1) / p.block_q
         p.num_k_blocks = (p.kv_len + p.block_k - 1) / p.block_k
-        let planes = (p.mask_strides.0 != 0 ? Int(p.batch) : 1) * (p.mask_strides.1 != 0 ? Int(p.num_heads) : 1)
-        let blkBytes = try checkedProduct([planes, Int(p.num_q_blocks), Int(p.num_k_blocks)], what: "blk")
+        let blkBytes = try checkedProduct([p.mask_strides.0 != 0 ? Int(p.batch) : 1, p.mask_strides.1 != 0 ? Int(p.num_heads) : 1,
+                                           Int(p.num_q_blocks), Int(p.num_k_blocks)], what: "blk")
         return (g, blkBytes)
     }
 
@@ -124,9 +124,13 @@ public enum FlashAttnPrefill {
             try Check.buffer(blk, "blk", dtypes: [.u8], elements: blkBytes)
         }
         if let lse {
-            try Check.buffer(lse, "lse", dtypes: [.f32], elements: Int(p.batch) * Int(p.num_heads) * Int(p.q_len))
+            try Check.buffer(lse, "lse", dtypes: [.f32],
+                             elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"))
         }
         try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), ("k", k), ("v", v), ("mask", mask), ("blk", blk)]
+        try Check.noOverlap(out, "out", inputs: inputs)
+        try Check.noOverlap(lse, "lse", inputs: inputs + [("out", out)])
 
         let constants = try prefillConstants(dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k,
                                              maskKind: mask == nil ? nil : kind, causal: p.causal != 0,

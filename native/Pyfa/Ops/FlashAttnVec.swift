@@ -25,11 +25,12 @@ public enum FlashAttnVec {
         } else {
             geometry.nwg = params.nwg
         }
-        return (geometry, tmpBytes(params))
+        return (geometry, try tmpBytes(params))
     }
 
-    static func tmpBytes(_ p: pyfa_flash_attn_vec_params) -> Int {
-        p.nwg <= 1 ? 0 : Int(p.batch) * Int(p.num_heads) * Int(p.nwg) * (Int(p.head_dim) + 2) * 4
+    static func tmpBytes(_ p: pyfa_flash_attn_vec_params) throws -> Int {
+        p.nwg <= 1 ? 0 : try checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.nwg), Int(p.head_dim) + 2, 4],
+                                            what: "tmp")
     }
 
     static func validate(_ p: pyfa_flash_attn_vec_params) throws {
@@ -40,6 +41,9 @@ public enum FlashAttnVec {
         try require(p.nwg <= maxWorkgroups, "nwg: \(p.nwg) exceeds \(maxWorkgroups)")
         try Check.scale(p.scale)
         try Check.softcap(p.softcap)
+        // Query rows are one 32-bit grid dimension of the reduce.
+        _ = try checkedCount32([p.batch, p.num_heads], what: "batch * num_heads")
+        _ = try checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.head_dim), 4], what: "q")
         _ = try checkedProduct([Int(p.batch), Int(p.num_kv_heads), Int(p.kv_capacity), Int(p.head_dim), 4],
                                what: "k_cache")
     }
@@ -70,8 +74,8 @@ public enum FlashAttnVec {
         var p = paramsIn
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
-        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D)
-        let cacheElements = B * Hkv * Int(p.kv_capacity) * D
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D)  // bounded by validate
+        let cacheElements = B * Hkv * Int(p.kv_capacity) * D  // bounded by validate
         let k = try Check.buffer(k, "k_cache", dtypes: floatTypes, elements: cacheElements)
         let v = try Check.buffer(v, "v_cache", dtypes: [k.dtype], elements: cacheElements)
         let kvLen = try Check.buffer(kvLen, "kv_len", dtypes: indexTypes, elements: B)
@@ -84,6 +88,10 @@ public enum FlashAttnVec {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
         }
         try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
+        try Check.noOverlap(out, "out", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
+                                                 ("ring_start", ringStart), ("tmp", tmpBuffer)])
+        try Check.noOverlap(tmpBuffer, "tmp", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
+                                                       ("ring_start", ringStart)])
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant)
@@ -106,8 +114,8 @@ public enum FlashAttnVec {
         guard let t = tmpBuffer else { return }
 
         encoder.memoryBarrier()
-        try encodeReduce(encoder, tmp: t, out: out, nrows: p.batch * p.num_heads, headDim: p.head_dim, nwg: p.nwg,
-                         kernel: reduceKernel)
+        let nrows = p.batch * p.num_heads  // fits 32 bits: validate
+        try encodeReduce(encoder, tmp: t, out: out, nrows: nrows, headDim: p.head_dim, nwg: p.nwg, kernel: reduceKernel)
     }
 
     public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,

@@ -31,9 +31,10 @@ public enum FlashAttnVecTQ {
         } else {
             geometry.nwg = params.attn.nwg
         }
-        let partialBytes = FlashAttnVec.tmpBytes(params.attn)
-        let qBytes = Int(params.attn.batch) * Int(params.attn.num_heads) * Int(params.attn.head_dim) * 4
-        return (geometry, partialBytes, partialBytes + qBytes)
+        let partialBytes = try FlashAttnVec.tmpBytes(params.attn)
+        let qBytes = try checkedProduct([Int(params.attn.batch), Int(params.attn.num_heads), Int(params.attn.head_dim), 4],
+                                        what: "tmp")
+        return (geometry, partialBytes, try checkedSum(partialBytes, qBytes, what: "tmp"))
     }
 
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
@@ -43,7 +44,7 @@ public enum FlashAttnVecTQ {
         try validate(p)
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
-        let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D)
+        let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D)  // bounded by validate
         let (kc, ks) = try TurboQuant.checkCache(kCodes, kScales, "k_", sequences: B, heads: a.num_kv_heads,
                                                  capacity: a.kv_capacity, headDim: a.head_dim, bits: p.k_bits)
         let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: B, heads: a.num_kv_heads,
@@ -55,8 +56,12 @@ public enum FlashAttnVecTQ {
         let (geometry, qRotOffset, tmpBytes) = try plan(encoder.device, &p, maxKvLen: maxLen)
         let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: tmpBytes / 4)
         try Check.sameDevice([q, kc, ks, vc, vs, kvLen, ringStart, t, out], encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
+                                           ("v_scales", vs), ("kv_len", kvLen), ("ring_start", ringStart)]
+        try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
+        try Check.noOverlap(t, "tmp", inputs: inputs)
         let seedLo = p.seed_lo, seedHi = p.seed_hi
-        let nrows = a.batch * a.num_heads
+        let nrows = a.batch * a.num_heads  // fits 32 bits: validate
 
         // q into the rotated domain of K.
         let premult = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim,

@@ -29,7 +29,7 @@ public enum MergeAttentionStates {
         try Check.buffer(oA, "o_a", dtypes: FlashAttnPrefill.floatTypes, elements: elements)
         let oB = try Check.buffer(oB, "o_b", dtypes: [oA.dtype], elements: elements)
         let out = try Check.buffer(out, "out", dtypes: [oA.dtype], elements: elements)
-        let nrows = Int(p.batch) * Int(p.num_heads) * Int(p.seq_len)
+        let nrows = try checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.seq_len)], what: "lse_a")
         let lseA = try Check.buffer(lseA, "lse_a", dtypes: [.f32], elements: nrows)
         let lseB = try Check.buffer(lseB, "lse_b", dtypes: [.f32], elements: nrows)
         if let lseOut { try Check.buffer(lseOut, "lse_out", dtypes: [.f32], elements: nrows) }

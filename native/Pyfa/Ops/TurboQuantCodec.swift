@@ -38,7 +38,8 @@ public enum TurboQuant {
     static func checkCache(_ codes: Buffer?, _ scales: Buffer?, _ prefix: String, sequences: Int, heads: UInt32,
                            capacity: UInt32, headDim: UInt32, bits: UInt32) throws -> (Buffer, Buffer) {
         let rows = try checkedProduct([sequences, Int(heads), Int(capacity)], what: "\(prefix)codes")
-        let c = try Check.buffer(codes, "\(prefix)codes", dtypes: [.u8], elements: rows * rowBytes(headDim, bits))
+        let c = try Check.buffer(codes, "\(prefix)codes", dtypes: [.u8],
+                                 elements: checkedProduct([rows, rowBytes(headDim, bits)], what: "\(prefix)codes"))
         let s = try Check.buffer(scales, "\(prefix)scales", dtypes: [.f32], elements: rows)
         return (c, s)
     }

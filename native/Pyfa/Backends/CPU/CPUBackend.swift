@@ -293,9 +293,10 @@ struct CPUPlan: BackendPlan {
     let threads: UInt32
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
-        let groups = max(1, p.batch * p.num_kv_heads)
-        let target = threads * 4
-        var nwg: UInt32 = groups >= target ? 1 : (target + groups - 1) / groups
+        // 64-bit: batch * num_kv_heads may exceed 32 bits before validation bounds it.
+        let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
+        let target = UInt64(threads) * 4
+        var nwg = UInt32(clamping: groups >= target ? 1 : (target + groups - 1) / groups)
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
         nwg = max(1, min(nwg, visible / 256, 64))
         let group = p.num_heads / max(1, p.num_kv_heads)

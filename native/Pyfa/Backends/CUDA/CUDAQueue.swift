@@ -218,8 +218,8 @@ struct CUDAPlan: BackendPlan {
         let variant = CUDAPlan.vecVariant(p, kvDType: kvDType)
         let bytes = variant == PYFA_VEC_VARIANT_MMA ? CUDAPlan.vecMmaSharedBytes(headDim: D)
             : CUDAPlan.vecSharedBytes(headDim: D, elementSize: kvDType == .f32 ? 4 : 2)
-        let groups = max(1, p.batch * p.num_kv_heads)
-        var perSM = UInt32(CUDAPlan.vecBlocksPerSM)
+        let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
+        var perSM = UInt32(clamping: CUDAPlan.vecBlocksPerSM)
         if perSM == 0 {
             // Measured on the f16-cache specialisation (bf16 compiles alike; f32 is the rare case).
             let constants = try? FlashAttnVec.vecConstants(q: .f16, kv: .f16, headDim: p.head_dim, softcap: false,
@@ -230,10 +230,10 @@ struct CUDAPlan: BackendPlan {
             } ?? 0
         }
         if perSM == 0 { perSM = 2 }
-        let target = smCount * perSM
+        let target = UInt64(smCount) * UInt64(perSM)
         let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
-        var nwg = target / groups
-        nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+        var nwg = UInt32(clamping: target / groups)
+        nwg = max(1, min(nwg, visible / UInt32(clamping: CUDAPlan.vecMinRows), 1024))
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes, variant: variant)
     }
 
@@ -276,7 +276,8 @@ struct CUDAPlan: BackendPlan {
     /// fewer than vecMinRows positions each.
     func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
         let a = p.attn
-        let groups = max(1, a.batch * a.num_kv_heads)
+        // 64-bit: batch * num_kv_heads may exceed 32 bits before validation bounds it.
+        let groups = max(1, UInt64(a.batch) * UInt64(a.num_kv_heads))
         if CUDAPlan.tqUsesMma(p) {
             let bytes = CUDAPlan.tqMmaSharedBytes(headDim: Int(a.head_dim))
             let constants = try? FlashAttnVecTQ.vecConstants(kBits: 4, vBits: 4, headDim: a.head_dim, softcap: false,
@@ -284,14 +285,14 @@ struct CUDAPlan: BackendPlan {
             var perSM = constants.map { residentBlocks(FlashAttnVecTQ.kernel, $0, bytes) } ?? 0
             if perSM == 0 { perSM = 1 }
             let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
-            var nwg = max(1, smCount * perSM / groups)
-            nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+            var nwg = max(1, UInt32(clamping: UInt64(smCount) * UInt64(perSM) / groups))
+            nwg = max(1, min(nwg, visible / UInt32(clamping: CUDAPlan.vecMinRows), 1024))
             return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes)
         }
-        let slots = smCount * UInt32(CUDAPlan.tqVecMinBlocks)
+        let slots = UInt64(smCount) * UInt64(clamping: CUDAPlan.tqVecMinBlocks)
         let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
-        var nwg = groups >= slots ? 1 : slots / groups
-        nwg = max(1, min(nwg, visible / UInt32(CUDAPlan.vecMinRows), 1024))
+        var nwg = UInt32(clamping: groups >= slots ? 1 : slots / groups)
+        nwg = max(1, min(nwg, visible / UInt32(clamping: CUDAPlan.vecMinRows), 1024))
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32,
                            threadgroupMemory: CUDAPlan.tqVecSharedBytes(headDim: Int(a.head_dim), kBits: Int(p.k_bits),
                                                                         vBits: Int(p.v_bits)))
