@@ -5,7 +5,7 @@ records, and checks that every call returns a status. The assertion is the
 process surviving: run it in a subprocess (tests/test_fuzz_cabi.py does) so a
 trap or a stray read is a failed test that names the seed and the call.
 
-    python3 tests/fuzz_cabi.py --seed 1 --calls 2000 [--no-exclusions] [--trace]
+    python3 tests/fuzz_cabi.py --seed 1 --calls 2000 [--trace]
 
 Each call is printed (with --trace) before it runs, so the last line of a dead
 run is the call that killed it.
@@ -25,33 +25,6 @@ import numpy as np  # noqa: E402
 
 from pyfa._native import ffi, lib  # noqa: E402
 
-# ---------------------------------------------------------------------------------------------------------
-# TEMPORARY EXCLUSIONS. Reproducer families that crash the library on this branch, fixed on the native side
-# (checked arithmetic, issue 15 item 1; lengths read defensively by the CPU kernels, item 2). The harness skips
-# the calls they match and counts them. Remove this table once the native fix is merged; --no-exclusions
-# runs them anyway.
-# ---------------------------------------------------------------------------------------------------------
-SIZE_FIELDS = {"batch", "num_heads", "num_kv_heads", "head_dim", "kv_capacity", "nwg", "q_len", "kv_len",
-               "seq_len", "num_tokens", "sequence", "nrows"}
-
-
-def _size_product(fields: dict) -> int:
-    p = 1
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            p *= _size_product(value)
-        elif name in SIZE_FIELDS and isinstance(value, int) and value > 0:
-            p *= value
-    return p
-
-
-EXCLUSIONS = {
-    # issue 15 item 1: Swift integer-overflow traps on size, grid and byte-count products.
-    "size-product-overflow": lambda entry, fields: _size_product(fields) >= 2**32,
-    # issue 15 item 2: kv_len / ring_start rewritten between recording and commit (CPU kernels read them as is).
-    "lengths-changed-after-record": lambda entry, fields: entry.endswith("+mutate"),
-}
-
 STATUSES = {lib.PYFA_OK, lib.PYFA_ERR_INVALID_ARGUMENT, lib.PYFA_ERR_UNSUPPORTED, lib.PYFA_ERR_OUT_OF_MEMORY,
             lib.PYFA_ERR_BACKEND_UNAVAILABLE, lib.PYFA_ERR_COMPILE, lib.PYFA_ERR_EXECUTION, lib.PYFA_ERR_INTERNAL}
 
@@ -69,14 +42,13 @@ F32_EDGES = [0.0, -0.0, 1.0, -1.0, 1e-45, 1e-30, 3.4e38, float("inf"), -float("i
 
 
 class Fuzzer:
-    def __init__(self, seed: int, backend: str, exclusions: bool, trace: bool):
+    def __init__(self, seed: int, backend: str, trace: bool):
         self.rng = random.Random(seed)
-        self.exclusions = exclusions
         self.trace = trace
         out = ffi.new("pyfa_device **")
         assert lib.pyfa_device_new(out, backend.encode()) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error())
         self.device = out[0]
-        self.counts = {"calls": 0, "ok": 0, "errors": 0, "excluded": 0}
+        self.counts = {"calls": 0, "ok": 0, "errors": 0}
 
     # -- values ----------------------------------------------------------------------------------------
     def edge(self, ctype: str):
@@ -171,8 +143,6 @@ class Fuzzer:
             fields, ctype = attn, "pyfa_flash_attn_vec_params"
         fields = self.mutate(ctype, fields)
         entry = ("flash_attn_vec_tq" if tq else "flash_attn_vec") + ("+mutate" if mutate_after else "")
-        if self.excluded(entry, fields):
-            return
         p = ffi.new(ctype + " *", fields)
         a = p.attn if tq else p
         plan_tmp = ffi.new("uint64_t *")
@@ -229,8 +199,6 @@ class Fuzzer:
                   "out_strides": strides(H, qL),
                   "mask_strides": {None: [0, 0, 0], "2": [0, 0, kL], "4": [H * qL * kL, qL * kL, kL]}[mask_kind]}
         fields = self.mutate("pyfa_flash_attn_prefill_params", fields)
-        if self.excluded("flash_attn_prefill", fields):
-            return
         p = ffi.new("pyfa_flash_attn_prefill_params *", fields)
         dtype = r.choice([lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16, lib.PYFA_DTYPE_U8])
         blk_bytes = ffi.new("uint64_t *")
@@ -262,8 +230,6 @@ class Fuzzer:
         B, H, L, D = self.small(1, 2), self.small(1, 3), self.small(1, 6), 8 * self.small(1, 16)
         fields = self.mutate("pyfa_merge_attn_params", {"batch": B, "num_heads": H, "seq_len": L, "head_dim": D,
                                                         "o_strides": [H * L * D, L * D, D]})
-        if self.excluded("merge_attention_states", fields):
-            return
         p = ffi.new("pyfa_merge_attn_params *", fields)
         n = p.batch * p.num_heads * p.seq_len
         if n * max(p.head_dim, 1) > 1 << 20:
@@ -297,8 +263,6 @@ class Fuzzer:
                       "seed_lo": r.getrandbits(32), "seed_hi": r.getrandbits(32)}
             extra = {}
         fields = self.mutate(ctype, {**common, **extra})
-        if self.excluded(which, fields):
-            return
         p = ffi.new(ctype + " *", fields)
         F = [lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16]
         enc = self.encoder()
@@ -362,16 +326,6 @@ class Fuzzer:
         self.check(lib.pyfa_encoder_commit(enc))
         self.check(lib.pyfa_encoder_wait(enc))
 
-    def excluded(self, entry: str, fields: dict) -> bool:
-        if not self.exclusions:
-            return False
-        for name, rule in EXCLUSIONS.items():
-            if rule(entry, fields):
-                self.counts["excluded"] += 1
-                self.counts[name] = self.counts.get(name, 0) + 1
-                return True
-        return False
-
     def trace_call(self, entry: str, fields: dict, **extra):
         if self.trace:
             print(f"CALL {entry} {fields} {extra}", flush=True)
@@ -398,13 +352,12 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=0, help="run seeds seed, seed+1, ... until this much time has passed")
     ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--no-exclusions", action="store_true", help="also run the excluded reproducer families")
     ap.add_argument("--trace", action="store_true", help="print every call before it runs")
     args = ap.parse_args()
     start, seed, totals = time.monotonic(), args.seed, {}
     while True:
         print(f"SEED {seed}", flush=True)
-        f = Fuzzer(seed, args.backend, not args.no_exclusions, args.trace)
+        f = Fuzzer(seed, args.backend, args.trace)
         f.run(args.calls)
         for k, v in f.counts.items():
             totals[k] = totals.get(k, 0) + v
