@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 import pyfa
+from pyfa._io import to_device
 from pyfa._native import ffi, lib
 from pyfa.errors import check
+
+
+def on_device(dev, a):
+    """A buffer holding `a`: the array itself on host-visible devices, a copy
+    on a GPU (the way the Python API passes host arrays)."""
+    return to_device(dev, np.ascontiguousarray(a))
 
 U32_MAX = 2**32 - 1
 
@@ -103,11 +110,11 @@ H, HKV, D, CAP = 4, 2, 64, 32
 def _record_vec(dev, k, v, q, lens, ring, nwg, tq=None):
     """Records one decode (dense, or TurboQuant with tq = (codes, scales) per
     stream) and returns (encoder, kv_len buffer, ring_start buffer, out buffer)."""
-    kvl, rs = dev.wrap(np.array(lens, np.int32)), dev.wrap(np.array(ring, np.int32))
+    kvl, rs = on_device(dev, np.array(lens, np.int32)), on_device(dev, np.array(ring, np.int32))
     out = dev.buffer((1, H, D), np.float32)
     attn = dict(batch=1, num_heads=H, num_kv_heads=HKV, head_dim=D, kv_capacity=CAP, nwg=nwg, scale=0.125)
     enc = dev.encoder()
-    qb = dev.wrap(q)
+    qb = on_device(dev, q)
     if tq is None:
         tmp = dev.buffer((H * nwg * (D + 2),), np.float32)
         p = ffi.new("pyfa_flash_attn_vec_params *", attn)
@@ -131,12 +138,12 @@ def _run(enc, out):
 
 def _caches(dev, rng, tq):
     if not tq:
-        k, v = (dev.wrap(rng.standard_normal((1, HKV, CAP, D)).astype(np.float16)) for _ in range(2))
+        k, v = (on_device(dev, rng.standard_normal((1, HKV, CAP, D)).astype(np.float16)) for _ in range(2))
         return dict(k=k, v=v)
     caches = []
     for _ in range(2):
-        codes = dev.wrap(rng.integers(0, 256, (1, HKV, CAP, D // 2), dtype=np.uint8))
-        scales = dev.wrap(rng.uniform(0.5, 2.0, (1, HKV, CAP)).astype(np.float32))
+        codes = on_device(dev, rng.integers(0, 256, (1, HKV, CAP, D // 2), dtype=np.uint8))
+        scales = on_device(dev, rng.uniform(0.5, 2.0, (1, HKV, CAP)).astype(np.float32))
         caches.append((codes, scales))
     dummy = dev.buffer((1,), np.float16)
     return dict(k=dummy, v=dummy, tq=caches)
