@@ -26,6 +26,13 @@ public final class Buffer {
     public let memory: BufferMemory
 
     public var count: Int { nbytes / dtype.size }
+
+    /// The addresses its bytes occupy (empty for a 0-byte buffer): what
+    /// hazard and aliasing checks compare.
+    public var addressRange: Range<UInt64> {
+        let start = memory.deviceAddress
+        return start..<max(start, start &+ UInt64(nbytes))
+    }
     public var contents: UnsafeMutableRawPointer? { memory.hostPointer }
 
     init(device: Device, dtype: DType, shape: [Int], storage: Storage, nbytes: Int, memory: BufferMemory) {

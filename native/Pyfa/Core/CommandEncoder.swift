@@ -14,8 +14,8 @@ public final class CommandEncoder {
     private let queue: CommandQueue
     private var recorded: [EncodedCommand] = []
     private var pendingOpKind: OpKind = .other
-    /// Address ranges [start, end) bound since the last barrier.
-    private var segmentRanges: [(start: UInt64, end: UInt64)] = []
+    /// Address ranges bound since the last barrier.
+    private var segmentRanges: [Range<UInt64>] = []
 
     /// An encoder that submits to `queue`: Device.makeEncoder passes the
     /// backend's own; tools that capture, reorder or replay commands pass theirs.
@@ -30,16 +30,15 @@ public final class CommandEncoder {
     public func dispatch(_ pipeline: Pipeline, args: [(slot: Int, arg: KernelArg)],
                          grid: (UInt32, UInt32, UInt32), threads: (UInt32, UInt32, UInt32),
                          threadgroupMemory: Int = 0) throws {
-        var ranges: [(start: UInt64, end: UInt64)] = []
+        var ranges: [Range<UInt64>] = []
         for (slot, arg) in args {
             if case .buffer(let b, _) = arg {
                 try require(b.device === device,
                             "argument \(slot) of \(pipeline.name): buffer belongs to another device")
-                let start = b.memory.deviceAddress
-                if b.nbytes > 0 { ranges.append((start, start &+ UInt64(b.nbytes))) }
+                ranges.append(b.addressRange)
             }
         }
-        if ranges.contains(where: { r in segmentRanges.contains { $0.start < r.end && r.start < $0.end } }) {
+        if ranges.contains(where: { r in segmentRanges.contains { $0.overlaps(r) } }) {
             memoryBarrier()
         }
         segmentRanges += ranges

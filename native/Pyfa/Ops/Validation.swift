@@ -50,12 +50,10 @@ enum Check {
     /// An output whose memory overlaps an input's would be written while the
     /// kernel still reads that input: refused, naming both.
     static func noOverlap(_ out: Buffer?, _ name: String, inputs: [(String, Buffer?)]) throws {
-        guard let out, out.nbytes > 0 else { return }
-        let start = out.memory.deviceAddress, end = start &+ UInt64(out.nbytes)
+        guard let out else { return }
         for (inputName, input) in inputs {
-            guard let input, input.nbytes > 0 else { continue }
-            let s = input.memory.deviceAddress, e = s &+ UInt64(input.nbytes)
-            try require(!(s < end && start < e),
+            guard let input else { continue }
+            try require(!out.addressRange.overlaps(input.addressRange),
                         "\(name): overlaps \(inputName) in memory (an output must not alias an input the kernel reads)")
         }
     }

@@ -46,7 +46,7 @@ final class MetalBackend: Backend {
         }
         self.device = device
         commandQueue = queue
-        plan = MetalPlan(maxThreadgroupMemory: device.maxThreadgroupMemoryLength)
+        plan = MetalPlan()
     }
 
     var info: pyfa_device_info {

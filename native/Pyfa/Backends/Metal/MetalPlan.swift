@@ -1,9 +1,9 @@
 import PyfaShaderCommon
 
 /// Metal geometry. Decode, prefill and TurboQuant sizes come from
-/// metal_layout.h, the functions the kernels read too.
+/// metal_layout.h, the functions the kernels read too; every size there fits
+/// the 32 KiB of threadgroup memory all Apple GPUs have (Swift tests pin it).
 struct MetalPlan: BackendPlan {
-    let maxThreadgroupMemory: Int
 
     /// Threadgroups a decode aims for across the whole grid: enough to fill
     /// the SIMD-group slots of a large Apple GPU.
