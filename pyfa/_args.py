@@ -125,6 +125,12 @@ _devices: dict = {}
 _devices_lock = threading.Lock()
 
 
+def _default_device():
+    from . import device as d
+
+    return d._default
+
+
 def device_arg(device):
     """The device of a call: None gives the default device, a
     :class:`pyfa.Device` is used as is, a backend name (``"cpu"``, ``"cuda"``,
@@ -132,7 +138,7 @@ def device_arg(device):
     from .device import Device, default_device
 
     if device is None:
-        return default_device()
+        return _default_device() or default_device()
     if isinstance(device, Device):
         return device
     if isinstance(device, str):
@@ -173,6 +179,15 @@ def default_scale(scale, head_dim: int) -> float:
     """``scale`` as a float, ``1/sqrt(head_dim)`` when None (1.0 for head_dim 0,
     which the library rejects by name)."""
     return float_arg(scale, "scale", default=1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0)
+
+
+def u32_fields(**fields) -> None:
+    """Dimensions bound for uint32 struct fields, checked before anything is
+    sized from them (a zero-size array's dims can be huge); the message is
+    the one a struct field out of range gives."""
+    for name, value in fields.items():
+        if not 0 <= value <= U32_MAX:
+            raise invalid(f"{name}: out of the range of its C field, got {show(value)}")
 
 
 def params(ctype: str, fields: dict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cuda_interop, dtypes
+from . import _args, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Buffer, Device
 from .errors import check, invalid
@@ -22,6 +22,8 @@ from .cuda_interop import GpuArray
 def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None, gpu: bool = False):
     """A C-contiguous numpy array of an allowed dtype (copying only if needed),
     or, for ops that take device arrays (``gpu=True``), a GpuArray."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype in allowed and (ndims is None or x.ndim in ndims):
+        return x
     if gpu and cuda_interop.is_gpu_array(x):
         g = cuda_interop.describe(x, name)
         if g.dtype not in allowed:
@@ -136,12 +138,98 @@ def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray 
     return a, device.buffer(a.shape, a.dtype, storage="private")
 
 
+def result_array(shape, dtype, out, name: str = "out", like: GpuArray | None = None):
+    """A result array for a plan run: `out` if given (checked), else a new
+    array (of `like`'s framework for GPU inputs). Host arrays only where the
+    device reads host memory (the caller checks)."""
+    dtype = np.dtype(dtype)
+    if like is not None:
+        a = like.empty(shape, dtype) if out is None else out
+        if out is None:
+            return a, like.ptr_of(a)
+        g = cuda_interop.describe(a, name) if cuda_interop.is_gpu_array(a) else None
+        if g is None:
+            raise invalid(f"{name}: must be a GPU array when the inputs are")
+        if g.shape != tuple(shape) or g.dtype != dtype:
+            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {g.shape} {g.dtype}")
+        if g.obj is not a:
+            raise invalid(f"{name}: must be C-contiguous")
+        if g.device_id != like.device_id:
+            raise invalid(f"{name}: on GPU {g.device_id}, the inputs are on GPU {like.device_id}")
+        return a, g.ptr
+    if out is None:
+        a = np.empty(shape, dtype=dtype)
+    else:
+        if not isinstance(out, np.ndarray):
+            raise invalid(f"{name}: must be a numpy array")
+        if out.shape != tuple(shape) or out.dtype != dtype:
+            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise invalid(f"{name}: must be C-contiguous and writable")
+        a = out
+    return a, address(a)
+
+
+def address(a) -> int:
+    """The address of a host array's or GpuArray's first byte (0 when empty)."""
+    if isinstance(a, GpuArray):
+        return a.ptr
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(a))) if a.size else 0
+
+
+def set_tensor(t, a, nbytes: int | None = None) -> None:
+    """Fills a pyfa_tensor with array `a` (numpy or GpuArray)."""
+    t.address = address(a)
+    t.nbytes = a.nbytes if nbytes is None else nbytes
+
+
 def finish(device: Device, a, buffer: Buffer):
     """Copies a device result into `a` where `a` is a host array and the device
     is not host-visible."""
     if isinstance(a, np.ndarray) and not device.host_visible:
         a[...] = buffer.read()
     return a
+
+
+class SequenceValues:
+    """kv_len / ring_start for a plan run: host values (an int32 C array the
+    library checks during the run and sends with the launch) or a GPU int32
+    array the kernels read (``longest`` is then None: the values are not known
+    on the host)."""
+
+    __slots__ = ("host", "gpu", "longest")
+
+    def __init__(self, host=None, gpu=None, longest=None):
+        self.host, self.gpu, self.longest = host, gpu, longest
+
+    def set(self, field) -> None:
+        if self.gpu is not None:
+            field.host = ffi.NULL
+            field.device.address, field.device.nbytes = self.gpu.ptr, self.gpu.nbytes
+        else:
+            field.host = self.host
+
+
+def sequence_values(value, name: str, batch: int, like: GpuArray | None) -> SequenceValues:
+    """Per-sequence values: an int or 1-D ints on the host, or (with GPU
+    inputs) a GPU int32 array of ``batch`` values on the inputs' GPU."""
+    I32_MAX = _args.I32_MAX
+    if type(value) is int and -I32_MAX <= value <= I32_MAX:  # the common case, without numpy
+        return SequenceValues(host=ffi.new("int32_t[]", [value] * batch), longest=max(value, 0))
+    if cuda_interop.is_gpu_array(value):
+        if like is None:
+            raise invalid(f"{name}: a GPU array needs GPU inputs (q, caches) on a GPU device")
+        g = cuda_interop.describe(value, name)
+        if g.dtype != np.int32:
+            raise invalid(f"{name}: GPU values must be int32, got {g.dtype}")
+        if g.kind != like.kind or g.device_id != like.device_id:
+            raise invalid(f"{name}: must come from the inputs' framework and GPU ({like.kind} on GPU {like.device_id})")
+        if g.ndim > 1 or int(np.prod(g.shape, dtype=np.int64)) != batch:
+            raise invalid(f"{name}: expected {batch} values (one per sequence), got shape {g.shape}")
+        return SequenceValues(gpu=g)
+    values = _args.index_array(value, name, batch, -I32_MAX, I32_MAX)
+    longest = max(int(values.max()), 0) if values.size else 0
+    return SequenceValues(host=ffi.new("int32_t[]", values.tolist()), longest=longest)
 
 
 LAYOUTS = ("bhsd", "bshd")

@@ -22,9 +22,23 @@ class GpuArray:
     """A foreign device array: its address, shape, dtype and the stream its
     producer orders work on. ``obj`` (the producer's object) is kept alive."""
 
-    def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream: int, device_id: int):
+    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "_stream", "device_id")
+
+    def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream, device_id: int):
         self.obj, self.kind, self.ptr = obj, kind, int(ptr)
-        self.shape, self.dtype, self.stream, self.device_id = tuple(shape), np.dtype(dtype), int(stream), device_id
+        self.shape, self.dtype, self._stream, self.device_id = tuple(shape), np.dtype(dtype), stream, device_id
+
+    @property
+    def stream(self) -> int:
+        """The producer's current stream (read when first asked: torch's costs a few microseconds)."""
+        if self._stream is None:
+            if self.kind == "torch":
+                import torch
+
+                self._stream = torch.cuda.current_stream(self.obj.device).cuda_stream
+            else:
+                self._stream = 0
+        return int(self._stream)
 
     @property
     def ndim(self) -> int:
@@ -38,7 +52,13 @@ class GpuArray:
         """``a[None]``: the same memory with a leading axis of 1."""
         if index is not None:
             raise TypeError("GpuArray supports only [None]")
-        return GpuArray(self.obj, self.kind, self.ptr, (1,) + self.shape, self.dtype, self.stream, self.device_id)
+        return GpuArray(self.obj, self.kind, self.ptr, (1,) + self.shape, self.dtype, self._stream, self.device_id)
+
+    def ptr_of(self, a) -> int:
+        """The address of a contiguous array that `empty` made."""
+        if self.kind == "torch":
+            return a.data_ptr()
+        return a.__cuda_array_interface__["data"][0]
 
     # -- arrays of the same kind, on the same device and stream ------------------------------------
     def empty(self, shape, dtype):
@@ -56,11 +76,15 @@ class GpuArray:
         raise invalid("out: results for this array type need out= (pyfa creates torch and cupy arrays only)")
 
 
+_TORCH_DTYPES: dict = {}
+
+
 def _torch_dtypes():
     import torch
 
-    return {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: dtypes.bfloat16,
-            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(bool)}
+    _TORCH_DTYPES.update({torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: dtypes.bfloat16,
+            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(bool)})
+    return _TORCH_DTYPES
 
 
 def _torch_from_np(name):
@@ -106,11 +130,10 @@ def describe(x, name: str) -> GpuArray:
             x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()
-        dt = _torch_dtypes().get(x.dtype)
+        dt = _TORCH_DTYPES.get(x.dtype) if _TORCH_DTYPES else _torch_dtypes().get(x.dtype)
         if dt is None:
             raise invalid(f"{name}: torch dtype {x.dtype} not supported")
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        return GpuArray(x, "torch", x.data_ptr(), tuple(x.shape), dt, stream, x.device.index or 0)
+        return GpuArray(x, "torch", x.data_ptr(), tuple(x.shape), dt, None, x.get_device())
     if module.startswith("cupy"):
         import cupy
 

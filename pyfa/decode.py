@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args, _io, dtypes
+from . import _args, _io, _plans, dtypes
 from ._native import ffi, lib
 from .device import Device
 from .errors import check, invalid
@@ -59,14 +59,54 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     Hkv, capacity = k.shape[1], k.shape[2]
     if capacity > _I32_MAX:
         raise invalid(f"k_cache: capacity {capacity} exceeds {_I32_MAX}")
+    _args.u32_fields(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D)
     # A window wider than any cache is no window: larger values clamp to the C field's range.
     window = _args.optional_int(window, "window", 1, float("inf"), rule="must be None or a positive int")
+    window = min(window or 0, _args.U32_MAX)
     scale = _args.default_scale(scale, D)
     softcap = _args.float_arg(softcap, "softcap")
-    # The struct first: it bounds every dimension (a zero-size array's can be huge).
+    if out is not None and single:
+        try:
+            out = out[None]
+        except Exception:
+            raise invalid(f"out: expected an array of shape {(H, D)} and dtype float32, got {_args.show(out)}") from None
+    if like is None and not device.host_visible:
+        result = _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out)
+        return result[0] if single else result
+
+    lens = _io.sequence_values(kv_len, "kv_len", B, like)
+    rings = _io.sequence_values(ring_start, "ring_start", B, like)
+    # The split is sized for the longest host kv_len (rounded up to a power of
+    # two, so a growing cache reuses its plan), or the capacity for device values.
+    longest = min(capacity, _plans.length_bucket(lens.longest if lens.longest is not None else capacity))
+    stream = like.stream if like is not None else 0
+    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, longest, stream)
+    plan = _plans.cached(key, lambda: _plans.new_plan(lib.pyfa_decode_plan_new, device, _args.params(
+        "pyfa_decode_plan_desc *", {
+            "attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
+                     "nwg": 0, "window": window, "scale": scale, "softcap": softcap},
+            "q_dtype": dtypes.code(q.dtype), "kv_dtype": dtypes.code(k.dtype), "out_dtype": dtypes.code(np.float32),
+            "max_kv_len": longest})))
+    result, out_address = _io.result_array((B, H, D), np.float32, out, like=like)
+    args = ffi.new("pyfa_decode_run_args *")
+    _io.set_tensor(args.q, q)
+    _io.set_tensor(args.k_cache, k)
+    _io.set_tensor(args.v_cache, v)
+    args.out.address, args.out.nbytes = out_address, B * H * D * 4
+    lens.set(args.kv_len)
+    rings.set(args.ring_start)
+    args.kv_capacity = capacity
+    _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, stream), args)
+    return result[0] if single else result
+
+
+def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out):
+    """Host arrays on a device with its own memory: copied in, the result copied back."""
+    B, H, D = q.shape
+    Hkv, capacity = k.shape[1], k.shape[2]
     params = _args.params("pyfa_flash_attn_vec_params *", {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
-        "nwg": 0, "window": min(window or 0, _args.U32_MAX), "scale": scale, "softcap": softcap,
+        "nwg": 0, "window": window, "scale": scale, "softcap": softcap,
     })
     lens = _args.index_array(kv_len, "kv_len", B, -_I32_MAX, _I32_MAX)
     rings = _args.index_array(ring_start, "ring_start", B, -_I32_MAX, _I32_MAX)
@@ -74,18 +114,12 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     max_len = max(int(lens.max()), 0) if lens.size else 0
     check(lib.pyfa_flash_attn_vec_plan(device.handle, params, dtypes.code(k.dtype), min(max_len, capacity),
                                        tmp_bytes))
-
-    if out is not None and single:
-        try:
-            out = out[None]
-        except Exception:
-            raise invalid(f"out: expected an array of shape {(H, D)} and dtype float32, got {_args.show(out)}") from None
-    result, out_buf = _io.output(device, (B, H, D), np.float32, out, like=like)
-    bufs = [_io.to_device(device, a, like) for a in (q, k, v, lens, rings)]
-    tmp = _io.scratch(device, tmp_bytes[0], like)
-    enc = _io.encoder(device, like)
+    result, out_buf = _io.output(device, (B, H, D), np.float32, out)
+    bufs = [_io.to_device(device, a) for a in (q, k, v, lens, rings)]
+    tmp = _io.scratch(device, tmp_bytes[0])
+    enc = _io.encoder(device)
     check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), tmp.handle if tmp else ffi.NULL,
                                   out_buf.handle))
-    _io.submit(enc, like)
+    _io.submit(enc)
     _io.finish(device, result, out_buf)
-    return result[0] if single else result
+    return result

@@ -59,6 +59,8 @@ int pyfa_cuda_driver_load(char *err, size_t err_len) {
             BIND(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
             BIND(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
             BIND(cuPointerGetAttribute, "cuPointerGetAttribute");
+            BIND(cuPointerGetAttributes, "cuPointerGetAttributes");
+            BIND(cuStreamIsCapturing, "cuStreamIsCapturing");
             BIND(cuModuleLoadData, "cuModuleLoadData");
             BIND(cuModuleUnload, "cuModuleUnload");
             BIND(cuModuleGetFunction, "cuModuleGetFunction");

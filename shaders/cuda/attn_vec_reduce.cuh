@@ -95,8 +95,8 @@ struct attn_vec_span {
 
 __device__ __forceinline__ attn_vec_span attn_vec_workgroup_span(const pyfa_cuda_args &a, uint32_t b, uint32_t cap,
                                                                  uint32_t window, uint32_t nwg, uint32_t iwg) {
-    uint32_t kv_len = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
-    uint32_t ring = pyfa_ptr<const uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
+    uint32_t kv_len = pyfa_values<uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
+    uint32_t ring = pyfa_values<uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
     kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
     ring = ring < cap ? ring : 0;
     const uint32_t lo = (window && kv_len > window) ? kv_len - window : 0;

@@ -39,7 +39,17 @@ __host__ __device__ constexpr bool pyfa_is_tq_bits(int x) { return false PYFA_FO
 /* An inline argument (parameter struct) of slot `slot`. */
 template <class T>
 __device__ __forceinline__ const T &pyfa_param(const pyfa_cuda_args &a, int slot) {
-    return *reinterpret_cast<const T *>(a.inline_bytes + a.arg[slot]);
+    return *reinterpret_cast<const T *>(a.inline_bytes + (a.arg[slot] & ~PYFA_CUDA_INLINE_TAG));
+}
+
+/* Read-only values of slot `slot` that a dispatch passes either as a buffer
+ * (device memory, e.g. kv_len kept on the GPU) or inline with the launch
+ * (host values): the pointer is into parameter space for the latter. */
+template <class T>
+__device__ __forceinline__ const T *pyfa_values(const pyfa_cuda_args &a, int slot) {
+    const uint64_t v = a.arg[slot];
+    return (v & PYFA_CUDA_INLINE_TAG) ? reinterpret_cast<const T *>(a.inline_bytes + (v & ~PYFA_CUDA_INLINE_TAG))
+                                      : reinterpret_cast<const T *>(v);
 }
 
 /* The device address of buffer slot `slot`. */

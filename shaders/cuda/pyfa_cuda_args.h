@@ -2,9 +2,11 @@
  * The one kernel parameter every CUDA kernel of pyfa takes: the encoder's
  * argument slots (CUDA's answer to the CPU backend's pyfa_cpu_dispatch).
  * arg[slot] is a device address for a buffer argument, or for an inline
- * argument (a parameter struct) the byte offset of its copy in inline_bytes.
- * Kernels receive it as a __grid_constant__ parameter, so inline structs are
- * read straight from parameter space.
+ * argument (a parameter struct, or small per-call values such as kv_len sent
+ * with the launch) the byte offset of its copy in inline_bytes, tagged with
+ * PYFA_CUDA_INLINE_TAG. Kernels receive it as a __grid_constant__ parameter,
+ * so inline bytes are read straight from parameter space, also through a
+ * pointer (pyfa_values in pyfa_cuda.cuh).
  */
 #pragma once
 
@@ -17,6 +19,9 @@
  * params and two 8-bit codebooks (2 x 1 KB); the whole struct stays well under
  * the 4 KB kernel-parameter limit. */
 #define PYFA_CUDA_INLINE_BYTES 2304
+
+/* Marks an inline offset in arg[slot]: no device address has bit 63 set. */
+#define PYFA_CUDA_INLINE_TAG (1ull << 63)
 
 typedef struct pyfa_cuda_args {
     uint64_t arg[PYFA_CUDA_MAX_ARGS];

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 2
+#define PYFA_ABI_VERSION 3
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -170,6 +170,116 @@ int pyfa_flash_attn_vec_tq_plan(pyfa_device *device, pyfa_flash_attn_vec_tq_para
 int pyfa_flash_attn_vec_tq(pyfa_encoder *encoder, const pyfa_flash_attn_vec_tq_params *params, pyfa_buffer *q,
                            pyfa_buffer *k_codes, pyfa_buffer *k_scales, pyfa_buffer *v_codes, pyfa_buffer *v_scales,
                            pyfa_buffer *kv_len, pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+/* ---- plans: an op prepared once for its shapes and dtypes, run many times ----
+ * A plan checks every option and shape rule, picks the geometry (nwg, tiles)
+ * and kernels, and owns a workspace for the partial results. A run checks
+ * the memory it is given, records the op's dispatches on an encoder (commit
+ * submits them; with a stream bound, on that stream, without waiting) and
+ * allocates nothing in steady state.
+ *
+ * Memory is passed as pyfa_tensor: the address kernels use (a device
+ * address on CUDA, checked with the driver to be device memory covering
+ * nbytes; a host address on the CPU and Metal backends, the caller's promise
+ * as for pyfa_buffer_wrap) and its size. A run may change the memory, the
+ * per-sequence values and kv_capacity (the row stride of the cache) from run
+ * to run; everything else is the plan's.
+ *
+ * Per-sequence values (kv_len, ring_start) are pyfa_seq_values: either host
+ * values (`host` non-NULL: `batch` int32 values, read and checked during the
+ * run and sent with the launch, so a CUDA graph captures them by value) or
+ * device int32 memory read when the kernels run (`host` NULL; the kernels
+ * clamp what they read as pyfa_params.h says, so a graph replay sees the
+ * values the caller wrote before it).
+ *
+ * Workspace: a run with workspace.address == 0 uses the plan's own. Runs on
+ * different streams at the same time need a workspace each (pass one of
+ * pyfa_plan_workspace_bytes). A plan's own workspace that a CUDA graph
+ * captured stays allocated after pyfa_plan_free until the process exits,
+ * since the graph may replay later. */
+typedef struct pyfa_plan pyfa_plan;
+
+typedef struct pyfa_tensor {
+    uint64_t address; /* 0 = absent (optional arguments) */
+    uint64_t nbytes;
+} pyfa_tensor;
+
+typedef struct pyfa_seq_values {
+    const int32_t *host; /* batch values on the host, or NULL to use `device` */
+    pyfa_tensor device;  /* int32 [batch] the kernels read */
+} pyfa_seq_values;
+
+/* Decode over a dense cache (pyfa_flash_attn_vec). attn.kv_capacity is the
+ * capacity the plan is checked with (runs may pass another); attn.nwg 0 asks
+ * the backend for a split sized for max_kv_len (0 = kv_capacity). */
+typedef struct pyfa_decode_plan_desc {
+    pyfa_flash_attn_vec_params attn;
+    pyfa_dtype q_dtype;
+    pyfa_dtype kv_dtype;
+    pyfa_dtype out_dtype;
+    uint32_t max_kv_len;
+    uint32_t return_lse;   /* 1: runs write lse [batch, num_heads] f32 (natural log; -inf: no key) */
+    uint32_t reserved;
+} pyfa_decode_plan_desc;
+
+typedef struct pyfa_decode_run_args {
+    pyfa_tensor q;         /* [batch, num_heads, head_dim] */
+    pyfa_tensor k_cache;   /* [batch, num_kv_heads, kv_capacity, head_dim] */
+    pyfa_tensor v_cache;
+    pyfa_tensor out;       /* [batch, num_heads, head_dim] of out_dtype */
+    pyfa_tensor lse;       /* [batch, num_heads] f32 when planned with return_lse */
+    pyfa_tensor workspace; /* optional */
+    pyfa_seq_values kv_len;
+    pyfa_seq_values ring_start;
+    uint32_t kv_capacity;  /* 0 = the plan's */
+    uint32_t reserved;
+} pyfa_decode_run_args;
+
+/* Decode over a TurboQuant cache (pyfa_flash_attn_vec_tq); as above. */
+typedef struct pyfa_tq_decode_plan_desc {
+    pyfa_flash_attn_vec_tq_params tq;
+    pyfa_dtype q_dtype;
+    pyfa_dtype out_dtype;
+    uint32_t max_kv_len;
+    uint32_t return_lse;
+} pyfa_tq_decode_plan_desc;
+
+typedef struct pyfa_tq_decode_run_args {
+    pyfa_tensor q;
+    pyfa_tensor k_codes, k_scales, v_codes, v_scales;
+    pyfa_tensor out;
+    pyfa_tensor lse;
+    pyfa_tensor workspace; /* optional */
+    pyfa_seq_values kv_len;
+    pyfa_seq_values ring_start;
+    uint32_t kv_capacity;  /* 0 = the plan's */
+    uint32_t reserved;
+} pyfa_tq_decode_run_args;
+
+int pyfa_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_decode_plan_desc *desc);
+int pyfa_tq_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_tq_decode_plan_desc *desc);
+void pyfa_plan_free(pyfa_plan *plan);
+/* Bytes of a workspace a run may pass instead of the plan's own. */
+int pyfa_plan_workspace_bytes(pyfa_plan *plan, uint64_t *bytes);
+int pyfa_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_decode_run_args *args);
+int pyfa_tq_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_tq_decode_run_args *args);
+/* pyfa_encoder_commit, then pyfa_encoder_wait unless the encoder runs on a
+ * caller's stream: what a synchronous call does after a run, in one call. */
+int pyfa_encoder_finish(pyfa_encoder *encoder);
+
+/* ---- counters: what calls cost beyond their kernels (for tests) ----
+ * Process-wide totals since the library loaded. */
+typedef struct pyfa_counters {
+    uint64_t device_allocations;    /* device memory (cuMemAlloc, a new MTLBuffer) */
+    uint64_t pinned_allocations;    /* page-locked host memory (CUDA shared buffers) */
+    uint64_t host_allocations;      /* host memory of CPU-backend buffers */
+    uint64_t synchronizations;      /* host waits for a GPU (stream syncs, command-buffer waits) */
+    uint64_t host_to_device_copies; /* copies of host bytes to a GPU */
+    uint64_t device_to_host_copies;
+    uint64_t kernel_launches;       /* GPU launches (CUDA) */
+    uint64_t plans_created;
+} pyfa_counters;
+int pyfa_counters_get(pyfa_counters *out);
+
 /* ---- CUDA ----
  * Binds an encoder to a caller's CUDA stream (cudaStream_t / CUstream as an
  * integer; 0 = the encoder's own stream): later commits launch on it, so work

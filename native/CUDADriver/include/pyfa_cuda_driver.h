@@ -32,6 +32,9 @@ typedef struct CUevent_st *CUevent;
 #define PYFA_CU_MEMORYTYPE_HOST 1
 #define PYFA_CU_MEMORYTYPE_DEVICE 2
 #define PYFA_CU_MEMORYTYPE_UNIFIED 4
+#define PYFA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define PYFA_CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define PYFA_CU_STREAM_CAPTURE_STATUS_NONE 0
 
 typedef struct pyfa_cuda_driver_api {
     CUresult (*cuInit)(unsigned int flags);
@@ -55,6 +58,8 @@ typedef struct pyfa_cuda_driver_api {
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*cuPointerGetAttribute)(void *data, int attribute, CUdeviceptr ptr);
+    CUresult (*cuPointerGetAttributes)(unsigned int count, int *attributes, void **data, CUdeviceptr ptr);
+    CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
     CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
     CUresult (*cuModuleUnload)(CUmodule module);
     CUresult (*cuModuleGetFunction)(CUfunction *fn, CUmodule module, const char *name);

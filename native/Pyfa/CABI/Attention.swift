@@ -23,7 +23,7 @@ public func pyfa_flash_attn_vec_impl(_ encoder: OpaquePointer?, _ params: Unsafe
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
         try FlashAttnVec.encode(e, try value(params, "params"), q: optionalObject(q, "q"), k: optionalObject(k, "k"), v: optionalObject(v, "v"),
-                                kvLen: optionalObject(kvLen, "kv_len"), ringStart: optionalObject(ringStart, "ring_start"),
+                                kvLen: sequenceValues(kvLen, "kv_len"), ringStart: sequenceValues(ringStart, "ring_start"),
                                 tmp: optionalObject(tmp, "tmp"), out: optionalObject(out, "out"))
     }
 }

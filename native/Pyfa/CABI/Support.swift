@@ -69,6 +69,7 @@ private func handleKind<T>(_ type: T.Type) -> String {
     case is Buffer.Type: return "a buffer"
     case is CommandEncoder.Type: return "an encoder"
     case is Device.Type: return "a device"
+    case is OpPlan.Type, is DecodePlan.Type, is TQDecodePlan.Type: return "a plan"
     default: return "a \(type)"
     }
 }
@@ -127,4 +128,9 @@ func shapeArray(_ ndim: UInt32, _ shape: UnsafePointer<Int64>?) throws -> [Int] 
     if ndim == 0 { return [] }
     guard let shape else { throw PyfaError.invalid("shape: NULL with ndim \(ndim)") }
     return (0..<Int(ndim)).map { Int(shape[$0]) }
+}
+
+/// A buffer handle as per-sequence values (nil for NULL).
+func sequenceValues(_ handle: OpaquePointer?, _ what: String) throws -> SequenceValues? {
+    try optionalObject(handle, what).map { (b: Buffer) in .buffer(b) }
 }

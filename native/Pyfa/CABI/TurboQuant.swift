@@ -58,8 +58,8 @@ public func pyfa_flash_attn_vec_tq_impl(_ encoder: OpaquePointer?, _ params: Uns
         let e: CommandEncoder = try object(encoder, "encoder")
         try FlashAttnVecTQ.encode(e, try value(params, "params"), q: optionalObject(q, "q"), kCodes: optionalObject(kCodes, "k_codes"),
                                   kScales: optionalObject(kScales, "k_scales"), vCodes: optionalObject(vCodes, "v_codes"),
-                                  vScales: optionalObject(vScales, "v_scales"), kvLen: optionalObject(kvLen, "kv_len"),
-                                  ringStart: optionalObject(ringStart, "ring_start"), tmp: optionalObject(tmp, "tmp"),
+                                  vScales: optionalObject(vScales, "v_scales"), kvLen: sequenceValues(kvLen, "kv_len"),
+                                  ringStart: sequenceValues(ringStart, "ring_start"), tmp: optionalObject(tmp, "tmp"),
                                   out: optionalObject(out, "out"))
     }
 }

@@ -93,6 +93,8 @@ public protocol CommandQueue: AnyObject {
     /// Seconds the device spent executing what the last `wait` completed, or
     /// nil where the backend has no device clock.
     var lastDeviceSeconds: Double? { get }
+    /// Whether submissions are being captured into a graph instead of run.
+    var isCapturing: Bool { get }
 }
 
 /// A backend: allocates, compiles and runs. Adding one adds a folder under
@@ -110,6 +112,7 @@ public protocol Backend: AnyObject {
 
 extension CommandQueue {
     public var lastDeviceSeconds: Double? { nil }
+    public var isCapturing: Bool { false }
 
     /// Binds the queue to a caller's stream (a CUDA stream handle; 0 = the
     /// queue's own). Backends without streams refuse.

@@ -71,5 +71,22 @@ public final class CommandEncoder {
 
     /// Runs later commits on a caller's stream (a CUDA stream handle; 0 = the
     /// encoder's own); backends without streams refuse.
-    public func useStream(_ handle: UInt64) throws { try queue.useStream(handle) }
+    public func useStream(_ handle: UInt64) throws {
+        try queue.useStream(handle)
+        boundStream = handle
+    }
+
+    /// The caller's stream later commits run on (0: the encoder's own).
+    public private(set) var boundStream: UInt64 = 0
+
+    /// Commits, then waits unless the work runs on a caller's stream (which
+    /// orders it with the caller's own work instead).
+    public func finish() throws {
+        try commit()
+        if boundStream == 0 { try wait() }
+    }
+
+    /// Whether commits are being captured into a graph (a CUDA stream in
+    /// capture mode): what they record then replays later.
+    public var isCapturing: Bool { queue.isCapturing }
 }

@@ -48,29 +48,39 @@ public enum FlashAttnVec {
                                what: "k_cache")
     }
 
-    /// kv_len and ring_start rules, checked where their values are readable.
-    static func validateLengths(_ kvLen: Buffer, _ ringStart: Buffer, _ p: pyfa_flash_attn_vec_params) throws -> UInt32 {
-        guard let lens = kvLen.contents, let rings = ringStart.contents else {
-            return p.kv_capacity // device-resident lengths: the kernel clamps them
+    /// kv_len and ring_start rules, checked where their values are on the
+    /// host (given as values, or in host-visible buffers); values the device
+    /// holds are read when the dispatch runs and clamped by the kernels.
+    /// Returns the largest checked kv_len (kv_capacity when one is unknown)
+    /// and the kernel arguments of both.
+    static func checkLengths(_ kvLen: SequenceValues, _ ringStart: SequenceValues,
+                             _ p: pyfa_flash_attn_vec_params) throws -> (UInt32, KernelArg, KernelArg) {
+        let B = Int(p.batch)
+        let lens = try kvLen.hostValues(count: B, "kv_len")
+        let rings = try ringStart.hostValues(count: B, "ring_start")
+        var maxLen: UInt32 = lens == nil ? p.kv_capacity : 0
+        for b in 0..<B {
+            let n = lens?[b], r = rings?[b]
+            if let n {
+                try require(n > 0 && UInt32(n) <= p.kv_capacity,
+                            "kv_len[\(b)]: \(n) must be in 1...kv_capacity (\(p.kv_capacity))")
+                maxLen = max(maxLen, UInt32(n))
+            }
+            if let r {
+                try require(r >= 0 && UInt32(r) < p.kv_capacity,
+                            "ring_start[\(b)]: \(r) must be in 0..<kv_capacity (\(p.kv_capacity))")
+            }
+            if let n, let r {
+                try require(r == 0 || UInt32(n) == p.kv_capacity,
+                            "ring_start[\(b)]: \(r) must be 0 unless the ring is full (kv_len == kv_capacity), got kv_len \(n)")
+            }
         }
-        var maxLen: UInt32 = 0
-        for b in 0..<Int(p.batch) {
-            let n = lens.load(fromByteOffset: b * 4, as: Int32.self)
-            let r = rings.load(fromByteOffset: b * 4, as: Int32.self)
-            try require(n > 0 && UInt32(n) <= p.kv_capacity,
-                        "kv_len[\(b)]: \(n) must be in 1...kv_capacity (\(p.kv_capacity))")
-            try require(r >= 0 && UInt32(r) < p.kv_capacity,
-                        "ring_start[\(b)]: \(r) must be in 0..<kv_capacity (\(p.kv_capacity))")
-            try require(r == 0 || UInt32(n) == p.kv_capacity,
-                        "ring_start[\(b)]: \(r) must be 0 unless the ring is full (kv_len == kv_capacity), got kv_len \(n)")
-            maxLen = max(maxLen, UInt32(n))
-        }
-        return maxLen
+        return (maxLen, kvLen.argument, ringStart.argument)
     }
 
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
-                              q: Buffer?, k: Buffer?, v: Buffer?, kvLen: Buffer?, ringStart: Buffer?,
-                              tmp: Buffer?, out: Buffer?) throws {
+                              q: Buffer?, k: Buffer?, v: Buffer?, kvLen: SequenceValues?,
+                              ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?) throws {
         var p = paramsIn
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
@@ -78,20 +88,20 @@ public enum FlashAttnVec {
         let cacheElements = B * Hkv * Int(p.kv_capacity) * D  // bounded by validate
         let k = try Check.buffer(k, "k_cache", dtypes: floatTypes, elements: cacheElements)
         let v = try Check.buffer(v, "v_cache", dtypes: [k.dtype], elements: cacheElements)
-        let kvLen = try Check.buffer(kvLen, "kv_len", dtypes: indexTypes, elements: B)
-        let ringStart = try Check.buffer(ringStart, "ring_start", dtypes: indexTypes, elements: B)
+        let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
+        let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
         let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
-        let maxLen = try validateLengths(kvLen, ringStart, p)
+        let (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringStart, p)
         let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
         }
-        try Check.sameDevice([q, k, v, kvLen, ringStart, tmpBuffer, out], encoder.device)
-        try Check.noOverlap(out, "out", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
-                                                 ("ring_start", ringStart), ("tmp", tmpBuffer)])
-        try Check.noOverlap(tmpBuffer, "tmp", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen),
-                                                       ("ring_start", ringStart)])
+        try Check.sameDevice([q, k, v, kvLen.buffer, ringStart.buffer, tmpBuffer, out], encoder.device)
+        try Check.noOverlap(out, "out", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen.buffer),
+                                                 ("ring_start", ringStart.buffer), ("tmp", tmpBuffer)])
+        try Check.noOverlap(tmpBuffer, "tmp", inputs: [("q", q), ("k_cache", k), ("v_cache", v),
+                                                       ("kv_len", kvLen.buffer), ("ring_start", ringStart.buffer)])
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant)
@@ -101,8 +111,8 @@ public enum FlashAttnVec {
             (Int(PYFA_VEC_ARG_Q), .buffer(q)),
             (Int(PYFA_VEC_ARG_K), .buffer(k)),
             (Int(PYFA_VEC_ARG_V), .buffer(v)),
-            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(kvLen)),
-            (Int(PYFA_VEC_ARG_RING_START), .buffer(ringStart)),
+            (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
+            (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
             (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
             // Without a split there is no tmp; out stands in, so every slot a
             // kernel declares is bound (Metal requires it; nothing writes it).

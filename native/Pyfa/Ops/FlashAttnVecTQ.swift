@@ -39,7 +39,7 @@ public enum FlashAttnVecTQ {
 
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
                               q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
-                              kvLen: Buffer?, ringStart: Buffer?, tmp: Buffer?, out: Buffer?) throws {
+                              kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?) throws {
         var p = paramsIn
         try validate(p)
         let a = p.attn
@@ -49,15 +49,15 @@ public enum FlashAttnVecTQ {
                                                  capacity: a.kv_capacity, headDim: a.head_dim, bits: p.k_bits)
         let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: B, heads: a.num_kv_heads,
                                                  capacity: a.kv_capacity, headDim: a.head_dim, bits: p.v_bits)
-        let kvLen = try Check.buffer(kvLen, "kv_len", dtypes: FlashAttnVec.indexTypes, elements: B)
-        let ringStart = try Check.buffer(ringStart, "ring_start", dtypes: FlashAttnVec.indexTypes, elements: B)
+        let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
+        let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
         let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
-        let maxLen = try FlashAttnVec.validateLengths(kvLen, ringStart, a)
+        let (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringStart, a)
         let (geometry, qRotOffset, tmpBytes) = try plan(encoder.device, &p, maxKvLen: maxLen)
         let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: tmpBytes / 4)
-        try Check.sameDevice([q, kc, ks, vc, vs, kvLen, ringStart, t, out], encoder.device)
+        try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringStart.buffer, t, out], encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
-                                           ("v_scales", vs), ("kv_len", kvLen), ("ring_start", ringStart)]
+                                           ("v_scales", vs), ("kv_len", kvLen.buffer), ("ring_start", ringStart.buffer)]
         try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
         try Check.noOverlap(t, "tmp", inputs: inputs)
         let seedLo = p.seed_lo, seedHi = p.seed_hi
@@ -80,8 +80,8 @@ public enum FlashAttnVecTQ {
             (Int(PYFA_VEC_ARG_Q), qRot),
             (Int(PYFA_VEC_ARG_K), .buffer(kc)),
             (Int(PYFA_VEC_ARG_V), .buffer(vc)),
-            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(kvLen)),
-            (Int(PYFA_VEC_ARG_RING_START), .buffer(ringStart)),
+            (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
+            (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
             (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
             (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
             (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),

@@ -85,7 +85,7 @@ final class DecodeTests: XCTestCase {
         let (_, tmpBytes) = try FlashAttnVec.plan(device, &p, kvDType: .f32, maxKvLen: UInt32(n))
         let tmp = try device.makeBuffer(dtype: .f32, shape: [max(1, tmpBytes / 4)])
         let encoder = try device.makeEncoder()
-        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: lens, ringStart: rings, tmp: tmp, out: out)
+        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: .buffer(lens), ringStart: .buffer(rings), tmp: tmp, out: out)
         try encoder.commit()
         try encoder.wait()
 

@@ -15,6 +15,7 @@ final class HostMemory: BufferMemory {
     init(bytes: Int) throws {
         var p: UnsafeMutableRawPointer? = nil
         let rounded = max(64, (bytes + 63) & ~63)
+        pyfa_count(PYFA_COUNT_HOST_ALLOCATION)
         guard posix_memalign(&p, 64, rounded) == 0, let p else {
             throw PyfaError.outOfMemory("buffer: could not allocate \(bytes) bytes of host memory")
         }

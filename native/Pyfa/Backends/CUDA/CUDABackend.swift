@@ -106,13 +106,41 @@ final class CUDABackend: Backend {
 
     /// Wraps a device address (a torch / cupy tensor's memory). Host memory is
     /// refused: kernels could not read it.
+    /// Device memory the caller owns. The driver's view of the address is
+    /// checked: it must be device (or managed) memory, and [address,
+    /// address + bytes) must lie inside the one allocation that holds it, so
+    /// a kernel can neither reach host memory nor run off the allocation's end.
     func wrap(address: UInt64, bytes: Int) throws -> BufferMemory {
         try context.makeCurrent()
+        try require(address <= UInt64.max - UInt64(bytes), "nbytes: address + nbytes overflows")
         if bytes > 0 {
             var kind: UInt32 = 0
-            let r = pyfa_cu.cuPointerGetAttribute(&kind, PYFA_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CUdeviceptr(address))
+            var start: CUdeviceptr = 0
+            var size: Int = 0
+            var attributes: [Int32] = [PYFA_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, PYFA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                       PYFA_CU_POINTER_ATTRIBUTE_RANGE_SIZE]
+            let r = withUnsafeMutablePointer(to: &kind) { k in
+                withUnsafeMutablePointer(to: &start) { s in
+                    withUnsafeMutablePointer(to: &size) { n in
+                        var data: [UnsafeMutableRawPointer?] = [UnsafeMutableRawPointer(k), UnsafeMutableRawPointer(s),
+                                                                UnsafeMutableRawPointer(n)]
+                        return pyfa_cu.cuPointerGetAttributes(3, &attributes, &data, CUdeviceptr(address))
+                    }
+                }
+            }
             try require(r == 0 && (kind == UInt32(PYFA_CU_MEMORYTYPE_DEVICE) || kind == UInt32(PYFA_CU_MEMORYTYPE_UNIFIED)),
                         "data: 0x\(String(address, radix: 16)) is not CUDA device memory (the cuda backend wraps device pointers only; copy host arrays into a buffer)")
+            let end = UInt64(start) &+ UInt64(size)
+            if !(address >= UInt64(start) && UInt64(bytes) <= end &- address) {
+                // Virtual-memory-mapped pools (torch's expandable segments)
+                // map an allocation in pieces: then its last byte must be
+                // device memory too.
+                var lastKind: UInt32 = 0
+                let last = CUdeviceptr(address &+ UInt64(bytes) &- 1)
+                let r2 = pyfa_cu.cuPointerGetAttribute(&lastKind, PYFA_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, last)
+                try require(r2 == 0 && lastKind == kind,
+                            "nbytes: \(bytes) bytes from 0x\(String(address, radix: 16)) run past the end of its allocation (\(end &- address) bytes left)")
+            }
         }
         return CUDADeviceMemory(context: context, wrapping: CUdeviceptr(address), bytes: bytes)
     }

@@ -1,3 +1,4 @@
+import CPyfa
 import PyfaCUDADriver
 
 /// Device memory (`private` storage), owned or wrapped (a torch/cupy tensor's
@@ -14,6 +15,7 @@ final class CUDADeviceMemory: BufferMemory {
         owned = true
         try context.makeCurrent()
         var p: CUdeviceptr = 0
+        pyfa_count(PYFA_COUNT_DEVICE_ALLOCATION)
         try CU.checkAlloc(pyfa_cu.cuMemAlloc(&p, max(bytes, 16)), "buffer: cuMemAlloc of \(bytes) bytes")
         address = p
     }
@@ -35,12 +37,14 @@ final class CUDADeviceMemory: BufferMemory {
     func write(offset: Int, from: UnsafeRawPointer, count: Int) throws {
         guard count > 0 else { return }
         try context.makeCurrent()
+        pyfa_count(PYFA_COUNT_HOST_TO_DEVICE)
         try CU.check(pyfa_cu.cuMemcpyHtoD(address + CUdeviceptr(offset), from, count), "buffer write: cuMemcpyHtoD")
     }
 
     func read(offset: Int, into: UnsafeMutableRawPointer, count: Int) throws {
         guard count > 0 else { return }
         try context.makeCurrent()
+        pyfa_count(PYFA_COUNT_DEVICE_TO_HOST)
         try CU.check(pyfa_cu.cuMemcpyDtoH(into, address + CUdeviceptr(offset), count), "buffer read: cuMemcpyDtoH")
     }
 }
@@ -58,6 +62,7 @@ final class CUDASharedMemory: BufferMemory {
     init(context: CUDAContext, bytes: Int) throws {
         device = try CUDADeviceMemory(context: context, bytes: bytes)
         var p: UnsafeMutableRawPointer? = nil
+        pyfa_count(PYFA_COUNT_PINNED_ALLOCATION)
         try CU.checkAlloc(pyfa_cu.cuMemHostAlloc(&p, max(bytes, 16), UInt32(PYFA_CU_MEMHOSTALLOC_PORTABLE)),
                           "buffer: cuMemHostAlloc of \(bytes) bytes")
         guard let p else { throw PyfaError.outOfMemory("buffer: cuMemHostAlloc returned NULL") }
@@ -80,10 +85,12 @@ final class CUDASharedMemory: BufferMemory {
     }
 
     func upload(on stream: CUstream?) throws {
+        pyfa_count(PYFA_COUNT_HOST_TO_DEVICE)
         try CU.check(pyfa_cu.cuMemcpyHtoDAsync(device.address, host, device.bytes, stream), "shared buffer upload")
     }
 
     func download(on stream: CUstream?) throws {
+        pyfa_count(PYFA_COUNT_DEVICE_TO_HOST)
         try CU.check(pyfa_cu.cuMemcpyDtoHAsync(host, device.address, device.bytes, stream), "shared buffer download")
     }
 }

@@ -1,3 +1,4 @@
+import CPyfa
 import PyfaCUDADriver
 import PyfaShaderCommon
 #if canImport(Glibc)
@@ -15,6 +16,9 @@ final class CUDAQueue: CommandQueue {
     private var stream: CUstream?
     /// Shared buffers used since the last wait: copied back after it.
     private var touchedShared: [ObjectIdentifier: CUDASharedMemory] = [:]
+    /// Device rings for inline arguments too large for a launch's parameter
+    /// space, one per stream (stream order makes reusing a ring's bytes safe).
+    private var uploadRings: [UInt: CUDAUploadRing] = [:]
 
     init(context: CUDAContext, maxShared: Int) throws {
         self.context = context
@@ -41,6 +45,13 @@ final class CUDAQueue: CommandQueue {
         stream = handle == 0 ? ownStream : CUstream(bitPattern: UInt(handle))
     }
 
+    /// Whether the current stream is being captured into a CUDA graph.
+    var isCapturing: Bool {
+        guard (try? context.makeCurrent()) != nil else { return false }
+        var status: Int32 = 0
+        return pyfa_cu.cuStreamIsCapturing(stream, &status) == 0 && status != PYFA_CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
     func submit(_ commands: [EncodedCommand]) throws {
         try context.makeCurrent()
         var uploaded = Set<ObjectIdentifier>()
@@ -61,12 +72,31 @@ final class CUDAQueue: CommandQueue {
 
     func wait() throws {
         try context.makeCurrent()
+        pyfa_count(PYFA_COUNT_SYNCHRONIZATION)
         try CU.check(pyfa_cu.cuStreamSynchronize(stream), "encoder wait (a kernel faulted or the device failed)")
         guard !touchedShared.isEmpty else { return }
         let pending = touchedShared.values
         touchedShared.removeAll()
         for shared in pending { try shared.download(on: stream) }
         try CU.check(pyfa_cu.cuStreamSynchronize(stream), "encoder wait: copying shared buffers back")
+    }
+
+    /// Copies `bytes` into the stream's upload ring and returns their device
+    /// address. The source is pageable memory, so the driver stages it before
+    /// returning and nothing waits; a graph capture cannot record such a copy.
+    private func upload(_ bytes: [UInt8], for name: String) throws -> UInt64 {
+        try require(!isCapturing,
+                    "dispatch \(name): \(bytes.count) bytes of per-call values (e.g. kv_len for a large batch) exceed what a launch carries inline; a CUDA graph cannot capture their upload: pass them as a device array")
+        let key = UInt(bitPattern: stream)
+        let ring = try uploadRings[key] ?? CUDAUploadRing(context: context)
+        uploadRings[key] = ring
+        let address = try ring.reserve(bytes.count)
+        pyfa_count(PYFA_COUNT_HOST_TO_DEVICE)
+        try bytes.withUnsafeBytes {
+            try CU.check(pyfa_cu.cuMemcpyHtoDAsync(CUdeviceptr(address), $0.baseAddress, bytes.count, stream),
+                         "dispatch \(name): uploading per-call values")
+        }
+        return address
     }
 
     private func launch(_ d: EncodedDispatch) throws {
@@ -84,14 +114,14 @@ final class CUDAQueue: CommandQueue {
                 switch arg {
                 case .buffer(let b, let offset):
                     value = b.memory.deviceAddress + UInt64(offset)
-                case .bytes(let bytes):
-                    guard cursor + bytes.count <= Int(PYFA_CUDA_INLINE_BYTES) else {
-                        throw PyfaError.internal("dispatch \(p.name): inline arguments exceed \(PYFA_CUDA_INLINE_BYTES) bytes")
-                    }
+                case .bytes(let bytes) where cursor + bytes.count <= Int(PYFA_CUDA_INLINE_BYTES):
                     let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
-                    for (i, byte) in bytes.enumerated() { raw[base + cursor + i] = byte }
-                    value = UInt64(cursor)
+                    bytes.withUnsafeBytes { raw.baseAddress!.advanced(by: base + cursor).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                    value = UInt64(cursor) | PYFA_CUDA_INLINE_TAG
                     cursor += (bytes.count + 15) & ~15
+                case .bytes(let bytes):
+                    // Per-sequence values of a large batch: uploaded on the stream.
+                    value = try upload(bytes, for: p.name)
                 }
                 raw.storeBytes(of: value, toByteOffset: slot * 8, as: UInt64.self)
             }
@@ -105,6 +135,7 @@ final class CUDAQueue: CommandQueue {
                 p.dynamicSharedLimit = smem
             }
         }
+        pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
         try withUnsafeMutablePointer(to: &args) { argsPtr in
             var params: [UnsafeMutableRawPointer?] = [UnsafeMutableRawPointer(argsPtr)]
             try params.withUnsafeMutableBufferPointer { pp in
@@ -114,6 +145,33 @@ final class CUDAQueue: CommandQueue {
                              "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
             }
         }
+    }
+}
+
+/// A device ring of per-call values for one stream. Bytes are handed out in
+/// order and reused after the ring wraps: every use is stream-ordered after
+/// the kernels that read the earlier bytes, so no wait is needed. A request
+/// larger than the ring replaces it with a larger one (the old one is freed
+/// once the stream's pending work no longer needs it: cuMemFree waits).
+final class CUDAUploadRing {
+    private let context: CUDAContext
+    private var memory: CUDADeviceMemory
+    private var cursor = 0
+
+    init(context: CUDAContext) throws {
+        self.context = context
+        memory = try CUDADeviceMemory(context: context, bytes: 1 << 16)
+    }
+
+    func reserve(_ count: Int) throws -> UInt64 {
+        let size = (count + 255) & ~255
+        if size > memory.bytes {
+            memory = try CUDADeviceMemory(context: context, bytes: max(size, 2 * memory.bytes))
+            cursor = 0
+        }
+        if cursor + size > memory.bytes { cursor = 0 }
+        defer { cursor += size }
+        return UInt64(memory.address) + UInt64(cursor)
     }
 }
 

@@ -68,6 +68,7 @@ final class MetalBackend: Backend {
     /// buffer gains nothing, and shared keeps `read` / `write` plain copies.
     func allocate(bytes: Int, storage: Storage) throws -> BufferMemory {
         try require(bytes <= device.maxBufferLength, "buffer: \(bytes) bytes exceed the device's largest buffer (\(device.maxBufferLength))")
+        pyfa_count(PYFA_COUNT_DEVICE_ALLOCATION)
         guard let buffer = device.makeBuffer(length: max(bytes, 16), options: .storageModeShared) else {
             throw PyfaError.outOfMemory("buffer: Metal could not allocate \(bytes) bytes")
         }
@@ -87,6 +88,7 @@ final class MetalBackend: Backend {
                                           options: .storageModeShared, deallocator: nil) {
             return MetalBufferMemory(buffer: buffer)
         }
+        pyfa_count(PYFA_COUNT_DEVICE_ALLOCATION)
         guard let buffer = device.makeBuffer(length: max(bytes, 16), options: .storageModeShared) else {
             throw PyfaError.outOfMemory("buffer: Metal could not allocate a \(bytes)-byte copy of caller memory")
         }

@@ -1,3 +1,4 @@
+import CPyfa
 import Metal
 
 /// One command buffer per submission (on the device's command queue), with
@@ -45,7 +46,10 @@ final class MetalQueue: CommandQueue {
         // one overwrites it with the caller's bytes.
         let reused = Set(copies.keys)
         try finish { $0.copies.contains { reused.contains(ObjectIdentifier($0)) } }
-        for c in copies.values { c.upload() }
+        for c in copies.values {
+            pyfa_count(PYFA_COUNT_HOST_TO_DEVICE)
+            c.upload()
+        }
         buffer.commit()
         inFlight.append((buffer, Array(copies.values)))
     }
@@ -106,13 +110,17 @@ final class MetalQueue: CommandQueue {
                 rest.append(entry)
                 continue
             }
+            pyfa_count(PYFA_COUNT_SYNCHRONIZATION)
             entry.commands.waitUntilCompleted()
             completedSeconds += max(0, entry.commands.gpuEndTime - entry.commands.gpuStartTime)
             if entry.commands.status == .error {
                 let reason = entry.commands.error.map { String(describing: $0) } ?? "no reason given"
                 failure = failure ?? PyfaError.execution("metal: command buffer failed: \(reason)")
             } else {
-                for c in entry.copies { c.download() }
+                for c in entry.copies {
+                    pyfa_count(PYFA_COUNT_DEVICE_TO_HOST)
+                    c.download()
+                }
             }
         }
         inFlight = rest

@@ -1,0 +1,82 @@
+import CPyfa
+import PyfaShaderCommon
+
+extension TensorRef {
+    init(_ t: pyfa_tensor) { self.init(address: t.address, nbytes: t.nbytes) }
+}
+
+/// pyfa_seq_values as a run takes them: host values are read here, once.
+private func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
+    guard let host = s.host else { return .device(TensorRef(s.device)) }
+    return .host(Array(UnsafeBufferPointer(start: host, count: Int(count))))
+}
+
+@_cdecl("pyfa_decode_plan_new")
+public func pyfa_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                      _ desc: UnsafePointer<pyfa_decode_plan_desc>?) -> Int32 {
+    abiCall {
+        guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
+        out.pointee = nil
+        let d: Device = try object(device, "device")
+        out.pointee = retainHandle(try DecodePlan(device: d, desc: try value(desc, "desc")))
+    }
+}
+
+@_cdecl("pyfa_tq_decode_plan_new")
+public func pyfa_tq_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                         _ desc: UnsafePointer<pyfa_tq_decode_plan_desc>?) -> Int32 {
+    abiCall {
+        guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
+        out.pointee = nil
+        let d: Device = try object(device, "device")
+        out.pointee = retainHandle(try TQDecodePlan(device: d, desc: try value(desc, "desc")))
+    }
+}
+
+@_cdecl("pyfa_plan_free")
+public func pyfa_plan_free_impl(_ plan: OpaquePointer?) {
+    releaseHandle(plan, as: OpPlan.self)
+}
+
+@_cdecl("pyfa_plan_workspace_bytes")
+public func pyfa_plan_workspace_bytes_impl(_ plan: OpaquePointer?, _ bytes: UnsafeMutablePointer<UInt64>?) -> Int32 {
+    abiCall {
+        let p: OpPlan = try object(plan, "plan")
+        try writeOut(bytes, UInt64(p.workspaceBytes), "bytes")
+    }
+}
+
+@_cdecl("pyfa_decode_run")
+public func pyfa_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
+                                 _ args: UnsafePointer<pyfa_decode_run_args>?) -> Int32 {
+    abiCall {
+        let p: DecodePlan = try object(plan, "plan")
+        let e: CommandEncoder = try object(encoder, "encoder")
+        let a = try value(args, "args")
+        let B = p.params.batch
+        try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k_cache), v: TensorRef(a.v_cache), out: TensorRef(a.out),
+                  lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
+                  ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
+    }
+}
+
+@_cdecl("pyfa_tq_decode_run")
+public func pyfa_tq_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
+                                    _ args: UnsafePointer<pyfa_tq_decode_run_args>?) -> Int32 {
+    abiCall {
+        let p: TQDecodePlan = try object(plan, "plan")
+        let e: CommandEncoder = try object(encoder, "encoder")
+        let a = try value(args, "args")
+        let B = p.params.attn.batch
+        try p.run(e, q: TensorRef(a.q), kCodes: TensorRef(a.k_codes), kScales: TensorRef(a.k_scales),
+                  vCodes: TensorRef(a.v_codes), vScales: TensorRef(a.v_scales), out: TensorRef(a.out),
+                  lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
+                  ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
+    }
+}
+
+@_cdecl("pyfa_encoder_finish")
+public func pyfa_encoder_finish_impl(_ encoder: OpaquePointer?) -> Int32 {
+    abiCall { try (object(encoder, "encoder") as CommandEncoder).finish() }
+}
+

@@ -1,0 +1,166 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// Memory a run binds (pyfa_tensor): the address kernels use and its size.
+public struct TensorRef {
+    public var address: UInt64
+    public var nbytes: UInt64
+    public init(address: UInt64, nbytes: UInt64) {
+        self.address = address
+        self.nbytes = nbytes
+    }
+    var isAbsent: Bool { address == 0 }
+}
+
+/// Per-sequence values a run binds (pyfa_seq_values).
+public enum SequenceRef {
+    case host([Int32])
+    case device(TensorRef)
+}
+
+/// What every plan shares: a device, a workspace owned for the plan's life
+/// (so runs allocate nothing), and the binding of a run's memory. The op
+/// plans below check their options once and keep them; a run checks only
+/// what changes from run to run (memory, lengths, kv_capacity) and records
+/// the op through the same dispatcher the buffer-based ABI uses.
+public class OpPlan {
+    public let device: Device
+    public let workspaceBytes: Int
+    private let ownWorkspace: Buffer?
+    private let lock = Lock()
+    private var captured = false
+
+    init(device: Device, workspaceBytes: Int) throws {
+        self.device = device
+        self.workspaceBytes = workspaceBytes
+        ownWorkspace = workspaceBytes == 0 ? nil
+            : try device.makeBuffer(dtype: .f32, shape: [workspaceBytes / 4], storage: .private)
+        pyfa_count(PYFA_COUNT_PLAN)
+    }
+
+    deinit {
+        // A graph that captured a run may replay after the plan is gone: the
+        // workspace it writes must outlive the plan.
+        if captured, let w = ownWorkspace { GraphRetained.keep(w) }
+    }
+
+    /// Caller memory of `elements` values of `dtype` for one run.
+    func bind(_ t: TensorRef, _ name: String, dtype: DType, elements: Int) throws -> Buffer {
+        let needed = elements * dtype.size  // bounded by the op's validation
+        try require(!t.isAbsent || needed == 0, "\(name): address is 0")
+        try require(t.nbytes >= UInt64(needed),
+                    "\(name): \(t.nbytes) bytes cannot hold \(elements) \(dtype.name) values (\(needed) bytes)")
+        return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements])
+    }
+
+    func bindOptional(_ t: TensorRef, _ name: String, dtype: DType, elements: Int) throws -> Buffer? {
+        t.isAbsent ? nil : try bind(t, name, dtype: dtype, elements: elements)
+    }
+
+    func sequence(_ s: SequenceRef, _ name: String, count: Int) throws -> SequenceValues {
+        switch s {
+        case .host(let values):
+            return .host(values)
+        case .device(let t):
+            return .buffer(try bind(t, name, dtype: .i32, elements: count))
+        }
+    }
+
+    /// The caller's workspace when given, else the plan's own.
+    func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
+        guard workspaceBytes > 0 else { return nil }
+        if !t.isAbsent { return try bind(t, "workspace", dtype: .f32, elements: workspaceBytes / 4) }
+        if encoder.isCapturing { lock.withLock { captured = true } }
+        return ownWorkspace
+    }
+}
+
+/// Workspaces of freed plans that a graph captured: kept for the process's life.
+enum GraphRetained {
+    private static let lock = Lock()
+    nonisolated(unsafe) private static var kept: [Buffer] = []
+    static func keep(_ b: Buffer) { lock.withLock { kept.append(b) } }
+}
+
+/// Decode over a dense cache, prepared (pyfa_decode_plan_desc).
+public final class DecodePlan: OpPlan {
+    let params: pyfa_flash_attn_vec_params
+    let qDType: DType, kvDType: DType, outDType: DType
+
+    public init(device: Device, desc: pyfa_decode_plan_desc) throws {
+        var p = desc.attn
+        qDType = try DType(code: desc.q_dtype)
+        kvDType = try DType(code: desc.kv_dtype)
+        outDType = try DType(code: desc.out_dtype)
+        try require(FlashAttnVec.floatTypes.contains(qDType), "q_dtype: \(qDType) is not one of f32, f16, bf16")
+        try require(outDType == .f32, "out_dtype: \(outDType) is not supported (f32)")
+        try require(desc.return_lse == 0, "return_lse: not supported by this build's decode kernels")
+        try require(desc.reserved == 0, "reserved: must be 0")
+        let (_, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
+                                             maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
+        params = p
+        try super.init(device: device, workspaceBytes: tmp)
+        // Compiled now, so no run compiles.
+        _ = try device.registry.pipeline(FlashAttnVec.kernel, constants: FlashAttnVec.vecConstants(
+            q: qDType, kv: kvDType, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
+            variant: device.backend.plan.flashAttnVec(p, kvDType: kvDType, maxKvLen: p.kv_capacity).variant))
+    }
+
+    public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, out: TensorRef,
+                    lse: TensorRef, workspace: TensorRef, kvLen: SequenceRef, ringStart: SequenceRef,
+                    kvCapacity: UInt32) throws {
+        var p = params
+        if kvCapacity != 0 { p.kv_capacity = kvCapacity }
+        try FlashAttnVec.validate(p)
+        try require(encoder.device === device, "encoder: belongs to another device than the plan")
+        try require(lse.isAbsent, "lse: the plan was made without return_lse")
+        let B = Int(p.batch), H = Int(p.num_heads), D = Int(p.head_dim)
+        let cache = B * Int(p.num_kv_heads) * Int(p.kv_capacity) * D
+        try FlashAttnVec.encode(
+            encoder, p, q: bind(q, "q", dtype: qDType, elements: B * H * D),
+            k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
+            kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
+            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D))
+    }
+}
+
+/// Decode over a TurboQuant cache, prepared (pyfa_tq_decode_plan_desc).
+public final class TQDecodePlan: OpPlan {
+    let params: pyfa_flash_attn_vec_tq_params
+    let qDType: DType, outDType: DType
+
+    public init(device: Device, desc: pyfa_tq_decode_plan_desc) throws {
+        var p = desc.tq
+        qDType = try DType(code: desc.q_dtype)
+        outDType = try DType(code: desc.out_dtype)
+        try require(TurboQuant.floatTypes.contains(qDType), "q_dtype: \(qDType) is not one of f32, f16, bf16")
+        try require(outDType == .f32, "out_dtype: \(outDType) is not supported (f32)")
+        try require(desc.return_lse == 0, "return_lse: not supported by this build's decode kernels")
+        let (_, _, tmp) = try FlashAttnVecTQ.plan(device, &p,
+                                                  maxKvLen: desc.max_kv_len == 0 ? p.attn.kv_capacity : desc.max_kv_len)
+        params = p
+        try super.init(device: device, workspaceBytes: tmp)
+    }
+
+    public func run(_ encoder: CommandEncoder, q: TensorRef, kCodes: TensorRef, kScales: TensorRef, vCodes: TensorRef,
+                    vScales: TensorRef, out: TensorRef, lse: TensorRef, workspace: TensorRef, kvLen: SequenceRef,
+                    ringStart: SequenceRef, kvCapacity: UInt32) throws {
+        var p = params
+        if kvCapacity != 0 { p.attn.kv_capacity = kvCapacity }
+        try FlashAttnVecTQ.validate(p)
+        try require(encoder.device === device, "encoder: belongs to another device than the plan")
+        try require(lse.isAbsent, "lse: the plan was made without return_lse")
+        let a = p.attn
+        let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
+        let rows = B * Int(a.num_kv_heads) * Int(a.kv_capacity)
+        let kRow = TurboQuant.rowBytes(a.head_dim, p.k_bits), vRow = TurboQuant.rowBytes(a.head_dim, p.v_bits)
+        try FlashAttnVecTQ.encode(
+            encoder, p, q: bind(q, "q", dtype: qDType, elements: B * H * D),
+            kCodes: bind(kCodes, "k_codes", dtype: .u8, elements: try checkedProduct([rows, kRow], what: "k_codes")),
+            kScales: bind(kScales, "k_scales", dtype: .f32, elements: rows),
+            vCodes: bind(vCodes, "v_codes", dtype: .u8, elements: try checkedProduct([rows, vRow], what: "v_codes")),
+            vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows),
+            kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
+            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D))
+    }
+}
