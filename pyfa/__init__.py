@@ -7,7 +7,7 @@ True
 """
 from . import reference
 from .decode import decode_attention
-from .device import Buffer, Device, available_backends, backends, default_device, supported
+from .device import Buffer, Device, available_backends, backends, counters, default_device, supported
 from .dtypes import bfloat16
 from .errors import (BackendUnavailableError, CompileError, ExecutionError, InternalError, InvalidArgumentError,
                      OutOfMemoryError, PyfaError, UnsupportedError)
@@ -16,7 +16,7 @@ from .kvcache import KVCache
 from .turboquant import TurboQuantKVCache
 
 __all__ = [
-    "Buffer", "Device", "available_backends", "backends", "default_device", "supported", "bfloat16", "decode_attention", "reference",
+    "Buffer", "Device", "available_backends", "backends", "counters", "default_device", "supported", "bfloat16", "decode_attention", "reference",
     "PyfaError", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "BackendUnavailableError",
     "CompileError", "ExecutionError", "InternalError",
     "KVCache", "TurboQuantKVCache", "turboquant",

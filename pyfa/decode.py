@@ -78,15 +78,15 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     rings = _io.sequence_values(ring_start, "ring_start", B, like)
     # The split is sized for the longest host kv_len (rounded up to a power of
     # two, so a growing cache reuses its plan), or the capacity for device values.
-    longest = min(capacity, _plans.length_bucket(lens.longest if lens.longest is not None else capacity))
+    bucket = _plans.length_bucket(lens.longest if lens.longest is not None else capacity)
     stream = like.stream if like is not None else 0
-    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, longest, stream)
+    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, bucket, stream)
     plan = _plans.cached(key, lambda: _plans.new_plan(lib.pyfa_decode_plan_new, device, _args.params(
         "pyfa_decode_plan_desc *", {
             "attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
                      "nwg": 0, "window": window, "scale": scale, "softcap": softcap},
             "q_dtype": dtypes.code(q.dtype), "kv_dtype": dtypes.code(k.dtype), "out_dtype": dtypes.code(np.float32),
-            "max_kv_len": longest})))
+            "max_kv_len": min(bucket, capacity)})))
     result, out_address = _io.result_array((B, H, D), np.float32, out, like=like)
     args = ffi.new("pyfa_decode_run_args *")
     _io.set_tensor(args.q, q)

@@ -1,0 +1,299 @@
+"""The serving call path: plans reused across calls, nothing allocated or
+waited for per call, per-sequence values on the host (inline) or on the GPU
+(read by the kernels, so a CUDA graph replay sees values written after the
+capture), and the C ABI's plan/run rules. GPU cases need torch on a CUDA
+device and skip visibly elsewhere."""
+import gc
+
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa import _plans, reference
+from pyfa._native import ffi, lib
+
+
+def _cuda_opens() -> bool:
+    try:
+        pyfa.Device("cuda")
+        return True
+    except pyfa.PyfaError:
+        return False
+
+
+HAS_GPU = _cuda_opens()
+gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA device here")
+
+
+def _ref(q, k, v, lens, **kw):
+    return np.stack([reference.decode_attention(q[b], k[b], v[b], int(lens[b]), **kw) for b in range(q.shape[0])])
+
+
+def _delta(before, after):
+    return {key: after[key] - before[key] for key in before}
+
+
+def _page_aligned(a, page=16384):
+    """A copy of `a` starting on a page and followed by a spare page (Metal
+    wraps such memory in place; other memory it copies)."""
+    raw = np.zeros(a.nbytes + 2 * page, np.uint8)
+    start = -raw.ctypes.data % page
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def test_steady_state_call_allocates_nothing_on_host_devices(device, rng):
+    if not device.host_visible:
+        pytest.skip(f"{device.backend}: numpy inputs are copied to this device (see the GPU tests)")
+    q = _page_aligned(rng.standard_normal((2, 4, 64)).astype(np.float32))
+    k = _page_aligned(rng.standard_normal((2, 2, 300, 64)).astype(np.float16))
+    out = _page_aligned(np.empty((2, 4, 64), np.float32))
+    pyfa.decode_attention(q, k, k, [300, 120], device=device, out=out)  # makes the plan
+    before = pyfa.counters()
+    for _ in range(20):
+        pyfa.decode_attention(q, k, k, [300, 120], device=device, out=out)
+    d = _delta(before, pyfa.counters())
+    assert d["plans_created"] == 0 and d["host_allocations"] == 0 and d["device_allocations"] == 0
+    # A host-array call returns its result, so it may wait once (Metal's
+    # command buffer); the CPU backend has nothing to wait for.
+    assert d["pinned_allocations"] == 0 and d["synchronizations"] <= 20
+    np.testing.assert_allclose(out, _ref(q, k, k, [300, 120]), atol=2e-5, rtol=0)
+
+
+def test_plan_is_reused_as_the_cache_grows(cpu, rng):
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 70, 64)).astype(np.float32)
+    pyfa.decode_attention(q, k[:, :, :40], k[:, :, :40], 40, device=cpu)
+    before = pyfa.counters()
+    for n in range(41, 65):  # one power-of-two bucket: 33..64
+        kk = np.ascontiguousarray(k[:, :, :n])
+        got = pyfa.decode_attention(q, kk, kk, n, device=cpu)
+        np.testing.assert_allclose(got, _ref(q, kk, kk, [n]), atol=2e-5, rtol=0)
+    assert _delta(before, pyfa.counters())["plans_created"] == 0
+
+
+def test_host_lengths_are_checked_per_call(device, rng):
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 50, 64)).astype(np.float32)
+    pyfa.decode_attention(q, k, k, [50, 10], device=device)
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len\[1\]: 51 must be in 1...kv_capacity \(50\)"):
+        pyfa.decode_attention(q, k, k, [50, 51], device=device)
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"ring_start\[0\]: 3 must be 0 unless the ring is full"):
+        pyfa.decode_attention(q, k, k, [20, 10], ring_start=[3, 0], device=device)
+    # The thread's encoder is usable after a refused call.
+    got = pyfa.decode_attention(q, k, k, [50, 10], device=device)
+    np.testing.assert_allclose(got, _ref(q, k, k, [50, 10]), atol=2e-5, rtol=0)
+
+
+def test_counters_are_readable():
+    c = pyfa.counters()
+    assert set(c) >= {"device_allocations", "synchronizations", "kernel_launches", "plans_created"}
+    assert all(isinstance(v, int) and v >= 0 for v in c.values())
+    assert lib.pyfa_counters_get(ffi.NULL) == lib.PYFA_ERR_INVALID_ARGUMENT
+
+
+# ---- the C ABI's plan / run rules -----------------------------------------------------------------------
+
+def _plan(dev, B=1, H=4, Hkv=2, D=64, cap=32, **desc):
+    d = {"attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": cap, "nwg": 0,
+                  "window": 0, "scale": 0.125, "softcap": 0.0},
+         "q_dtype": lib.PYFA_DTYPE_F32, "kv_dtype": lib.PYFA_DTYPE_F32, "out_dtype": lib.PYFA_DTYPE_F32}
+    d.update(desc)
+    out = ffi.new("pyfa_plan **")
+    status = lib.pyfa_decode_plan_new(out, dev.handle, ffi.new("pyfa_decode_plan_desc *", d))
+    return status, (ffi.gc(out[0], lib.pyfa_plan_free) if status == 0 else None)
+
+
+def _tensor(t, a):
+    t.address = int(ffi.cast("uintptr_t", ffi.from_buffer(a)))
+    t.nbytes = a.nbytes
+
+
+def _run_args(q, k, v, out, lens):
+    a = ffi.new("pyfa_decode_run_args *")
+    for field, arr in (("q", q), ("k_cache", k), ("v_cache", v), ("out", out)):
+        _tensor(getattr(a, field), arr)
+    keep = [ffi.new("int32_t[]", list(lens)), ffi.new("int32_t[]", [0] * len(lens))]
+    a.kv_len.host, a.ring_start.host = keep
+    return a, keep
+
+
+def _last_error():
+    return ffi.string(lib.pyfa_last_error()).decode()
+
+
+def test_plan_rejects_bad_descriptions(cpu):
+    status, _ = _plan(cpu, D=65)
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT and "head_dim: 65" in _last_error()
+    status, _ = _plan(cpu, q_dtype=lib.PYFA_DTYPE_U8)
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT and "q_dtype" in _last_error()
+    status, _ = _plan(cpu, max_kv_len=33)
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT and "kv_len: 33 exceeds kv_capacity" in _last_error()
+    assert lib.pyfa_decode_plan_new(ffi.NULL, cpu.handle, ffi.NULL) == lib.PYFA_ERR_INVALID_ARGUMENT
+
+
+def test_run_rejects_memory_of_another_shape(cpu, rng):
+    status, plan = _plan(cpu)
+    assert status == 0
+    enc = cpu.encoder()
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 32, 64)).astype(np.float32)
+    out = np.full((1, 4, 64), 7.0, np.float32)
+    small = np.zeros((1, 2, 16, 64), np.float32)
+    args, keep = _run_args(q, small, small, out, [16])
+    assert lib.pyfa_decode_run(plan, enc, args) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert "k_cache:" in _last_error() and "cannot hold" in _last_error()
+    args, keep = _run_args(q, k, k, out[:, :2], [32])
+    assert lib.pyfa_decode_run(plan, enc, args) == lib.PYFA_ERR_INVALID_ARGUMENT and "out:" in _last_error()
+    args, keep = _run_args(q, k, k, out, [32])
+    args.lse.address, args.lse.nbytes = args.out.address, 16
+    assert lib.pyfa_decode_run(plan, enc, args) == lib.PYFA_ERR_INVALID_ARGUMENT and "lse:" in _last_error()
+    # A run over a smaller capacity than planned, on memory of that size.
+    args, keep = _run_args(q, small, small, out, [16])
+    args.kv_capacity = 16
+    enc = cpu.encoder()
+    assert lib.pyfa_decode_run(plan, enc, args) == 0, _last_error()
+    assert lib.pyfa_encoder_finish(enc) == 0
+    np.testing.assert_allclose(out, _ref(q, small, small, [16], scale=0.125), atol=2e-5, rtol=0)
+    assert lib.pyfa_decode_run(ffi.NULL, enc, args) == lib.PYFA_ERR_INVALID_ARGUMENT and "plan" in _last_error()
+    assert lib.pyfa_decode_run(plan, enc, ffi.NULL) == lib.PYFA_ERR_INVALID_ARGUMENT
+
+
+def test_run_with_output_aliasing_an_input_is_refused(cpu, rng):
+    status, plan = _plan(cpu)
+    k = rng.standard_normal((1, 2, 32, 64)).astype(np.float32)
+    q = np.ascontiguousarray(k[0, 0, :4].reshape(1, 4, 64))
+    args, keep = _run_args(q, k, k, k, [32])
+    before = k.copy()
+    assert lib.pyfa_decode_run(plan, cpu.encoder(), args) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert "out: overlaps" in _last_error()
+    np.testing.assert_array_equal(k, before)
+
+
+def test_freed_plan_handle_is_refused(cpu):
+    out = ffi.new("pyfa_plan **")
+    d = {"attn": {"batch": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "kv_capacity": 32, "scale": 1.0},
+         "q_dtype": lib.PYFA_DTYPE_F32, "kv_dtype": lib.PYFA_DTYPE_F32, "out_dtype": lib.PYFA_DTYPE_F32}
+    assert lib.pyfa_decode_plan_new(out, cpu.handle, ffi.new("pyfa_decode_plan_desc *", d)) == 0
+    raw = out[0]
+    lib.pyfa_plan_free(raw)
+    out = ffi.new("uint64_t *")
+    assert lib.pyfa_plan_workspace_bytes(raw, out) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert "not a live handle" in _last_error()
+
+
+# ---- GPU: torch tensors, device lengths, CUDA graphs -----------------------------------------------------
+
+def _torch_inputs(torch, rng, B=2, H=8, Hkv=2, D=128, cap=1000, dtype="bfloat16"):
+    t = lambda a: torch.from_numpy(a).to(getattr(torch, dtype)).cuda()
+    q = t(rng.standard_normal((B, H, D)).astype(np.float32))
+    k = t(rng.standard_normal((B, Hkv, cap, D)).astype(np.float32))
+    v = t(rng.standard_normal((B, Hkv, cap, D)).astype(np.float32))
+    return q, k, v
+
+
+def _host(torch, x):
+    return x.float().cpu().numpy()
+
+
+@gpu
+def test_gpu_steady_state_call_allocates_and_waits_for_nothing(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = _torch_inputs(torch, rng)
+    lens = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
+    dev = pyfa.Device("cuda")
+    out = pyfa.decode_attention(q, k, v, lens, device=dev)
+    for host_lens in ([1000, 333], 700):
+        pyfa.decode_attention(q, k, v, host_lens, device=dev)
+    before = pyfa.counters()
+    for _ in range(50):
+        pyfa.decode_attention(q, k, v, lens, device=dev)
+        pyfa.decode_attention(q, k, v, [1000, 333], device=dev)
+    d = _delta(before, pyfa.counters())
+    assert d["device_allocations"] == 0 and d["pinned_allocations"] == 0 and d["plans_created"] == 0
+    assert d["synchronizations"] == 0 and d["host_to_device_copies"] == 0 and d["device_to_host_copies"] == 0
+    assert d["kernel_launches"] >= 100
+    torch.cuda.synchronize()
+    ref = _ref(_host(torch, q), _host(torch, k), _host(torch, v), [1000, 333])
+    np.testing.assert_allclose(_host(torch, out), ref, atol=2e-5, rtol=0)
+
+
+@gpu
+def test_gpu_device_lengths_are_clamped_not_trusted(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = _torch_inputs(torch, rng, cap=300)
+    dev = pyfa.Device("cuda")
+    lens = torch.tensor([5000, -7], dtype=torch.int32, device="cuda")
+    out = pyfa.decode_attention(q, k, v, lens, device=dev)
+    torch.cuda.synchronize()
+    got = _host(torch, out)
+    ref = _ref(_host(torch, q)[:1], _host(torch, k)[:1], _host(torch, v)[:1], [300])
+    np.testing.assert_allclose(got[:1], ref, atol=2e-5, rtol=0)  # clamped to kv_capacity
+    assert np.all(got[1] == 0)  # negative: no visible key, zeros
+
+
+@gpu
+def test_gpu_device_lengths_bad_input(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = _torch_inputs(torch, rng, cap=64)
+    dev = pyfa.Device("cuda")
+    with pytest.raises(pyfa.InvalidArgumentError, match="kv_len: GPU values must be int32"):
+        pyfa.decode_attention(q, k, v, torch.tensor([64, 64], device="cuda"), device=dev)
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len: expected 2 values \(one per sequence\)"):
+        pyfa.decode_attention(q, k, v, torch.tensor([64, 64, 64], dtype=torch.int32, device="cuda"), device=dev)
+    with pytest.raises(pyfa.InvalidArgumentError, match="ring_start: expected 2 values"):
+        pyfa.decode_attention(q, k, v, 64, ring_start=torch.zeros((2, 2), dtype=torch.int32, device="cuda"),
+                              device=dev)
+    qn = _host(torch, q)
+    with pytest.raises(pyfa.InvalidArgumentError, match="kv_len: a GPU array needs GPU inputs"):
+        pyfa.decode_attention(qn, _host(torch, k), _host(torch, v), torch.tensor([64, 64], dtype=torch.int32,
+                                                                                  device="cuda"), device=dev)
+
+
+@gpu
+def test_gpu_large_batch_of_host_lengths(rng):
+    """More host values than a launch carries inline: uploaded on the stream."""
+    torch = pytest.importorskip("torch")
+    B = 600
+    q, k, v = _torch_inputs(torch, rng, B=B, H=2, Hkv=1, D=64, cap=40, dtype="float16")
+    lens = rng.integers(1, 41, B)
+    out = pyfa.decode_attention(q, k, v, lens.tolist(), device=pyfa.Device("cuda"))
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(_host(torch, out), _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens),
+                               atol=2e-5, rtol=0)
+
+
+@gpu
+def test_cuda_graph_replay_sees_new_inputs_and_outlives_the_plan(rng):
+    torch = pytest.importorskip("torch")
+    dev = pyfa.Device("cuda")
+    q, k, v = _torch_inputs(torch, rng, B=2, cap=2048)
+    lens = torch.tensor([2048, 1500], dtype=torch.int32, device="cuda")
+    out = torch.empty((2, 8, 128), dtype=torch.float32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up (plans, compiles) outside the capture
+        pyfa.decode_attention(q, k, v, lens, device=dev, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        pyfa.decode_attention(q, k, v, lens, device=dev, out=out)
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        k[:, :, :100].copy_(torch.randn_like(k[:, :, :100]))
+        lens.copy_(torch.tensor([2048 - 300 * step, 900 + step], dtype=torch.int32))
+        g.replay()
+        eager = pyfa.decode_attention(q, k, v, lens, device=dev)
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(_host(torch, out), _host(torch, eager))
+        ref = _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens.cpu().numpy())
+        np.testing.assert_allclose(_host(torch, out), ref, atol=2e-5, rtol=0)
+    # Freeing every plan (and its workspace) does not break a later replay.
+    _plans._table().clear()
+    gc.collect()
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens.cpu().numpy())
+    np.testing.assert_allclose(_host(torch, out), ref, atol=2e-5, rtol=0)
