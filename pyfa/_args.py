@@ -125,20 +125,23 @@ _devices: dict = {}
 _devices_lock = threading.Lock()
 
 
-def _default_device():
-    from . import device as d
-
-    return d._default
+_device_module = None
 
 
 def device_arg(device):
     """The device of a call: None gives the default device, a
     :class:`pyfa.Device` is used as is, a backend name (``"cpu"``, ``"cuda"``,
     ``"metal"``, ``"auto"``) opens that backend's device once per process."""
-    from .device import Device, default_device
+    global _device_module
+    if _device_module is None:
+        from . import device as d
 
+        _device_module = d
+    Device, default_device = _device_module.Device, _device_module.default_device
+    if type(device) is Device:
+        return device
     if device is None:
-        return _default_device() or default_device()
+        return _device_module._default or default_device()
     if isinstance(device, Device):
         return device
     if isinstance(device, str):

@@ -10,6 +10,8 @@ without waiting. numpy inputs on a GPU device are copied to device buffers.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import _args, cuda_interop, dtypes
@@ -24,6 +26,10 @@ def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None, gpu: bool = F
     or, for ops that take device arrays (``gpu=True``), a GpuArray."""
     if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype in allowed and (ndims is None or x.ndim in ndims):
         return x
+    if gpu:
+        g = cuda_interop.torch_cuda(x, allowed, ndims)
+        if g is not None:
+            return g
     if gpu and cuda_interop.is_gpu_array(x):
         g = cuda_interop.describe(x, name)
         if g.dtype not in allowed:
@@ -210,12 +216,33 @@ class SequenceValues:
             field.host = self.host
 
 
+_local = threading.local()
+
+
+def _host_values(name: str, value: int, batch: int):
+    """`batch` copies of `value` as an int32 C array, reused per thread and
+    name: the library reads host values during the call that receives them."""
+    key = (name, batch)
+    arrays = getattr(_local, "values", None)
+    if arrays is None:
+        arrays = _local.values = {}
+    entry = arrays.get(key)
+    if entry is None:
+        entry = arrays[key] = [ffi.new("int32_t[]", batch), None]
+    if entry[1] != value:
+        a = entry[0]
+        for i in range(batch):
+            a[i] = value
+        entry[1] = value
+    return entry[0]
+
+
 def sequence_values(value, name: str, batch: int, like: GpuArray | None) -> SequenceValues:
     """Per-sequence values: an int or 1-D ints on the host, or (with GPU
     inputs) a GPU int32 array of ``batch`` values on the inputs' GPU."""
     I32_MAX = _args.I32_MAX
     if type(value) is int and -I32_MAX <= value <= I32_MAX:  # the common case, without numpy
-        return SequenceValues(host=ffi.new("int32_t[]", [value] * batch), longest=max(value, 0))
+        return SequenceValues(host=_host_values(name, value, batch), longest=max(value, 0))
     if cuda_interop.is_gpu_array(value):
         if like is None:
             raise invalid(f"{name}: a GPU array needs GPU inputs (q, caches) on a GPU device")

@@ -2,11 +2,13 @@
 per-thread encoder they record on.
 
 A plan is made once per thread for what fixes it (device, shapes, dtypes,
-options, the stream for GPU arrays, and a power-of-two bucket of the longest
-kv_len, which sizes the split) and reused: a call then checks its arguments,
-fills one run-argument struct and records the op; nothing is allocated on
-the device. Each thread keeps its own plans (a plan's workspace serves one
-stream at a time) in a small least-recently-used table.
+options, and a power-of-two bucket of the longest kv_len, which sizes the
+split) and reused: a call then checks its arguments, fills one run-argument
+struct and records the op; nothing is allocated on the device, so a call can
+be captured in a CUDA graph once the same call ran outside the capture. Each
+thread keeps its own plans in a small least-recently-used table: a plan's
+workspace serves the stream order of one thread's calls (two streams of one
+thread running the same shapes at the same time would share it).
 """
 from __future__ import annotations
 
@@ -75,9 +77,10 @@ def discard_encoder(device) -> None:
 
 
 def run(device, runner, plan, enc, args) -> None:
-    """Records a run and finishes it (commit; wait unless on a caller's stream)."""
+    """Records a run and finishes it (commit; wait unless on a caller's stream),
+    in one call into the library."""
+    args.flags = lib.PYFA_RUN_FINISH
     status = runner(plan, enc, args)
     if status != 0:
         discard_encoder(device)
         check(status)
-    check(lib.pyfa_encoder_finish(enc))

@@ -16,37 +16,41 @@ from . import dtypes
 from .errors import invalid
 
 _DLPACK_CUDA = 2
+_CU_STREAM_LEGACY = 1
 
 
 class GpuArray:
     """A foreign device array: its address, shape, dtype and the stream its
     producer orders work on. ``obj`` (the producer's object) is kept alive."""
 
-    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "_stream", "device_id")
+    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "_stream", "device_id", "nbytes")
 
-    def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream, device_id: int):
+    def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream, device_id: int,
+                 nbytes: int | None = None):
         self.obj, self.kind, self.ptr = obj, kind, int(ptr)
         self.shape, self.dtype, self._stream, self.device_id = tuple(shape), np.dtype(dtype), stream, device_id
+        if nbytes is None:
+            nbytes = self.dtype.itemsize
+            for d in self.shape:
+                nbytes *= int(d)
+        self.nbytes = nbytes
 
     @property
     def stream(self) -> int:
-        """The producer's current stream (read when first asked: torch's costs a few microseconds)."""
+        """The producer's current stream as a CUstream handle (read when first
+        asked: torch's costs a few microseconds). The legacy default stream,
+        which frameworks report as 0, is CU_STREAM_LEGACY (1): 0 would mean
+        the encoder's own stream to pyfa."""
         if self._stream is None:
             if self.kind == "torch":
-                import torch
-
-                self._stream = torch.cuda.current_stream(self.obj.device).cuda_stream
+                self._stream = _torch_stream(self.device_id)
             else:
                 self._stream = 0
-        return int(self._stream)
+        return int(self._stream) or _CU_STREAM_LEGACY
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def __getitem__(self, index):
         """``a[None]``: the same memory with a leading axis of 1."""
@@ -65,9 +69,7 @@ class GpuArray:
         """A new contiguous array of the producer's kind (torch / cupy) on its device."""
         dtype = np.dtype(dtype)
         if self.kind == "torch":
-            import torch
-
-            return torch.empty(tuple(shape), dtype=_TORCH_FROM_NP[dtype](), device=self.obj.device)
+            return self.obj.new_empty(shape, dtype=_TORCH_FROM_NP[dtype]())
         if self.kind == "cupy":
             import cupy
 
@@ -79,19 +81,33 @@ class GpuArray:
 _TORCH_DTYPES: dict = {}
 
 
+def _torch_stream(device_id: int) -> int:
+    """torch's current stream on a GPU, as a raw handle (the private accessor
+    Triton uses costs well under a microsecond; the public one several)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
+
+
 def _torch_dtypes():
     import torch
 
     _TORCH_DTYPES.update({torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16), torch.bfloat16: dtypes.bfloat16,
-            torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(bool)})
+            torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64), torch.uint8: np.dtype(np.uint8),
+            torch.bool: np.dtype(bool)})
     return _TORCH_DTYPES
 
 
 def _torch_from_np(name):
-    def get():
-        import torch
+    found = []
 
-        return getattr(torch, name)
+    def get():
+        if not found:
+            import torch
+
+            found.append(getattr(torch, name))
+        return found[0]
     return get
 
 
@@ -100,7 +116,17 @@ _TORCH_FROM_NP = {np.dtype(np.float32): _torch_from_np("float32"), np.dtype(np.f
                   np.dtype(np.uint8): _torch_from_np("uint8")}
 
 
+_NOT_GPU = (int, float, bool, list, tuple, np.ndarray)
+
+
 def is_gpu_array(x) -> bool:
+    t = type(x)
+    if t in _NOT_GPU:
+        return False
+    if t is GpuArray:
+        return True
+    if t.__name__ == "Tensor" and t.__module__ == "torch":
+        return x.is_cuda
     if isinstance(x, (np.ndarray, GpuArray)) or np.isscalar(x):
         return isinstance(x, GpuArray)
     if type(x).__module__.startswith("torch"):
@@ -116,6 +142,19 @@ def _safe(f):
         return f()
     except Exception:
         return None
+
+
+def torch_cuda(x, allowed, ndims):
+    """A GpuArray for a contiguous CUDA torch tensor of an allowed dtype and
+    rank, or None (the caller then takes the general path, which also words
+    the errors). The hot path of every call on torch tensors."""
+    if type(x).__name__ != "Tensor" or not x.is_cuda or not x.is_contiguous():
+        return None
+    dt = (_TORCH_DTYPES or _torch_dtypes()).get(x.dtype)
+    shape = x.shape
+    if dt is None or dt not in allowed or (ndims is not None and len(shape) not in ndims):
+        return None
+    return GpuArray(x, "torch", x.data_ptr(), shape, dt, None, x.get_device(), x.numel() * dt.itemsize)
 
 
 def describe(x, name: str) -> GpuArray:

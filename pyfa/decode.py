@@ -9,6 +9,8 @@ from .device import Device
 from .errors import check, invalid
 
 _I32_MAX = _args.I32_MAX
+# 1/sqrt(D) as default_scale computes it, looked up instead of recomputed per call.
+_DEFAULT_SCALES = {d: _args.default_scale(None, d) for d in range(1, 1025)}
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
@@ -61,10 +63,11 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         raise invalid(f"k_cache: capacity {capacity} exceeds {_I32_MAX}")
     _args.u32_fields(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D)
     # A window wider than any cache is no window: larger values clamp to the C field's range.
-    window = _args.optional_int(window, "window", 1, float("inf"), rule="must be None or a positive int")
+    if window is not None:
+        window = _args.optional_int(window, "window", 1, float("inf"), rule="must be None or a positive int")
     window = min(window or 0, _args.U32_MAX)
-    scale = _args.default_scale(scale, D)
-    softcap = _args.float_arg(softcap, "softcap")
+    scale = _args.default_scale(scale, D) if scale is not None or not 0 < D <= 1024 else _DEFAULT_SCALES[D]
+    softcap = 0.0 if type(softcap) is float and softcap == 0.0 else _args.float_arg(softcap, "softcap")
     if out is not None and single:
         try:
             out = out[None]
@@ -80,7 +83,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     # two, so a growing cache reuses its plan), or the capacity for device values.
     bucket = _plans.length_bucket(lens.longest if lens.longest is not None else capacity)
     stream = like.stream if like is not None else 0
-    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, bucket, stream)
+    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, bucket)
     plan = _plans.cached(key, lambda: _plans.new_plan(lib.pyfa_decode_plan_new, device, _args.params(
         "pyfa_decode_plan_desc *", {
             "attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
@@ -89,9 +92,12 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
             "max_kv_len": min(bucket, capacity)})))
     result, out_address = _io.result_array((B, H, D), np.float32, out, like=like)
     args = ffi.new("pyfa_decode_run_args *")
-    _io.set_tensor(args.q, q)
-    _io.set_tensor(args.k_cache, k)
-    _io.set_tensor(args.v_cache, v)
+    a = args.q
+    a.address, a.nbytes = _io.address(q), q.nbytes
+    a = args.k_cache
+    a.address, a.nbytes = _io.address(k), k.nbytes
+    a = args.v_cache
+    a.address, a.nbytes = _io.address(v), v.nbytes
     args.out.address, args.out.nbytes = out_address, B * H * D * 4
     lens.set(args.kv_len)
     rings.set(args.ring_start)
@@ -103,6 +109,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
 def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out):
     """Host arrays on a device with its own memory: copied in, the result copied back."""
     B, H, D = q.shape
+    for name, value in (("kv_len", kv_len), ("ring_start", ring_start)):
+        _io.sequence_values(value, name, B, None)  # refuses GPU arrays by name
     Hkv, capacity = k.shape[1], k.shape[2]
     params = _args.params("pyfa_flash_attn_vec_params *", {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,

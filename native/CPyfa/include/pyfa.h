@@ -198,6 +198,10 @@ int pyfa_flash_attn_vec_tq(pyfa_encoder *encoder, const pyfa_flash_attn_vec_tq_p
  * since the graph may replay later. */
 typedef struct pyfa_plan pyfa_plan;
 
+/* Run flag: finish the encoder after recording (pyfa_encoder_finish), which
+ * saves a synchronous caller one more call. */
+#define PYFA_RUN_FINISH 1
+
 typedef struct pyfa_tensor {
     uint64_t address; /* 0 = absent (optional arguments) */
     uint64_t nbytes;
@@ -231,7 +235,7 @@ typedef struct pyfa_decode_run_args {
     pyfa_seq_values kv_len;
     pyfa_seq_values ring_start;
     uint32_t kv_capacity;  /* 0 = the plan's */
-    uint32_t reserved;
+    uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
 } pyfa_decode_run_args;
 
 /* Decode over a TurboQuant cache (pyfa_flash_attn_vec_tq); as above. */
@@ -252,7 +256,7 @@ typedef struct pyfa_tq_decode_run_args {
     pyfa_seq_values kv_len;
     pyfa_seq_values ring_start;
     uint32_t kv_capacity;  /* 0 = the plan's */
-    uint32_t reserved;
+    uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
 } pyfa_tq_decode_run_args;
 
 int pyfa_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_decode_plan_desc *desc);
@@ -282,9 +286,10 @@ int pyfa_counters_get(pyfa_counters *out);
 
 /* ---- CUDA ----
  * Binds an encoder to a caller's CUDA stream (cudaStream_t / CUstream as an
- * integer; 0 = the encoder's own stream): later commits launch on it, so work
- * orders with the caller's (torch, cupy). Backends without streams return
- * PYFA_ERR_UNSUPPORTED. */
+ * integer; 0 = the encoder's own stream; the legacy default stream is
+ * CU_STREAM_LEGACY, 1): later commits launch on it, so work orders with the
+ * caller's (torch, cupy), and pyfa_encoder_finish does not wait. Backends
+ * without streams return PYFA_ERR_UNSUPPORTED. */
 int pyfa_encoder_set_stream(pyfa_encoder *encoder, uint64_t stream);
 /* Compiles every CUDA kernel specialisation the dispatchers can request for
  * arch ("sm_80", "sm_90a", ...) with NVRTC; needs no GPU or driver. Uses the

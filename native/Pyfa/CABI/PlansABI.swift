@@ -53,11 +53,18 @@ public func pyfa_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointe
         let p: DecodePlan = try object(plan, "plan")
         let e: CommandEncoder = try object(encoder, "encoder")
         let a = try value(args, "args")
+        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
         let B = p.params.batch
         try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k_cache), v: TensorRef(a.v_cache), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
                   ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
+        try finishIfAsked(e, a.flags)
     }
+}
+
+/// PYFA_RUN_FINISH finishes the encoder after the run (the caller checked the flags first).
+private func finishIfAsked(_ e: CommandEncoder, _ flags: UInt32) throws {
+    if flags & UInt32(PYFA_RUN_FINISH) != 0 { try e.finish() }
 }
 
 @_cdecl("pyfa_tq_decode_run")
@@ -67,11 +74,13 @@ public func pyfa_tq_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePoi
         let p: TQDecodePlan = try object(plan, "plan")
         let e: CommandEncoder = try object(encoder, "encoder")
         let a = try value(args, "args")
+        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
         let B = p.params.attn.batch
         try p.run(e, q: TensorRef(a.q), kCodes: TensorRef(a.k_codes), kScales: TensorRef(a.k_scales),
                   vCodes: TensorRef(a.v_codes), vScales: TensorRef(a.v_scales), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
                   ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
+        try finishIfAsked(e, a.flags)
     }
 }
 
