@@ -35,6 +35,10 @@ final class CUDABackend: Backend {
     let smCount: UInt32
     let maxSharedOptin: Int
     let totalMemory: UInt64
+    /// Device allocations the driver confirmed recently, so wrapping memory
+    /// inside one again (a framework's pool hands out the same blocks call
+    /// after call) needs no driver query.
+    private let knownRanges = KnownRanges()
 
     init() throws {
         var err = [CChar](repeating: 0, count: 512)
@@ -113,7 +117,7 @@ final class CUDABackend: Backend {
     func wrap(address: UInt64, bytes: Int) throws -> BufferMemory {
         try context.makeCurrent()
         try require(address <= UInt64.max - UInt64(bytes), "nbytes: address + nbytes overflows")
-        if bytes > 0 {
+        if bytes > 0 && !knownRanges.contains(address, bytes) {
             var kind: UInt32 = 0
             var start: CUdeviceptr = 0
             var size: Int = 0
@@ -131,7 +135,9 @@ final class CUDABackend: Backend {
             try require(r == 0 && (kind == UInt32(PYFA_CU_MEMORYTYPE_DEVICE) || kind == UInt32(PYFA_CU_MEMORYTYPE_UNIFIED)),
                         "data: 0x\(String(address, radix: 16)) is not CUDA device memory (the cuda backend wraps device pointers only; copy host arrays into a buffer)")
             let end = UInt64(start) &+ UInt64(size)
-            if !(address >= UInt64(start) && UInt64(bytes) <= end &- address) {
+            if address >= UInt64(start) && UInt64(bytes) <= end &- address {
+                knownRanges.insert(UInt64(start), UInt64(size))
+            } else {
                 // Virtual-memory-mapped pools (torch's expandable segments)
                 // map an allocation in pieces: then its last byte must be
                 // device memory too.
@@ -195,5 +201,29 @@ final class Occupancy {
         let b = backend.residentBlocks(pipeline, threads: Int(CUDAPlan.warps) * 32, sharedBytes: sharedBytes)
         lock.withLock { cache[key] = b }
         return b
+    }
+}
+
+/// A few device allocation ranges [start, start + size) the driver reported,
+/// most recent first. An allocation freed and its addresses reused by another
+/// device allocation is still device memory; a range is only trusted for
+/// addresses the driver once said were device memory of that extent.
+final class KnownRanges: @unchecked Sendable {
+    private let lock = Lock()
+    private var ranges: [(start: UInt64, size: UInt64)] = []
+    private let capacity = 16
+
+    func contains(_ address: UInt64, _ bytes: Int) -> Bool {
+        lock.withLock {
+            ranges.contains { address >= $0.start && UInt64(bytes) <= $0.start &+ $0.size &- address }
+        }
+    }
+
+    func insert(_ start: UInt64, _ size: UInt64) {
+        lock.withLock {
+            ranges.removeAll { $0.start == start }
+            ranges.insert((start, size), at: 0)
+            if ranges.count > capacity { ranges.removeLast() }
+        }
     }
 }
