@@ -12,7 +12,7 @@ _I32_MAX = _args.I32_MAX
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
-                     device: Device | None = None, out=None) -> np.ndarray:
+                     device: Device | None = None, out=None, out_dtype=None, return_lse=False):
     """One query row per head against a KV cache.
 
     Parameters
@@ -27,14 +27,21 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
-    out : optional float32 array of the output's shape (a GPU array when the inputs are).
+    out : optional array of the output's shape and dtype to write into (a GPU array when the
+        inputs are).
+    out_dtype : None (q's dtype), float32, float16 or bfloat16: the output's dtype. Accumulation is
+        float32 either way; the result is rounded once, to nearest even.
+    return_lse : also return the float32 LSE ``[B, H]`` (``[H]`` for a 2-D ``q``): each row's natural
+        log of ``sum_j exp(s_j)`` over its visible keys (scores after scale and softcap), the
+        convention of :func:`pyfa.attention`'s LSE, so :func:`pyfa.merge_attention_states`
+        combines decodes over disjoint parts of a cache.
 
     Returns
     -------
-    float32 array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``). Non-contiguous inputs are copied.
-    With GPU arrays (torch / cupy) on the cuda device the inputs are read in place, the result
-    is an array of the same framework, and the work is queued on the caller's current stream
-    without waiting.
+    array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``) of ``out_dtype``, or ``(out, lse)``.
+    Non-contiguous inputs are copied. With GPU arrays (torch / cupy) on the cuda device the inputs
+    are read in place, the results are arrays of the same framework, and the work is queued on the
+    caller's current stream without waiting.
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((4, 64), np.float32); k = np.ones((2, 8, 64), np.float16)
@@ -42,7 +49,9 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     (4, 64)
     """
     device = _args.device_arg(device)
+    return_lse = _args.bool_arg(return_lse, "return_lse")
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
+    out_dtype = _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES)
     single = q.ndim == 2
     k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,), gpu=True)
     v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,), gpu=True)
@@ -79,13 +88,20 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         try:
             out = out[None]
         except Exception:
-            raise invalid(f"out: expected an array of shape {(H, D)} and dtype float32, got {_args.show(out)}") from None
-    result, out_buf = _io.output(device, (B, H, D), np.float32, out, like=like)
+            raise invalid(f"out: expected an array of shape {(H, D)} and dtype {out_dtype}, "
+                          f"got {_args.show(out)}") from None
+    result, out_buf = _io.output(device, (B, H, D), out_dtype, out, like=like)
+    lse, lse_buf = _io.output(device, (B, H), np.float32, None, "lse", like=like) if return_lse else (None, None)
     bufs = [_io.to_device(device, a, like) for a in (q, k, v, lens, rings)]
     tmp = _io.scratch(device, tmp_bytes[0], like)
     enc = _io.encoder(device, like)
-    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), tmp.handle if tmp else ffi.NULL,
-                                  out_buf.handle))
+    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), _io.handle(tmp), out_buf.handle,
+                                  _io.handle(lse_buf)))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
-    return result[0] if single else result
+    if single:
+        result = result[0]
+    if not return_lse:
+        return result
+    _io.finish(device, lse, lse_buf)
+    return result, lse[0] if single else lse
