@@ -80,7 +80,8 @@ class PyfaDecode:
         b = self.bufs
         for _ in range(n):
             check(lib.pyfa_flash_attn_vec(self.enc, self.params, b[0].handle, b[1].handle, b[2].handle, b[3].handle,
-                                          b[4].handle, b[5].handle if self.has_tmp else ffi.NULL, b[6].handle))
+                                          b[4].handle, b[5].handle if self.has_tmp else ffi.NULL, b[6].handle,
+                                          ffi.NULL))
 
     def commit(self):
         check(lib.pyfa_encoder_commit(self.enc))

@@ -58,7 +58,7 @@ def device_seconds_decode(metal, q, k, v, n, repeats=5):
     times = []
     for _ in range(repeats):
         enc = metal.encoder()
-        check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in (*bufs, lens, rings, tmp, out))))
+        check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in (*bufs, lens, rings, tmp, out)), ffi.NULL))
         check(lib.pyfa_encoder_commit(enc))
         check(lib.pyfa_encoder_wait(enc))
         check(lib.pyfa_encoder_device_seconds(enc, seconds))

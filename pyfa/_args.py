@@ -108,6 +108,14 @@ def choice_arg(value, name: str, choices) -> str:
     return value
 
 
+def out_dtype_arg(value, default, allowed) -> np.dtype:
+    """The ``out_dtype`` of an op: ``default`` (its input's dtype) for None,
+    else one of ``allowed``."""
+    if value is None:
+        return np.dtype(default)
+    return dtype_arg(value, "out_dtype", allowed)
+
+
 def dtype_arg(value, name: str, allowed) -> np.dtype:
     """A numpy dtype among ``allowed``."""
     try:

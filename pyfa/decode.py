@@ -14,7 +14,7 @@ _DEFAULT_SCALES = {d: _args.default_scale(None, d) for d in range(1, 1025)}
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
-                     device: Device | None = None, out=None) -> np.ndarray:
+                     device: Device | None = None, out=None, out_dtype=None, return_lse=False):
     """One query row per head against a KV cache.
 
     Parameters
@@ -29,14 +29,27 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
-    out : optional float32 array of the output's shape (a GPU array when the inputs are).
+    out : optional array of the output's shape and dtype to write into (a GPU array when the
+        inputs are).
+    out_dtype : None (q's dtype), float32, float16 or bfloat16: the output's dtype. Accumulation is
+        float32 either way; the result is rounded once, to nearest even.
+    return_lse : also return the float32 LSE ``[B, H]`` (``[H]`` for a 2-D ``q``): each row's natural
+        log of ``sum_j exp(s_j)`` over its visible keys (scores after scale and softcap), the
+        convention of :func:`pyfa.attention`'s LSE, so :func:`pyfa.merge_attention_states`
+        combines decodes over disjoint parts of a cache.
+
+    kv_len and ring_start may also be GPU int32 arrays of ``B`` values (with GPU inputs): the
+    kernels read them when they run, so a CUDA graph that captured the call sees values written
+    before each replay. Such values cannot be checked on the host: the kernels clamp them
+    (``kv_len`` below 1 is an empty sequence whose output is zeros, above ``capacity`` is
+    ``capacity``; ``ring_start`` outside ``0..capacity-1`` is 0).
 
     Returns
     -------
-    float32 array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``). Non-contiguous inputs are copied.
-    With GPU arrays (torch / cupy) on the cuda device the inputs are read in place, the result
-    is an array of the same framework, and the work is queued on the caller's current stream
-    without waiting.
+    array ``[B, H, D]`` (``[H, D]`` for a 2-D ``q``) of ``out_dtype``, or ``(out, lse)``.
+    Non-contiguous inputs are copied. With GPU arrays (torch / cupy) on the cuda device the inputs
+    are read in place, the results are arrays of the same framework, and the work is queued on the
+    caller's current stream without waiting.
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((4, 64), np.float32); k = np.ones((2, 8, 64), np.float16)
@@ -44,7 +57,9 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     (4, 64)
     """
     device = _args.device_arg(device)
+    return_lse = return_lse if return_lse is False else _args.bool_arg(return_lse, "return_lse")
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
+    out_dtype = q.dtype if out_dtype is None else _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES)
     single = q.ndim == 2
     k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,), gpu=True)
     v = _io.as_array(v_cache, "v_cache", ndims=(k.ndim,), gpu=True)
@@ -72,25 +87,37 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         try:
             out = out[None]
         except Exception:
-            raise invalid(f"out: expected an array of shape {(H, D)} and dtype float32, got {_args.show(out)}") from None
+            raise invalid(f"out: expected an array of shape {(H, D)} and dtype {out_dtype}, "
+                          f"got {_args.show(out)}") from None
     if like is None and not device.host_visible:
-        result = _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out)
-        return result[0] if single else result
+        result, lse = _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype,
+                                     return_lse)
+    else:
+        result, lse = _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out,
+                                      out_dtype, return_lse)
+    if single:
+        result = result[0]
+        lse = None if lse is None else lse[0]
+    return (result, lse) if return_lse else result
 
+
+def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse):
+    """Arrays the device reads in place: a cached plan, run on this thread's encoder."""
+    B, H, D = q.shape
+    Hkv, capacity = k.shape[1], k.shape[2]
     lens = _io.sequence_values(kv_len, "kv_len", B, like)
     rings = _io.sequence_values(ring_start, "ring_start", B, like)
     # The split is sized for the longest host kv_len (rounded up to a power of
     # two, so a growing cache reuses its plan), or the capacity for device values.
     bucket = _plans.length_bucket(lens.longest if lens.longest is not None else capacity)
-    stream = like.stream if like is not None else 0
-    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, bucket)
+    key = ("decode", device, B, H, Hkv, D, window, scale, softcap, q.dtype, k.dtype, out_dtype, return_lse, bucket)
     plan = _plans.cached(key, lambda: _plans.new_plan(lib.pyfa_decode_plan_new, device, _args.params(
         "pyfa_decode_plan_desc *", {
             "attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": capacity,
                      "nwg": 0, "window": window, "scale": scale, "softcap": softcap},
-            "q_dtype": dtypes.code(q.dtype), "kv_dtype": dtypes.code(k.dtype), "out_dtype": dtypes.code(np.float32),
-            "max_kv_len": min(bucket, capacity)})))
-    result, out_address = _io.result_array((B, H, D), np.float32, out, like=like)
+            "q_dtype": dtypes.code(q.dtype), "kv_dtype": dtypes.code(k.dtype), "out_dtype": dtypes.code(out_dtype),
+            "max_kv_len": min(bucket, capacity), "return_lse": int(return_lse)})))
+    result, out_address = _io.result_array((B, H, D), out_dtype, out, like=like)
     args = ffi.new("pyfa_decode_run_args *")
     a = args.q
     a.address, a.nbytes = _io.address(q), q.nbytes
@@ -98,16 +125,21 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     a.address, a.nbytes = _io.address(k), k.nbytes
     a = args.v_cache
     a.address, a.nbytes = _io.address(v), v.nbytes
-    args.out.address, args.out.nbytes = out_address, B * H * D * 4
+    args.out.address, args.out.nbytes = out_address, B * H * D * np.dtype(out_dtype).itemsize
+    lse = None
+    if return_lse:
+        lse, args.lse.address = _io.result_array((B, H), np.float32, None, "lse", like=like)
+        args.lse.nbytes = B * H * 4
     lens.set(args.kv_len)
     rings.set(args.ring_start)
     args.kv_capacity = capacity
+    stream = like.stream if like is not None else 0
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, stream), args)
-    return result[0] if single else result
+    return result, lse
 
 
-def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out):
-    """Host arrays on a device with its own memory: copied in, the result copied back."""
+def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse):
+    """Host arrays on a device with its own memory: copied in, the results copied back."""
     B, H, D = q.shape
     for name, value in (("kv_len", kv_len), ("ring_start", ring_start)):
         _io.sequence_values(value, name, B, None)  # refuses GPU arrays by name
@@ -122,12 +154,15 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
     max_len = max(int(lens.max()), 0) if lens.size else 0
     check(lib.pyfa_flash_attn_vec_plan(device.handle, params, dtypes.code(k.dtype), min(max_len, capacity),
                                        tmp_bytes))
-    result, out_buf = _io.output(device, (B, H, D), np.float32, out)
+    result, out_buf = _io.output(device, (B, H, D), out_dtype, out)
+    lse, lse_buf = _io.output(device, (B, H), np.float32, None, "lse") if return_lse else (None, None)
     bufs = [_io.to_device(device, a) for a in (q, k, v, lens, rings)]
     tmp = _io.scratch(device, tmp_bytes[0])
     enc = _io.encoder(device)
-    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), tmp.handle if tmp else ffi.NULL,
-                                  out_buf.handle))
+    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), _io.handle(tmp), out_buf.handle,
+                                  _io.handle(lse_buf)))
     _io.submit(enc)
     _io.finish(device, result, out_buf)
-    return result
+    if return_lse:
+        _io.finish(device, lse, lse_buf)
+    return result, lse

@@ -88,7 +88,9 @@ class _RingCache:
             return self._total, 0
         return self.capacity, self._total % self.capacity
 
-    def _check_query(self, q, scale, softcap):
+    def _check_query(self, q, scale, softcap, out_dtype, return_lse):
+        """(q, scale, softcap, output dtype, return_lse) of an attend; float64 q
+        becomes float32 first, so its default output dtype is float32."""
         _host_only(q, "q")
         q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,))
         if q.dtype == np.float64:
@@ -97,7 +99,24 @@ class _RingCache:
         if D != self.head_dim or H == 0 or H % self.num_kv_heads:
             raise invalid(f"q: expected shape [H, head_dim={self.head_dim}] with H a multiple of "
                           f"num_kv_heads ({self.num_kv_heads}), got {q.shape}")
-        return q, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap")
+        return (q, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap"),
+                _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES), _args.bool_arg(return_lse, "return_lse"))
+
+    @staticmethod
+    def _empty_result(H, D, out_dtype, return_lse):
+        """What attending an empty cache gives: zeros, and LSE -inf (no visible key)."""
+        out = np.zeros((H, D), out_dtype)
+        return (out, np.full(H, -np.inf, np.float32)) if return_lse else out
+
+    def _decode(self, H, D, out_dtype, return_lse, call):
+        """Runs ``call(enc, out_handle, lse_handle)`` and returns out (and the LSE)."""
+        result, out = _io.output(self.device, (H, D), out_dtype, None)
+        lse, lse_buf = _io.output(self.device, (H,), np.float32, None, "lse") if return_lse else (None, None)
+        self._run(self.device, lambda enc: call(enc, out.handle, _io.handle(lse_buf)))
+        _io.finish(self.device, result, out)
+        if not return_lse:
+            return result
+        return result, _io.finish(self.device, lse, lse_buf)
 
     def _index(self, value: int) -> np.ndarray:
         return np.array([value], dtype=np.int32)
@@ -165,14 +184,16 @@ class KVCache(_RingCache):
                 self._write_rows(buf, rows[skip:].astype(self.dtype), slot, self.capacity)
             self._total += k.shape[0]
 
-    def attend(self, q, *, scale=None, softcap=0.0) -> np.ndarray:
-        """Decode attention of ``q [H, head_dim]`` over the cache; returns float32 ``[H, head_dim]``
-        (zeros for an empty cache)."""
-        q, scale, softcap = self._check_query(q, scale, softcap)
+    def attend(self, q, *, scale=None, softcap=0.0, out_dtype=None, return_lse=False):
+        """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the cache;
+        returns ``[H, head_dim]`` of ``out_dtype`` (None: q's dtype, float32 for a float64 q), zeros
+        for an empty cache. ``return_lse``: also the float32 LSE ``[H]`` (as
+        :func:`pyfa.decode_attention`'s; ``-inf`` for an empty cache), as ``(out, lse)``."""
+        q, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         with self._lock:
-            return self._attend(q, scale, softcap)
+            return self._attend(q, scale, softcap, out_dtype, return_lse)
 
-    def _attend(self, q, scale, softcap):
+    def _attend(self, q, scale, softcap, out_dtype, return_lse):
         H, D = q.shape
         kv_len, ring_start = self._ring()
         params = _args.params("pyfa_flash_attn_vec_params *", {
@@ -183,15 +204,13 @@ class KVCache(_RingCache):
         # The plan checks every option, so an empty cache rejects what a full one would.
         check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, dtypes.code(self.dtype), kv_len, tmp_bytes))
         if kv_len == 0:
-            return np.zeros((H, D), np.float32)
+            return self._empty_result(H, D, out_dtype, return_lse)
         tmp = self._scratch(int(tmp_bytes[0]))
-        result, out = _io.output(self.device, (H, D), np.float32, None)
         lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
         qb = _io.to_device(self.device, q)
-        self._run(self.device, lambda enc: check(lib.pyfa_flash_attn_vec(
-            enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle, rings.handle,
-            tmp.handle if tmp else ffi.NULL, out.handle)))
-        return _io.finish(self.device, result, out)
+        return self._decode(H, D, out_dtype, return_lse, lambda enc, out, lse: check(lib.pyfa_flash_attn_vec(
+            enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle, rings.handle, _io.handle(tmp), out,
+            lse)))
 
     def _scratch(self, nbytes: int):
         if nbytes == 0:

@@ -19,7 +19,7 @@ BLK_MIN_K_BLOCKS = 2
 
 
 def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, window=None, softcap=0.0,
-              layout="bhsd", return_lse=False, device: Device | None = None, out=None):
+              layout="bhsd", return_lse=False, device: Device | None = None, out=None, out_dtype=None):
     """Attention of many query rows: ``softmax(scale * q kᵀ [+ mask]) v``.
 
     Parameters
@@ -40,11 +40,13 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     layout : "bhsd" or "bshd" (for q, k, v and the output).
     return_lse : also return the float32 LSE ``[B, H, q_len]`` (natural log; ``-inf`` for a row
         with no visible key).
-    out : optional C-contiguous array of q's shape and dtype to write into.
+    out : optional C-contiguous array of q's shape and the output dtype to write into.
+    out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
+        bfloat16 inputs skips the rounding to 16 bits).
 
     Returns
     -------
-    array of q's shape and dtype (rows with no visible key are zeros), or ``(out, lse)``.
+    array of q's shape and ``out_dtype`` (rows with no visible key are zeros), or ``(out, lse)``.
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((1, 2, 5, 64), np.float32)
@@ -52,7 +54,8 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     (1, 2, 5, 64)
     """
     return _attention(q, k, v, scale=scale, causal=causal, q_offset=q_offset, mask=mask, window=window,
-                      softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out, use_blk=None)
+                      softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out,
+                      out_dtype=out_dtype, use_blk=None)
 
 
 def _mask_buffer(device, mask, io_dtype, B, H, qL, kL, like):
@@ -72,8 +75,16 @@ def _mask_buffer(device, mask, io_dtype, B, H, qL, kL, like):
     return _io.to_device(device, m.view(np.uint8) if m.dtype == bool else m), strides
 
 
+def _out_dtype(out_dtype, io_dtype, io_name: str) -> np.dtype:
+    """Output dtype of an op whose output is its input's dtype or, on request, float32."""
+    dt = _args.out_dtype_arg(out_dtype, io_dtype, dtypes.FLOAT_TYPES)
+    if dt not in (io_dtype, np.float32):
+        raise invalid(f"out_dtype: must be {io_name}'s dtype ({io_dtype}) or float32, got {dt}")
+    return dt
+
+
 def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layout, return_lse, device, out,
-               use_blk):
+               use_blk, out_dtype=None):
     """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
     device = _args.device_arg(device)
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
@@ -82,6 +93,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     q = _io.as_array(q, "q", ndims=(4,), gpu=True)
     k = _io.as_array(k, "k", ndims=(4,), gpu=True)
     v = _io.as_array(v, "v", ndims=(4,), gpu=True)
+    out_dtype = _out_dtype(out_dtype, q.dtype, "q")
     like = _io.gpu_like(device, q, k, v)
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
@@ -116,7 +128,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))
     want_blk = mask_buf is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
 
-    result, out_buf = _io.output(device, tuple(q.shape), q.dtype, out, like=like)
+    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, out, like=like)
     lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse", like=like) if return_lse else (None, None)
     q_buf, k_buf, v_buf = (_io.to_device(device, a, like) for a in (q, k, v))
     enc = _io.encoder(device, like)
@@ -134,7 +146,8 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     return result
 
 
-def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Device | None = None, out=None):
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Device | None = None, out=None,
+                           out_dtype=None):
     """Combines two attentions of the same queries over disjoint key sets.
 
     Parameters
@@ -142,17 +155,21 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     o_a, o_b : arrays ``[B, H, L, D]`` ("bhsd") or ``[B, L, H, D]`` ("bshd"), one float dtype
         (float32 / float16 / bfloat16); ``D`` a multiple of 8, at most 512.
     lse_a, lse_b : float32 ``[B, H, L]``: their natural-log LSEs (``-inf``: that side saw no key).
-    out : optional C-contiguous array of o_a's shape and dtype to write into.
+    out : optional C-contiguous array of o_a's shape and the output dtype to write into.
+    out_dtype : None (o_a's dtype) or float32.
 
     Returns
     -------
-    ``(o, lse)``: o in o_a's shape and dtype, lse float32 ``[B, H, L]``. Rows with ``-inf`` on
-    both sides give zeros and ``-inf``.
+    ``(o, lse)``: o in o_a's shape and ``out_dtype``, lse float32 ``[B, H, L]``. Rows with
+    ``-inf`` on both sides give zeros and ``-inf``. Decodes over disjoint parts of a cache merge
+    too: pass their ``[B, H, D]`` outputs and ``[B, H]`` LSEs with a length-1 axis inserted
+    (``o[:, :, None]``, ``lse[:, :, None]``).
     """
     device = _args.device_arg(device)
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     o_a = _io.as_array(o_a, "o_a", ndims=(4,), gpu=True)
     o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,), gpu=True)
+    out_dtype = _out_dtype(out_dtype, o_a.dtype, "o_a")
     if tuple(o_b.shape) != tuple(o_a.shape):
         raise invalid(f"o_b: shape {o_b.shape} differs from o_a's {o_a.shape}")
     B, H, L, D = _io.layout_dims(o_a.shape, layout)
@@ -165,7 +182,7 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
             raise invalid(f"{name}: expected shape [B, H, L] = {[B, H, L]}, got {list(a.shape)}")
     params = _args.params("pyfa_merge_attn_params *", {
         "batch": B, "num_heads": H, "seq_len": L, "head_dim": D, "o_strides": _io.layout_strides(layout, H, L, D)})
-    result, out_buf = _io.output(device, tuple(o_a.shape), o_a.dtype, out, like=like)
+    result, out_buf = _io.output(device, tuple(o_a.shape), out_dtype, out, like=like)
     lse, lse_buf = _io.output(device, (B, H, L), np.float32, None, "lse", like=like)
     bufs = [_io.to_device(device, a, like) for a in (o_a, lse_a, o_b, lse_b)]
     enc = _io.encoder(device, like)

@@ -15,7 +15,7 @@ def _f64(x) -> np.ndarray:
 def softmax_rows(scores: np.ndarray, visible: np.ndarray):
     """Row softmax over visible entries; a row with none gives weights 0 and LSE -inf."""
     s = np.where(visible, scores, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.where(visible, np.exp(s - m_safe), 0.0)
     total = e.sum(axis=-1, keepdims=True)
@@ -29,8 +29,11 @@ def capped(scores: np.ndarray, softcap: float) -> np.ndarray:
     return softcap * np.tanh(scores / softcap) if softcap > 0 else scores
 
 
-def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0):
-    """Reference of :func:`pyfa.decode_attention`; returns float64 ``[B, H, D]`` (``[H, D]`` for 2-D q)."""
+def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, window=None, ring_start=0,
+                     return_lse=False):
+    """Reference of :func:`pyfa.decode_attention`; returns float64 ``[B, H, D]`` (``[H, D]`` for 2-D q),
+    and with ``return_lse`` also the float64 natural-log LSE ``[B, H]`` (``[H]``; ``-inf`` for a row
+    with no visible key, e.g. ``kv_len`` 0)."""
     q, k, v = _f64(q), _f64(k_cache), _f64(v_cache)
     single = q.ndim == 2
     if single:
@@ -42,6 +45,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     lens = np.broadcast_to(np.asarray(kv_len), (B,))
     rings = np.broadcast_to(np.asarray(ring_start), (B,))
     out = np.zeros((B, H, D))
+    lse = np.full((B, H), -np.inf)
     for b in range(B):
         n, r = int(lens[b]), int(rings[b])
         slots = np.arange(n)  # only slots < kv_len are read, whatever the rest holds
@@ -50,9 +54,12 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         for h in range(H):
             kv = h // group
             s = capped(k[b, kv, :n] @ q[b, h] * scale, softcap)
-            w, _ = softmax_rows(s[None], visible[None])
+            w, row_lse = softmax_rows(s[None], visible[None])
             out[b, h] = w[0] @ v[b, kv, :n]
-    return out[0] if single else out
+            lse[b, h] = row_lse[0]
+    if single:
+        out, lse = out[0], lse[0]
+    return (out, lse) if return_lse else out
 
 
 def _to_bhsd(x: np.ndarray, layout: str) -> np.ndarray:

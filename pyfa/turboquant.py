@@ -321,18 +321,21 @@ class TurboQuantKVCache(_RingCache):
             self._run(self.device, record)
             self._total += skip + count
 
-    def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None) -> np.ndarray:
-        """Decode attention of ``q [H, head_dim]`` (float32/float16/bfloat16) over the codes, in the
-        rotated domain; returns float32 ``[H, head_dim]`` in the original domain (zeros for an empty
-        cache). ``fused`` picks the fused reduce + undo tail; both tails give identical bits.
-        ``nwg`` overrides the backend plan's workgroups per sequence (tests and tuning)."""
-        q, scale, softcap = self._check_query(q, scale, softcap)
+    def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None, out_dtype=None, return_lse=False):
+        """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the codes,
+        in the rotated domain; returns ``[H, head_dim]`` in the original domain, of ``out_dtype``
+        (None: q's dtype, float32 for a float64 q), zeros for an empty cache. ``return_lse``: also
+        the float32 LSE ``[H]`` as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of
+        the original-domain scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce +
+        undo tail; both tails give identical bits. ``nwg`` overrides the backend plan's workgroups
+        per sequence (tests and tuning)."""
+        q, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         fused = _args.bool_arg(fused, "fused")
         nwg = self._nwg(nwg)
         with self._lock:
-            return self._attend(q, scale, softcap, fused, nwg)
+            return self._attend(q, scale, softcap, fused, nwg, out_dtype, return_lse)
 
-    def _attend(self, q, scale, softcap, fused, nwg):
+    def _attend(self, q, scale, softcap, fused, nwg, out_dtype, return_lse):
         H, D = q.shape
         kv_len, ring_start = self._ring()
         params = _args.params("pyfa_flash_attn_vec_tq_params *", {
@@ -344,18 +347,16 @@ class TurboQuantKVCache(_RingCache):
         # The plan checks every option, so an empty cache rejects what a full one would.
         check(lib.pyfa_flash_attn_vec_tq_plan(self.device.handle, params, kv_len, tmp_bytes))
         if kv_len == 0:
-            return np.zeros((H, D), np.float32)
+            return self._empty_result(H, D, out_dtype, return_lse)
         nbytes = int(tmp_bytes[0])
         if nbytes not in self._tmp:
             self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
         tmp = self._tmp[nbytes]
-        result, out = _io.output(self.device, (H, D), np.float32, None)
         lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
         qb = _io.to_device(self.device, q)
-        self._run(self.device, lambda enc: check(lib.pyfa_flash_attn_vec_tq(
+        return self._decode(H, D, out_dtype, return_lse, lambda enc, out, lse: check(lib.pyfa_flash_attn_vec_tq(
             enc, params, qb.handle, self._codes[0].handle, self._scales[0].handle, self._codes[1].handle,
-            self._scales[1].handle, lens.handle, rings.handle, tmp.handle, out.handle)))
-        return _io.finish(self.device, result, out)
+            self._scales[1].handle, lens.handle, rings.handle, tmp.handle, out, lse)))
 
     @staticmethod
     def _nwg(nwg) -> int:

@@ -226,7 +226,8 @@ def dense_recorder(dev, fw, B, Hq, Hkv, D, L):
     def record(n):
         for _ in range(n):
             check(lib.pyfa_flash_attn_vec(r.enc, params, b[0].handle, b[1].handle, b[2].handle, b[3].handle,
-                                          b[4].handle, b[5].handle if tmp_bytes[0] else ffi.NULL, b[6].handle))
+                                          b[4].handle, b[5].handle if tmp_bytes[0] else ffi.NULL, b[6].handle,
+                                          ffi.NULL))
     return r, record, 2 * B * Hkv * L * D * 2, int(params.nwg)
 
 
@@ -248,7 +249,7 @@ def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits):
 
     def record(n):
         for _ in range(n):
-            check(lib.pyfa_flash_attn_vec_tq(r.enc, params, *(x.handle for x in b)))
+            check(lib.pyfa_flash_attn_vec_tq(r.enc, params, *(x.handle for x in b), ffi.NULL))
     return r, record, 2 * B * Hkv * L * (rb + 4), int(params.attn.nwg), out
 
 

@@ -170,10 +170,12 @@ class Fuzzer:
         rings = self.buffer(B, [lib.PYFA_DTYPE_U32, lib.PYFA_DTYPE_I32],
                             lambda n: [r.choice([0, 0, 0, cap - 1, cap, 2**31 - 1]) for _ in range(n)])
         tmp = self.buffer(min(int(plan_tmp[0]) // 4 + 1, 1 << 20), [lib.PYFA_DTYPE_F32])
-        out = self.buffer(B * H * D, [lib.PYFA_DTYPE_F32])
-        handles = [b[0] for b in [q, *kv, lens, rings, tmp, out]]
+        out = self.buffer(B * H * D, F)
+        lse = self.buffer(B * H, [lib.PYFA_DTYPE_F32]) if r.random() < 0.5 else (ffi.NULL, None)
+        bufs = [q, *kv, lens, rings, tmp, out, lse]
+        handles = [b[0] for b in bufs]
         enc = self.encoder()
-        self.trace_call(entry, fields, buffers=[0 if b[1] is None else b[1].size for b in [q, *kv, lens, rings, tmp, out]])
+        self.trace_call(entry, fields, buffers=[0 if b[1] is None else b[1].size for b in bufs])
         fn = lib.pyfa_flash_attn_vec_tq if tq else lib.pyfa_flash_attn_vec
         status = fn(enc, p, *handles)
         self.check(status)
@@ -208,7 +210,8 @@ class Fuzzer:
         n_q, n_k = B * H * qL * D, B * Hkv * kL * D
         if n_q > 1 << 20 or n_k > 1 << 20:
             return
-        q, k, v, out = self.buffer(n_q, F), self.buffer(n_k, F), self.buffer(n_k, F), self.buffer(n_q, F)
+        q, k, v = self.buffer(n_q, F), self.buffer(n_k, F), self.buffer(n_k, F)
+        out = self.buffer(n_q, r.choice([F, [lib.PYFA_DTYPE_F32]]))
         mask = self.buffer({None: 0, "2": qL * kL, "4": B * H * qL * kL}[mask_kind], [lib.PYFA_DTYPE_U8] + F,
                            lambda n: [r.choice([0, 1]) for _ in range(n)]) if mask_kind else (ffi.NULL, None)
         blk = self.buffer(min(int(blk_bytes[0]) + 1, 1 << 20), [lib.PYFA_DTYPE_U8]) if r.random() < 0.5 \
@@ -238,8 +241,8 @@ class Fuzzer:
         lse = lambda count: np.where(np.random.default_rng(r.getrandbits(32)).random(count) < 0.2, -np.inf, 1.0)
         bufs = [self.buffer(n * p.head_dim, F), self.buffer(n, [lib.PYFA_DTYPE_F32], lse),
                 self.buffer(n * p.head_dim, F), self.buffer(n, [lib.PYFA_DTYPE_F32], lse),
-                self.buffer(n * p.head_dim, F), self.buffer(n, [lib.PYFA_DTYPE_F32]) if r.random() < 0.7
-                else (ffi.NULL, None)]
+                self.buffer(n * p.head_dim, r.choice([F, [lib.PYFA_DTYPE_F32]])),
+                self.buffer(n, [lib.PYFA_DTYPE_F32]) if r.random() < 0.7 else (ffi.NULL, None)]
         enc = self.encoder()
         self.trace_call("merge_attention_states", fields)
         status = lib.pyfa_merge_attention_states(enc, p, *(b[0] for b in bufs))

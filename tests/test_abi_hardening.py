@@ -56,7 +56,7 @@ def test_vec_q_size_overflow(dev):
     p = ffi.new("pyfa_flash_attn_vec_params *", dict(batch=U32_MAX, num_heads=U32_MAX, num_kv_heads=1, head_dim=64,
                                                      kv_capacity=1, nwg=1, scale=0.125))
     msg = _error(lib.pyfa_flash_attn_vec(dev.encoder(), p, q.handle, k.handle, k.handle, lens.handle, ring.handle,
-                                         tmp.handle, out.handle))
+                                         tmp.handle, out.handle, ffi.NULL))
     assert "batch * num_heads" in msg
 
 
@@ -67,7 +67,8 @@ def test_vec_tq_q_size_overflow(dev):
     attn = dict(batch=U32_MAX, num_heads=U32_MAX, num_kv_heads=1, head_dim=64, kv_capacity=1, nwg=1, scale=0.125)
     p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4})
     msg = _error(lib.pyfa_flash_attn_vec_tq(dev.encoder(), p, q.handle, codes.handle, scales.handle, codes.handle,
-                                            scales.handle, lens.handle, ring.handle, tmp.handle, out.handle))
+                                            scales.handle, lens.handle, ring.handle, tmp.handle, out.handle,
+                                            ffi.NULL))
     assert "batch * num_heads" in msg
 
 
@@ -119,14 +120,16 @@ def _record_vec(dev, k, v, q, lens, ring, nwg, tq=None):
         tmp = dev.buffer((H * nwg * (D + 2),), np.float32)
         p = ffi.new("pyfa_flash_attn_vec_params *", attn)
         check(lib.pyfa_flash_attn_vec(enc, p, qb.handle, k.handle, v.handle, kvl.handle, rs.handle, tmp.handle,
-                                      out.handle))
+                                      out.handle, ffi.NULL))
     else:
         (kc, ks), (vc, vs) = tq
-        tmp = dev.buffer((H * nwg * (D + 2) + H * D,), np.float32)
         p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4, "seed_lo": 3,
                                                         "fused": 1})
+        tmp_bytes = ffi.new("uint64_t *")
+        check(lib.pyfa_flash_attn_vec_tq_plan(dev.handle, p, CAP, tmp_bytes))
+        tmp = dev.buffer((tmp_bytes[0] // 4,), np.float32)
         check(lib.pyfa_flash_attn_vec_tq(enc, p, qb.handle, kc.handle, ks.handle, vc.handle, vs.handle,
-                                         kvl.handle, rs.handle, tmp.handle, out.handle))
+                                         kvl.handle, rs.handle, tmp.handle, out.handle, ffi.NULL))
     return enc, kvl, rs, out, (qb, tmp)
 
 

@@ -120,7 +120,7 @@ def _low_level(dev, **overrides):
         "q": np.zeros((1, H, D), np.float32), "k": np.zeros((1, Hkv, cap, D), np.float16),
         "v": np.zeros((1, Hkv, cap, D), np.float16), "kv_len": np.array([8], np.uint32),
         "ring_start": np.array([0], np.uint32), "tmp": np.zeros(1 * H * 2 * (D + 2), np.float32),
-        "out": np.zeros((1, H, D), np.float32),
+        "out": np.zeros((1, H, D), np.float32), "lse": None,
     }
     params = {"batch": 1, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": cap, "nwg": 2,
               "scale": 0.125}
@@ -145,7 +145,10 @@ def test_low_level_baseline_runs(dev):
     ("v", np.zeros((1, 2, 32, 64), np.float32), "v_cache: dtype f32 not accepted"),
     ("kv_len", np.zeros(0, np.uint32), "kv_len: buffer holds 0 elements, needs 1"),
     ("tmp", np.zeros(100, np.float32), "tmp: buffer holds 100 elements"),
-    ("out", np.zeros((1, 4, 64), np.float16), "out: dtype f16 not accepted"),
+    ("out", np.zeros((1, 4, 64), np.uint16), "out: dtype u16 not accepted \\(expected f32 or f16 or bf16\\)"),
+    ("out", np.zeros((1, 4, 32), np.float16), "out: buffer holds 128 elements, needs 256"),
+    ("lse", np.zeros(4, np.float16), "lse: dtype f16 not accepted \\(expected f32\\)"),
+    ("lse", np.zeros(3, np.float32), "lse: buffer holds 3 elements, needs 4"),
     ("q", None, "q: buffer is NULL"),
 ])
 def test_low_level_undersized_or_wrong_buffers(dev, name, array, match):

@@ -114,9 +114,18 @@ def decode_calls(draw):
               kv_len=lens[0] if B is None and draw(st.booleans()) else lens,
               ring_start=rings[0] if B is None else rings,
               scale=draw(st.none() | st.floats(0.01, 2.0)), softcap=draw(st.sampled_from([0.0, 0.5, 5.0, 30.0])),
-              window=draw(st.none() | st.integers(1, cap + 3)))
+              window=draw(st.none() | st.integers(1, cap + 3)), out_dtype=draw(st.sampled_from([None] + FLOATS)),
+              return_lse=draw(st.booleans()))
     bad = inject(draw, kw, arrays=("q", "k_cache", "v_cache"))
     return kw, bad
+
+
+def compare_lse(lse, want_lse):
+    """LSEs agree where finite (f32 sums and logs: relative 1e-3 leaves margin) and are -inf together."""
+    assert lse.dtype == np.float32 and lse.shape == np.shape(want_lse)
+    fin = np.isfinite(want_lse)
+    assert (np.isfinite(lse) == fin).all() and (lse[~fin] == -np.inf).all()
+    np.testing.assert_allclose(lse[fin], want_lse[fin], rtol=0, atol=1e-3 * max(1, np.abs(want_lse[fin]).max(initial=0)))
 
 
 @given(decode_calls())
@@ -124,9 +133,15 @@ def test_fuzz_decode_attention(case):
     kw, bad = case
 
     def compare(got, want):
-        assert got.dtype == np.float32 and got.shape == np.shape(want)
-        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance(np.asarray(kw["k_cache"]).dtype, kw["v_cache"]))
-    check(lambda: pyfa.decode_attention(**kw, device=DEVICE), lambda: reference.decode_attention(**kw), bad, compare)
+        if kw["return_lse"] is True:
+            (got, lse), (want, want_lse) = got, want
+            compare_lse(lse, want_lse)
+        expected = np.asarray(kw["q"]).dtype if kw["out_dtype"] is None else np.dtype(kw["out_dtype"])
+        assert got.dtype == expected and got.shape == np.shape(want)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tolerance(got.dtype, kw["v_cache"]))
+    ref_kw = {n: v for n, v in kw.items() if n != "out_dtype"}
+    check(lambda: pyfa.decode_attention(**kw, device=DEVICE), lambda: reference.decode_attention(**ref_kw), bad,
+          compare)
 
 
 # --------------------------------------------------------------------------- attention
@@ -165,9 +180,7 @@ def test_fuzz_attention(case):
     def compare(got, want):
         if kw["return_lse"] is True:
             (got, lse), (want, want_lse) = got, want
-            fin = np.isfinite(want_lse)
-            assert (np.isfinite(lse) == fin).all()
-            np.testing.assert_allclose(lse[fin], want_lse[fin], rtol=0, atol=1e-3 * max(1, np.abs(want_lse[fin]).max(initial=0)))
+            compare_lse(lse, want_lse)
         assert got.shape == np.shape(want)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tolerance(got.dtype, kw["v"]))
     check(lambda: pyfa.attention(**kw, device=DEVICE), lambda: reference.attention(**kw), bad, compare)

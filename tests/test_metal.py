@@ -132,7 +132,7 @@ def test_device_seconds_come_from_the_command_buffers(metal, cpu, rng):
     bufs = [metal.wrap(a) for a in (q, k, k, np.array([200], np.int32), np.array([0], np.int32))]
     out = np.zeros((1, 4, 64), np.float32)
     enc = metal.encoder()
-    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), ffi.NULL, metal.wrap(out).handle))
+    check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), ffi.NULL, metal.wrap(out).handle, ffi.NULL))
     check(lib.pyfa_encoder_commit(enc))
     check(lib.pyfa_encoder_wait(enc))
     check(lib.pyfa_encoder_device_seconds(enc, seconds))

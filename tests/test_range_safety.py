@@ -101,6 +101,6 @@ def test_decode_out_aliasing_q(dev):
     p = ffi.new("pyfa_flash_attn_vec_params *", dict(batch=1, num_heads=4, num_kv_heads=2, head_dim=64,
                                                      kv_capacity=32, nwg=1, scale=0.125))
     status = lib.pyfa_flash_attn_vec(dev.encoder(), p, *(b.handle for b in bufs.values()), bufs["q"].handle,
-                                     bufs["q"].handle)
+                                     bufs["q"].handle, ffi.NULL)
     assert status == lib.PYFA_ERR_INVALID_ARGUMENT
     assert "out: overlaps q in memory" in ffi.string(lib.pyfa_last_error()).decode()

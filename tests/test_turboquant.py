@@ -515,7 +515,7 @@ def test_batched_kernels_match_single_sequence_caches(device, rng):
     enc = device.encoder()
     assert lib.pyfa_flash_attn_vec_tq(enc, params, qb.handle, codes[0].handle, scales[0].handle,
                                       codes[1].handle, scales[1].handle, kv_len.handle,
-                                      ring.handle, tmp.handle, out.handle) == 0
+                                      ring.handle, tmp.handle, out.handle, ffi.NULL) == 0
     assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0
     for b in range(B):
         np.testing.assert_allclose(out.read()[b], caches[b].attend(q[b]), atol=2e-6, rtol=0)
@@ -528,7 +528,7 @@ def test_query_dtypes(device, rng):
     q = rng.standard_normal((4, 128))
     for dt in (np.float16, pyfa.bfloat16):
         qd = q.astype(dt)
-        np.testing.assert_array_equal(c.attend(qd), c.attend(qd.astype(np.float32)))
+        np.testing.assert_array_equal(c.attend(qd, out_dtype=np.float32), c.attend(qd.astype(np.float32)))
 
 
 def _abi_error(status):
@@ -555,16 +555,16 @@ def test_bad_decode_and_dequantize_params(cpu):
         p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4, **change})
         assert match in _abi_error(lib.pyfa_flash_attn_vec_tq(cpu.encoder(), p, q.handle, codes.handle, scales.handle,
                                                              codes.handle, scales.handle, lens.handle, ring.handle,
-                                                             tmp.handle, out.handle))
+                                                             tmp.handle, out.handle, ffi.NULL))
     p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 8, "v_bits": 4})
     assert "k_codes" in _abi_error(lib.pyfa_flash_attn_vec_tq(  # 8-bit rows need 64 B, the buffer has 32
         cpu.encoder(), p, q.handle, codes.handle, scales.handle, codes.handle, scales.handle, lens.handle,
-        ring.handle, tmp.handle, out.handle))
+        ring.handle, tmp.handle, out.handle, ffi.NULL))
     small_tmp = cpu.buffer((4,), np.float32)
     p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4})
     assert "tmp" in _abi_error(lib.pyfa_flash_attn_vec_tq(
         cpu.encoder(), p, q.handle, codes.handle, scales.handle, codes.handle, scales.handle, lens.handle,
-        ring.handle, small_tmp.handle, out.handle))
+        ring.handle, small_tmp.handle, out.handle, ffi.NULL))
     fp = ffi.new("pyfa_tq_fwht_params *", dict(nrows=0, head_dim=64, transform=0))
     assert "nrows" in _abi_error(lib.pyfa_fwht(cpu.encoder(), fp, q.handle, q.handle))
     fp = ffi.new("pyfa_tq_fwht_params *", dict(nrows=2, head_dim=64, transform=0))

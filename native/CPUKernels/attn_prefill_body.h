@@ -280,15 +280,16 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
         pf_accumulate(o, st, vt, alpha, nk, rows_used, D);
     }
 
+    /* out is the I/O dtype or f32 (the entry point checks). */
+    const int out_dt = d->constants[PYFA_PREFILL_FC_OUT_DTYPE];
+    const uint32_t oes = dtype_size(out_dt);
     char *obase = (char *)d->args[PYFA_PREFILL_ARG_OUT] +
-                  (b * p->out_strides[0] + h * p->out_strides[1] + (int64_t)i0 * p->out_strides[2]) * es;
+                  (b * p->out_strides[0] + h * p->out_strides[1] + (int64_t)i0 * p->out_strides[2]) * oes;
     float *lse = has_lse ? (float *)d->args[PYFA_PREFILL_ARG_LSE] + ((size_t)b * p->num_heads + h) * p->q_len + i0 : NULL;
     for (uint32_t i = 0; i < nq; i++) {
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        const vf8 vinv = vf8_splat(inv);
-        char *orow = obase + (int64_t)i * p->out_strides[2] * es;
-        const float *src = o + (size_t)i * D;
-        for (uint32_t dd = 0; dd < D; dd += 8) vf8_store_as(orow, dd, vf8_load(src + dd) * vinv, dt);
+        char *orow = obase + (int64_t)i * p->out_strides[2] * oes;
+        row_store_scaled(orow, o + (size_t)i * D, inv, D, out_dt);
         if (lse) lse[i] = l[i] > 0.0f ? (m[i] + log2f(l[i])) * PF_LN2 : -INFINITY;
     }
 }
@@ -312,6 +313,11 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t 
     if (d->constants[PYFA_PREFILL_FC_BLOCK_Q] != PF_BQ || d->constants[PYFA_PREFILL_FC_BLOCK_K] != PF_BK) {
         pyfa_cpu_fail(d, "unsupported tile %dx%d (built for %dx%d)", d->constants[PYFA_PREFILL_FC_BLOCK_Q],
                       d->constants[PYFA_PREFILL_FC_BLOCK_K], PF_BQ, PF_BK);
+        return;
+    }
+    const int out_dt = d->constants[PYFA_PREFILL_FC_OUT_DTYPE];
+    if (out_dt != d->constants[PYFA_PREFILL_FC_DTYPE] && out_dt != PYFA_DTYPE_F32) {
+        pyfa_cpu_fail(d, "unsupported out dtype %d for dtype %d", out_dt, d->constants[PYFA_PREFILL_FC_DTYPE]);
         return;
     }
     switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
@@ -419,21 +425,23 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint3
     }
 }
 
-/* Merges row (z, y, x) of two partial attentions. */
-PYFA_INLINE void merge_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt) {
+/* Merges row (z, y, x) of two partial attentions of dtype dt into out of
+ * dtype out_dt (dt or f32). */
+PYFA_INLINE void merge_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, const int dt,
+                            const int out_dt) {
     const pyfa_merge_attn_params *p = (const pyfa_merge_attn_params *)d->args[PYFA_MERGE_ARG_PARAMS];
     const uint32_t D = p->head_dim, es = dtype_size(dt);
     const size_t idx = ((size_t)z * p->num_heads + y) * p->seq_len + x;
-    const int64_t off = ((int64_t)z * p->o_strides[0] + (int64_t)y * p->o_strides[1] + (int64_t)x * p->o_strides[2]) * es;
-    const char *oa = (const char *)d->args[PYFA_MERGE_ARG_O_A] + off;
-    const char *ob = (const char *)d->args[PYFA_MERGE_ARG_O_B] + off;
-    char *out = (char *)d->args[PYFA_MERGE_ARG_OUT] + off;
+    const int64_t off = (int64_t)z * p->o_strides[0] + (int64_t)y * p->o_strides[1] + (int64_t)x * p->o_strides[2];
+    const char *oa = (const char *)d->args[PYFA_MERGE_ARG_O_A] + off * es;
+    const char *ob = (const char *)d->args[PYFA_MERGE_ARG_O_B] + off * es;
+    char *out = (char *)d->args[PYFA_MERGE_ARG_OUT] + off * dtype_size(out_dt);
     float *lse_out = d->constants[PYFA_MERGE_FC_HAS_LSE] ? (float *)d->args[PYFA_MERGE_ARG_LSE_OUT] + idx : NULL;
     const float la = ((const float *)d->args[PYFA_MERGE_ARG_LSE_A])[idx];
     const float lb = ((const float *)d->args[PYFA_MERGE_ARG_LSE_B])[idx];
     const float mx = la > lb ? la : lb;
     if (!(mx > -INFINITY)) { /* neither side saw a key */
-        for (uint32_t i = 0; i < D; i += 8) vf8_store_as(out, i, vf8_splat(0.0f), dt);
+        for (uint32_t i = 0; i < D; i += 8) vf8_store_as(out, i, vf8_splat(0.0f), out_dt);
         if (lse_out) *lse_out = -INFINITY;
         return;
     }
@@ -443,17 +451,30 @@ PYFA_INLINE void merge_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, 
     const float total = wa + wb;
     const vf8 fa = vf8_splat(wa / total), fb = vf8_splat(wb / total);
     for (uint32_t i = 0; i < D; i += 8)
-        vf8_store_as(out, i, fa * vf8_load_as(oa, i, dt) + fb * vf8_load_as(ob, i, dt), dt);
+        vf8_store_as(out, i, fa * vf8_load_as(oa, i, dt) + fb * vf8_load_as(ob, i, dt), out_dt);
     if (lse_out) *lse_out = mx + logf(total);
 }
 
+/* Defaults report through pyfa_cpu_fail and write nothing (see attn_vec_body.h). */
 void PYFA_ISA(pyfa_cpu_merge_attention_states)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                                void *scratch) {
     (void)scratch;
-    switch (d->constants[PYFA_MERGE_FC_DTYPE]) {
-    case PYFA_DTYPE_F16: merge_body(d, x, y, z, PYFA_DTYPE_F16); return;
-    case PYFA_DTYPE_BF16: merge_body(d, x, y, z, PYFA_DTYPE_BF16); return;
-    case PYFA_DTYPE_F32: merge_body(d, x, y, z, PYFA_DTYPE_F32); return;
-    default: pyfa_cpu_fail(d, "unsupported dtype %d", d->constants[PYFA_MERGE_FC_DTYPE]); return;
+    const int dt = d->constants[PYFA_MERGE_FC_DTYPE], out_dt = d->constants[PYFA_MERGE_FC_OUT_DTYPE];
+    if (out_dt != dt && out_dt != PYFA_DTYPE_F32) {
+        pyfa_cpu_fail(d, "unsupported out dtype %d for dtype %d", out_dt, dt);
+        return;
+    }
+    const int f32_out = out_dt == PYFA_DTYPE_F32;
+    switch (dt) {
+    case PYFA_DTYPE_F16:
+        if (f32_out) merge_body(d, x, y, z, PYFA_DTYPE_F16, PYFA_DTYPE_F32);
+        else merge_body(d, x, y, z, PYFA_DTYPE_F16, PYFA_DTYPE_F16);
+        return;
+    case PYFA_DTYPE_BF16:
+        if (f32_out) merge_body(d, x, y, z, PYFA_DTYPE_BF16, PYFA_DTYPE_F32);
+        else merge_body(d, x, y, z, PYFA_DTYPE_BF16, PYFA_DTYPE_BF16);
+        return;
+    case PYFA_DTYPE_F32: merge_body(d, x, y, z, PYFA_DTYPE_F32, PYFA_DTYPE_F32); return;
+    default: pyfa_cpu_fail(d, "unsupported dtype %d", dt); return;
     }
 }

@@ -108,6 +108,9 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     const int q_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_Q_DTYPE];
     const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
     const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];
+    /* TurboQuant's direct output is the rotated f32 row its undo reads. */
+    const int out_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_OUT_DTYPE];
+    const int has_lse = d->constants[kbits ? PYFA_TQ_VEC_FC_HAS_LSE : PYFA_VEC_FC_HAS_LSE];
     const float scale = p->scale, softcap = p->softcap;
 
     /* This workgroup's logical positions [begin, end). */
@@ -216,9 +219,9 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
         const float *ag = acc + (size_t)g * D;
         if (direct) {
-            float *o = (float *)d->args[PYFA_VEC_ARG_OUT] + row * D;
             const float inv = Ss[g] > 0.0f ? 1.0f / Ss[g] : 0.0f;
-            for (uint32_t i = 0; i < D; i += 8) vf8_store(o + i, vf8_load(ag + i) * vf8_splat(inv));
+            row_store_scaled((char *)d->args[PYFA_VEC_ARG_OUT] + row * D * dtype_size(out_dt), ag, inv, D, out_dt);
+            if (has_lse) ((float *)d->args[PYFA_VEC_ARG_LSE])[row] = Ss[g] > 0.0f ? Ms[g] + logf(Ss[g]) : -INFINITY;
         } else {
             float *tmp = (float *)d->args[PYFA_VEC_ARG_TMP];
             memcpy(tmp + (row * nwg + iwg) * D, ag, (size_t)D * sizeof(float));
@@ -253,8 +256,9 @@ PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS
 
 void PYFA_ISA(pyfa_cpu_flash_attn_vec)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                        void *scratch) {
-    if (!is_float_dtype(d->constants[PYFA_VEC_FC_Q_DTYPE])) {
-        pyfa_cpu_fail(d, "unsupported q dtype %d", d->constants[PYFA_VEC_FC_Q_DTYPE]);
+    if (!is_float_dtype(d->constants[PYFA_VEC_FC_Q_DTYPE]) || !is_float_dtype(d->constants[PYFA_VEC_FC_OUT_DTYPE])) {
+        pyfa_cpu_fail(d, "unsupported q / out dtype %d / %d", d->constants[PYFA_VEC_FC_Q_DTYPE],
+                      d->constants[PYFA_VEC_FC_OUT_DTYPE]);
         return;
     }
     switch (d->constants[PYFA_VEC_FC_KV_DTYPE]) {
@@ -265,11 +269,12 @@ void PYFA_ISA(pyfa_cpu_flash_attn_vec)(const pyfa_cpu_dispatch *d, uint32_t x, u
     }
 }
 
-/* Merges the nwg partial states of row x into o. One out-of-line copy serves
- * both flash_attn_vec_reduce and the fused TurboQuant reduce + undo, so the
- * two run the same instructions. */
-__attribute__((noinline)) static void vec_reduce_row(const pyfa_attn_reduce_params *p, const float *tmp, uint32_t x,
-                                                     float *o) {
+/* Merges the nwg partial states of row x into o (f32) and returns the row's
+ * lse (-inf when no workgroup saw a key, o then zeros). One out-of-line copy
+ * serves both flash_attn_vec_reduce and the fused TurboQuant reduce + undo,
+ * so the two run the same instructions. */
+__attribute__((noinline)) static float vec_reduce_row(const pyfa_attn_reduce_params *p, const float *tmp, uint32_t x,
+                                                      float *o) {
     const uint32_t D = p->head_dim, nwg = p->nwg;
     const float *sm = tmp + (size_t)p->nrows * nwg * D + (size_t)x * nwg * 2;
     const float *part = tmp + (size_t)x * nwg * D;
@@ -277,7 +282,7 @@ __attribute__((noinline)) static void vec_reduce_row(const pyfa_attn_reduce_para
     for (uint32_t w = 0; w < nwg; w++)
         if (sm[2 * w] > 0.0f && sm[2 * w + 1] > m) m = sm[2 * w + 1];
     memset(o, 0, (size_t)D * sizeof(float));
-    if (m == -INFINITY) return; /* no workgroup saw a key */
+    if (m == -INFINITY) return -INFINITY; /* no workgroup saw a key */
     float total = 0.0f;
     for (uint32_t w = 0; w < nwg; w++) {
         if (!(sm[2 * w] > 0.0f)) continue;
@@ -286,12 +291,33 @@ __attribute__((noinline)) static void vec_reduce_row(const pyfa_attn_reduce_para
         axpy_f32(o, f, part + (size_t)w * D, D);
     }
     scale_f32(o, 1.0f / total, D);
+    return m + logf(total);
+}
+
+/* Whether the reduce constants are ones the reduce bodies are built for. */
+PYFA_INLINE int vec_reduce_constants_ok(const pyfa_cpu_dispatch *d) {
+    if (is_float_dtype(d->constants[PYFA_REDUCE_FC_OUT_DTYPE])) return 1;
+    pyfa_cpu_fail(d, "unsupported out dtype %d", d->constants[PYFA_REDUCE_FC_OUT_DTYPE]);
+    return 0;
+}
+
+/* Stores a reduced (and for TurboQuant undone) f32 row x as out's dtype, and its lse. */
+PYFA_INLINE void vec_reduce_store(const pyfa_cpu_dispatch *d, uint32_t x, const float *row, uint32_t D, float lse) {
+    const int out_dt = d->constants[PYFA_REDUCE_FC_OUT_DTYPE];
+    row_store_scaled((char *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * D * dtype_size(out_dt), row, 1.0f, D, out_dt);
+    if (d->constants[PYFA_REDUCE_FC_HAS_LSE]) ((float *)d->args[PYFA_REDUCE_ARG_LSE])[x] = lse;
 }
 
 void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                               void *scratch) {
     (void)y, (void)z, (void)scratch;
     const pyfa_attn_reduce_params *p = (const pyfa_attn_reduce_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
-    vec_reduce_row(p, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x,
-                   (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * p->head_dim);
+    float row[PYFA_MAX_HEAD_DIM];
+    if (!vec_reduce_constants_ok(d)) return;
+    if (p->head_dim > PYFA_MAX_HEAD_DIM) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u", p->head_dim);
+        return;
+    }
+    const float lse = vec_reduce_row(p, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x, row);
+    vec_reduce_store(d, x, row, p->head_dim, lse);
 }

@@ -191,6 +191,24 @@ PYFA_INLINE void vf8_store_as(void *row, uint32_t i, vf8 v, int dtype) {
     }
 }
 
+/* dst[0, n) = src[i] * scale as `dtype` (f32, f16 or bf16; n % 8 == 0),
+ * rounded to nearest even: the one conversion of a kernel's final store. The
+ * dtype may vary at run time; each case stores with a constant one. */
+PYFA_INLINE void row_store_scaled(void *dst, const float *src, float scale, uint32_t n, int dtype) {
+    const vf8 s = vf8_splat(scale);
+    switch (dtype) {
+    case PYFA_DTYPE_F16:
+        for (uint32_t i = 0; i < n; i += 8) vf8_store_as(dst, i, vf8_load(src + i) * s, PYFA_DTYPE_F16);
+        return;
+    case PYFA_DTYPE_BF16:
+        for (uint32_t i = 0; i < n; i += 8) vf8_store_as(dst, i, vf8_load(src + i) * s, PYFA_DTYPE_BF16);
+        return;
+    default:
+        for (uint32_t i = 0; i < n; i += 8) vf8_store_as(dst, i, vf8_load(src + i) * s, PYFA_DTYPE_F32);
+        return;
+    }
+}
+
 /* n (any count) elements of a row of `dtype` as floats. */
 PYFA_INLINE void row_to_f32_n(float *dst, const void *row, uint32_t n, int dtype) {
     uint32_t i = 0;

@@ -44,8 +44,13 @@ PYFA_INLINE void tq_fwht_kernel(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t
     case PYFA_DTYPE_F32: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
     default: pyfa_cpu_fail(d, "unsupported src dtype %d", dt); return;
     }
-    tq_transform_row((float *)d->args[PYFA_TQ_FWHT_ARG_DST] + (size_t)x * D, row, transform, D,
-                     tq_seed(p->seed_lo, p->seed_hi), p->stream);
+    const int dst_dt = d->constants[PYFA_TQ_FWHT_FC_DST_DTYPE];
+    if (!is_float_dtype(dst_dt)) {
+        pyfa_cpu_fail(d, "unsupported dst dtype %d", dst_dt);
+        return;
+    }
+    tq_transform_row(row, row, transform, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
+    row_store_scaled((char *)d->args[PYFA_TQ_FWHT_ARG_DST] + (size_t)x * D * dtype_size(dst_dt), row, 1.0f, D, dst_dt);
 }
 
 void PYFA_ISA(pyfa_cpu_fwht)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
@@ -72,9 +77,15 @@ void PYFA_ISA(pyfa_cpu_flash_attn_vec_reduce_tq_hb_undo)(const pyfa_cpu_dispatch
     (void)y, (void)z, (void)scratch;
     const pyfa_tq_reduce_undo_params *p = (const pyfa_tq_reduce_undo_params *)d->args[PYFA_REDUCE_ARG_PARAMS];
     const uint32_t D = p->reduce.head_dim;
-    float *o = (float *)d->args[PYFA_REDUCE_ARG_OUT] + (size_t)x * D;
-    vec_reduce_row(&p->reduce, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x, o);
-    tq_transform_row(o, o, PYFA_TQ_FWHT_SIGN_UNDO, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
+    float row[PYFA_MAX_HEAD_DIM];
+    if (!vec_reduce_constants_ok(d)) return;
+    if (!tq_head_dim_ok(D)) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u", D);
+        return;
+    }
+    const float lse = vec_reduce_row(&p->reduce, (const float *)d->args[PYFA_REDUCE_ARG_TMP], x, row);
+    tq_transform_row(row, row, PYFA_TQ_FWHT_SIGN_UNDO, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
+    vec_reduce_store(d, x, row, D, lse);
 }
 
 /* Token x of KV head y. */

@@ -33,6 +33,7 @@ let v = makeBuffer(PYFA_DTYPE_F32, [1, Int64(kvHeads), Int64(capacity), Int64(he
 let lens = makeBuffer(PYFA_DTYPE_U32, [1])
 let rings = makeBuffer(PYFA_DTYPE_U32, [1])
 let out = makeBuffer(PYFA_DTYPE_F32, [1, Int64(heads), Int64(headDim)])
+let lse = makeBuffer(PYFA_DTYPE_F32, [1, Int64(heads)])
 
 // Deterministic inputs: v rows are one-hot at (position % head_dim), and k
 // favours the last position, so the output concentrates there.
@@ -61,7 +62,7 @@ if tmpBytes > 0 {
 }
 var encoder: OpaquePointer? = nil
 check(pyfa_encoder_new(&encoder, device), "pyfa_encoder_new")
-check(pyfa_flash_attn_vec(encoder, &params, q, k, v, lens, rings, tmpF32, out), "pyfa_flash_attn_vec")
+check(pyfa_flash_attn_vec(encoder, &params, q, k, v, lens, rings, tmpF32, out, lse), "pyfa_flash_attn_vec")
 check(pyfa_encoder_commit(encoder), "pyfa_encoder_commit")
 check(pyfa_encoder_wait(encoder), "pyfa_encoder_wait")
 
@@ -83,9 +84,10 @@ for i in 0..<headDim {
     for t in 0..<kvLen { ref += w[t] * Double(vp[t * headDim + i]) }
     maxErr = max(maxErr, abs(ref / total - Double(op[i])))
 }
-print("decode: heads=\(heads) kv_heads=\(kvHeads) head_dim=\(headDim) kv_len=\(kvLen) nwg=\(params.nwg) max|err| head 0 = \(maxErr)")
-for b in [q, k, v, lens, rings, out, tmp, tmpF32] { pyfa_buffer_free(b) }
+let lseErr = abs(Double(pyfa_buffer_contents(lse)!.load(as: Float.self)) - (m + log(total)))
+print("decode: heads=\(heads) kv_heads=\(kvHeads) head_dim=\(headDim) kv_len=\(kvLen) nwg=\(params.nwg) max|err| head 0 = \(maxErr), |lse err| = \(lseErr)")
+for b in [q, k, v, lens, rings, out, lse, tmp, tmpF32] { pyfa_buffer_free(b) }
 pyfa_encoder_free(encoder)
 pyfa_device_free(device)
-if maxErr > 1e-4 { exit(1) }
+if maxErr > 1e-4 || lseErr > 1e-4 { exit(1) }
 

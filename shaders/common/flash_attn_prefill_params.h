@@ -8,7 +8,7 @@
  * flash_attn_prefill: softmax(scale * q kᵀ [+ mask]) v for many query rows.
  *   q   rows [batch, num_heads, q_len, head_dim]   dtype T (f32 | f16 | bf16)
  *   k,v rows [batch, num_kv_heads, kv_len, head_dim] dtype T
- *   out rows [batch, num_heads, q_len, head_dim]   dtype T
+ *   out rows [batch, num_heads, q_len, head_dim]   dtype T, or f32 on request
  *   mask     [.., .., q_len, kv_len]  T (additive) or u8 (boolean), optional
  *   blk      u8, optional, see flash_attn_prefill_blk below
  *   lse      [batch, num_heads, q_len] f32, contiguous, optional
@@ -26,7 +26,8 @@
  *   a sliding window of `window` keys ending at p).
  *   GQA: query head h reads KV head h / (num_heads / num_kv_heads).
  *   A row with no visible key writes zeros and lse = -inf.
- *   Accumulation and softmax statistics are f32; out is stored as T.
+ *   Accumulation and softmax statistics are f32; out is stored as its own
+ *   dtype (T, or f32 for f16 / bf16 I/O), rounded once to nearest even.
  *   lse = log(sum_j exp(s_j)) over visible keys (natural log).
  *
  * Tiling: the backend's plan picks (block_q, block_k); pyfa_flash_attn_prefill_plan
@@ -76,7 +77,7 @@ typedef struct pyfa_flash_attn_prefill_params {
 
 /* Function constants of flash_attn_prefill (flash_attn_prefill_blk reads
  * DTYPE, MASK_KIND, BLOCK_Q and BLOCK_K). Booleans are 0/1. */
-#define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v, out (and an additive mask) */
+#define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v (and an additive mask) */
 #define PYFA_PREFILL_FC_HEAD_DIM 1    /**< head_dim */
 #define PYFA_PREFILL_FC_BLOCK_Q 2     /**< block_q of the plan */
 #define PYFA_PREFILL_FC_BLOCK_K 3     /**< block_k of the plan */
@@ -87,7 +88,8 @@ typedef struct pyfa_flash_attn_prefill_params {
 #define PYFA_PREFILL_FC_HAS_SOFTCAP 8 /**< params.softcap > 0 */
 #define PYFA_PREFILL_FC_HAS_BLK 9     /**< a blk buffer is bound */
 #define PYFA_PREFILL_FC_HAS_LSE 10    /**< an lse buffer is bound */
-#define PYFA_PREFILL_FC_COUNT 11
+#define PYFA_PREFILL_FC_OUT_DTYPE 11  /**< dtype code of out: PREFILL_FC_DTYPE's or PYFA_DTYPE_F32 */
+#define PYFA_PREFILL_FC_COUNT 12
 
 /* Function constants of flash_attn_prefill_blk: the tile of the prefill
  * dispatch it serves and how to read the mask. */
@@ -124,7 +126,8 @@ typedef struct pyfa_flash_attn_prefill_params {
 /* ---------------------------------------------------------------------------
  * merge_attention_states: combines two attentions of the same queries over
  * disjoint key sets.
- *   o_a, o_b, out rows [batch, num_heads, seq_len, head_dim] via o_strides, dtype T
+ *   o_a, o_b rows [batch, num_heads, seq_len, head_dim] via o_strides, dtype T
+ *   out      rows the same, dtype T or f32 (stored once, round to nearest even)
  *   lse_a, lse_b, lse_out [batch, num_heads, seq_len] f32, contiguous
  *   m = max(lse_a, lse_b); w_x = exp(lse_x - m);
  *   out = (w_a o_a + w_b o_b) / (w_a + w_b); lse_out = m + log(w_a + w_b);
@@ -149,6 +152,7 @@ typedef struct pyfa_merge_attn_params {
 #define PYFA_MERGE_ARG_OUT 5
 #define PYFA_MERGE_ARG_LSE_OUT 6
 
-#define PYFA_MERGE_FC_DTYPE 0   /**< dtype code of o_a, o_b, out */
-#define PYFA_MERGE_FC_HAS_LSE 1 /**< lse_out is bound */
-#define PYFA_MERGE_FC_COUNT 2
+#define PYFA_MERGE_FC_DTYPE 0     /**< dtype code of o_a and o_b */
+#define PYFA_MERGE_FC_HAS_LSE 1   /**< lse_out is bound */
+#define PYFA_MERGE_FC_OUT_DTYPE 2 /**< dtype code of out: MERGE_FC_DTYPE's or PYFA_DTYPE_F32 */
+#define PYFA_MERGE_FC_COUNT 3

@@ -36,18 +36,32 @@
  *   k,v [batch, num_kv_heads, kv_capacity, head_dim] f32 | f16 | bf16
  *   kv_len, ring_start [batch]                       u32
  *   tmp (nwg > 1) partial outputs [batch*num_heads, nwg, head_dim] f32,
- *       then (S, M) pairs [batch*num_heads, nwg, 2] f32; with nwg == 1 the
- *       dispatcher binds out in this slot (never written there)
- *   out [batch, num_heads, head_dim]                 f32
+ *       then (S, M) pairs [batch*num_heads, nwg, 2] f32 (natural-log
+ *       domain: S = sum of exp(s - M) over the workgroup's keys, M their
+ *       largest score); with nwg == 1 the dispatcher binds out in this slot
+ *       (never written there)
+ *   out [batch, num_heads, head_dim]                 f32 | f16 | bf16
+ *   lse [batch * num_heads]                          f32, optional
  * A slot s of sequence b is valid iff s < kv_len[b]; its logical position is
  * (s - ring_start[b]) mod kv_capacity. With window > 0 only the last `window`
  * logical positions are visible.
+ * Scores s = scale * q.k, then softcap * tanh(s / softcap) if softcap > 0.
+ * Accumulation and softmax statistics are f32; only the final store converts
+ * out to its dtype (round to nearest even). lse = log(sum_j exp(s_j)) over
+ * the row's visible keys (natural log, the maximum included: M + log(S)). A
+ * row with no visible key writes out = 0 and lse = -inf: the conventions of
+ * flash_attn_prefill, so merge_attention_states combines either kind of
+ * state.
  * kv_len and ring_start are read when the dispatch runs, not when it is
  * recorded (the dispatcher checks them at record time only where they are
- * host-visible). Every backend's kernel clamps the values it reads, so no
- * value makes it read outside the cache: kv_len[b] negative as an int32 is 0
- * (no visible key: out is 0), above kv_capacity is kv_capacity; ring_start[b]
- * at or above kv_capacity is 0.
+ * host-visible, and there requires 1 <= kv_len <= kv_capacity). Every
+ * backend's kernel clamps the values it reads, so no value makes it read
+ * outside the cache: kv_len[b] negative as an int32 is 0 (no visible key:
+ * out is 0, lse -inf), above kv_capacity is kv_capacity; ring_start[b] at or
+ * above kv_capacity is 0.
+ * nwg == 1 (PYFA_VEC_FC_DIRECT_OUT): the kernel normalises into out and
+ * writes lse. nwg > 1: it writes its partial state to tmp, and
+ * flash_attn_vec_reduce writes out and lse.
  * Grid: (nwg, num_kv_heads, batch); one workgroup serves the
  * num_heads/num_kv_heads query heads that share a KV head.
  * ------------------------------------------------------------------------- */
@@ -72,15 +86,20 @@ typedef struct pyfa_flash_attn_vec_params {
 #define PYFA_VEC_ARG_RING_START 5
 #define PYFA_VEC_ARG_TMP 6
 #define PYFA_VEC_ARG_OUT 7
+#define PYFA_VEC_ARG_LSE 8 /**< without an lse the dispatcher binds out here (never written) */
 
-/* Function constants of flash_attn_vec. */
+/* Function constants of flash_attn_vec. OUT_DTYPE and HAS_LSE concern the
+ * direct path only: without DIRECT_OUT they are PYFA_DTYPE_F32 and 0, so the
+ * split path has one specialisation whatever the reduce writes. */
 #define PYFA_VEC_FC_Q_DTYPE 0     /**< dtype code of q */
 #define PYFA_VEC_FC_KV_DTYPE 1    /**< dtype code of k and v */
 #define PYFA_VEC_FC_HEAD_DIM 2    /**< head_dim, so loops have a known trip count */
 #define PYFA_VEC_FC_HAS_SOFTCAP 3 /**< bool */
 #define PYFA_VEC_FC_DIRECT_OUT 4  /**< bool: nwg == 1, normalise into out, no reduce */
 #define PYFA_VEC_FC_VARIANT 5     /**< kernel variant the backend's plan picked (below) */
-#define PYFA_VEC_FC_COUNT 6
+#define PYFA_VEC_FC_OUT_DTYPE 6   /**< dtype code of out (f32, f16 or bf16) */
+#define PYFA_VEC_FC_HAS_LSE 7     /**< bool: an lse buffer is bound */
+#define PYFA_VEC_FC_COUNT 8
 
 /* Variants of flash_attn_vec: one contract, different hardware routes. A
  * backend's plan picks one per dispatch; backends without a variant run the
@@ -90,8 +109,11 @@ typedef struct pyfa_flash_attn_vec_params {
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_reduce: merges the nwg partial (o, S, M) states of each row.
- *   tmp as above; out [nrows, head_dim] f32. Grid: (nrows, 1, 1).
- * A row whose workgroups all saw no key (S == 0 everywhere) becomes zeros.
+ *   tmp as above; out [nrows, head_dim] f32 | f16 | bf16 (PYFA_REDUCE_FC_OUT_DTYPE);
+ *   lse [nrows] f32 when PYFA_REDUCE_FC_HAS_LSE (max_w M_w + log(sum_w S_w
+ *   exp(M_w - max_w M_w)) over the states with S > 0). Grid: (nrows, 1, 1).
+ * A row whose workgroups all saw no key (S == 0 everywhere) becomes zeros,
+ * lse -inf.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_attn_reduce_params {
     uint32_t nrows;    /**< batch * num_heads */
@@ -100,12 +122,15 @@ typedef struct pyfa_attn_reduce_params {
     uint32_t reserved; /**< zero */
 } pyfa_attn_reduce_params;
 
-#define PYFA_REDUCE_FC_HEAD_DIM 0 /**< == params.head_dim */
-#define PYFA_REDUCE_FC_COUNT 1
+#define PYFA_REDUCE_FC_HEAD_DIM 0  /**< == params.head_dim */
+#define PYFA_REDUCE_FC_OUT_DTYPE 1 /**< dtype code of out (f32, f16 or bf16) */
+#define PYFA_REDUCE_FC_HAS_LSE 2   /**< bool: an lse buffer is bound */
+#define PYFA_REDUCE_FC_COUNT 3
 
 #define PYFA_REDUCE_ARG_PARAMS 0
 #define PYFA_REDUCE_ARG_TMP 1
 #define PYFA_REDUCE_ARG_OUT 2
+#define PYFA_REDUCE_ARG_LSE 3 /**< without an lse the dispatcher binds out here (never written) */
 
 #include "flash_attn_prefill_params.h"
 #include "turboquant_params.h"

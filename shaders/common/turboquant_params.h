@@ -164,8 +164,10 @@ typedef struct pyfa_tq_dequantize_params {
  * fwht_sign_premult (SIGN_PREMULT): dst = H.(s . src) / sqrt(D)   (Q in)
  * fwht_sign_undo (SIGN_UNDO):       dst = s . (H.src) / sqrt(D)   (output out)
  * with H the FWHT above and 1/sqrt(D) = 1.0f / sqrtf((float)D) applied last.
- *   src [nrows, head_dim] f32 | f16 | bf16; dst [nrows, head_dim] f32;
- *   dst may be src itself when src is f32 (in place).
+ *   src [nrows, head_dim] f32 | f16 | bf16;
+ *   dst [nrows, head_dim] f32 | f16 | bf16 (PYFA_TQ_FWHT_FC_DST_DTYPE), the
+ *   transform's f32 result rounded once to nearest even; dst may be src
+ *   itself when both have one dtype (in place).
  * Grid: (nrows, 1, 1).
  * ------------------------------------------------------------------------- */
 #define PYFA_TQ_FWHT_PLAIN 0
@@ -187,26 +189,32 @@ typedef struct pyfa_tq_fwht_params {
 
 #define PYFA_TQ_FWHT_FC_SRC_DTYPE 0
 #define PYFA_TQ_FWHT_FC_HEAD_DIM 1
-#define PYFA_TQ_FWHT_FC_COUNT 2
+#define PYFA_TQ_FWHT_FC_DST_DTYPE 2
+#define PYFA_TQ_FWHT_FC_COUNT 3
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_tq: decode over TurboQuant codes, in the rotated domain.
  * The same semantics, grid, nwg and tmp layout as flash_attn_vec (kv_len,
- * ring_start, window, softcap, GQA), with the dense params as the first
- * member. K and V rows are dequantised in registers:
+ * ring_start, window, softcap, GQA, the lse convention), with the dense
+ * params as the first member. K and V rows are dequantised in registers:
  *   k~[i] = c_K[idx[i]] * scale_K / sqrt(D)   (v likewise with c_V, scale_V)
- * Slots 0..7 are flash_attn_vec's: q is the PRE-ROTATED query
+ * Slots 0..8 are flash_attn_vec's: q is the PRE-ROTATED query
  * (fwht_sign_premult, K stream) as f32 [batch, num_heads, head_dim]; k/v are
  * codes [batch, num_kv_heads, kv_capacity, row_bytes]; out (nwg == 1) or the
- * partials in tmp stay in the rotated domain (V stream).
+ * partials in tmp stay in the rotated domain (V stream), out in f32. The
+ * rotation is orthogonal, so rotated-domain scores equal original-domain
+ * ones and the kernel's lse (nwg == 1) is the lse of the whole op.
  *
  * The whole op (pyfa_flash_attn_vec_tq) runs: fwht_sign_premult(q) into the
  * q_rot region of tmp -> flash_attn_vec_tq -> then
- *   nwg == 1:           fwht_sign_undo(out) in place
- *   nwg > 1, fused = 0: flash_attn_vec_reduce -> fwht_sign_undo(out) in place
- *   nwg > 1, fused = 1: flash_attn_vec_reduce_tq_hb_undo
- * tmp layout: [the flash_attn_vec tmp layout (empty when nwg == 1)]
- *             then q_rot [batch * num_heads * head_dim] f32.
+ *   nwg == 1:           (o_rot, lse) -> fwht_sign_undo(o_rot) into out
+ *   nwg > 1, fused = 0: flash_attn_vec_reduce into (o_rot f32, lse) ->
+ *                       fwht_sign_undo(o_rot) into out
+ *   nwg > 1, fused = 1: flash_attn_vec_reduce_tq_hb_undo into (out, lse)
+ * so out (f32 | f16 | bf16) is stored once, by the last kernel.
+ * tmp layout: [the flash_attn_vec tmp layout (empty when nwg == 1)], padded
+ *             to 16 bytes, then q_rot [batch * num_heads * head_dim] f32,
+ *             then o_rot [batch * num_heads * head_dim] f32.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_flash_attn_vec_tq_params {
     pyfa_flash_attn_vec_params attn; /**< head_dim in {64, 128, 256, 512} */
@@ -218,25 +226,27 @@ typedef struct pyfa_flash_attn_vec_tq_params {
     uint32_t reserved;               /**< zero */
 } pyfa_flash_attn_vec_tq_params;
 
-#define PYFA_TQ_VEC_ARG_K_SCALES 8
-#define PYFA_TQ_VEC_ARG_V_SCALES 9
-#define PYFA_TQ_VEC_ARG_K_CODEBOOK 10 /**< inline f32[2^k_bits] */
-#define PYFA_TQ_VEC_ARG_V_CODEBOOK 11 /**< inline f32[2^v_bits] */
+#define PYFA_TQ_VEC_ARG_K_SCALES 9
+#define PYFA_TQ_VEC_ARG_V_SCALES 10
+#define PYFA_TQ_VEC_ARG_K_CODEBOOK 11 /**< inline f32[2^k_bits] */
+#define PYFA_TQ_VEC_ARG_V_CODEBOOK 12 /**< inline f32[2^v_bits] */
 
 #define PYFA_TQ_VEC_FC_K_BITS 0
 #define PYFA_TQ_VEC_FC_V_BITS 1
 #define PYFA_TQ_VEC_FC_HEAD_DIM 2    /**< == PYFA_VEC_FC_HEAD_DIM */
 #define PYFA_TQ_VEC_FC_HAS_SOFTCAP 3 /**< == PYFA_VEC_FC_HAS_SOFTCAP */
 #define PYFA_TQ_VEC_FC_DIRECT_OUT 4  /**< == PYFA_VEC_FC_DIRECT_OUT */
-#define PYFA_TQ_VEC_FC_COUNT 5
+#define PYFA_TQ_VEC_FC_HAS_LSE 5     /**< bool: lse is bound (read only with DIRECT_OUT, else 0) */
+#define PYFA_TQ_VEC_FC_COUNT 6
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_reduce_tq_hb_undo: flash_attn_vec_reduce then
  * fwht_sign_undo (V stream) of each row, in one pass. Its output is bit for
  * bit that of the two kernels run one after the other: both paths must run
  * the same reduce arithmetic and the same undo arithmetic.
- *   tmp, out and grid as flash_attn_vec_reduce (slots PYFA_REDUCE_ARG_*);
- *   function constant 0 = head_dim, as the reduce.
+ *   tmp, out, lse and grid as flash_attn_vec_reduce (slots PYFA_REDUCE_ARG_*,
+ *   constants PYFA_REDUCE_FC_*): out in its dtype is the undone row rounded
+ *   once; the undo never changes lse.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_tq_reduce_undo_params {
     pyfa_attn_reduce_params reduce; /**< nrows, head_dim, nwg */

@@ -53,9 +53,10 @@ constexpr int flash_attn_prefill_max_threads = 128;
 namespace prefill {
 constexpr int THREADS = 128;
 
-/* Variant flags: function constants, folded when the impl is inlined into an entry. */
+/* Variant flags: function constants, folded when the impl is inlined into an
+ * entry. out_f32: out is f32 rather than the I/O dtype. */
 struct flags {
-    bool has_mask, bool_mask, causal, has_window, has_softcap, has_blk, has_lse;
+    bool has_mask, bool_mask, causal, has_window, has_softcap, has_blk, has_lse, out_f32;
 };
 
 /* What one key tile needs beyond the scaled dot product (uniform per block). */
@@ -358,8 +359,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
         pyfa_cp_async_wait<0>();
         __syncthreads(); /* the next pass reloads K and V */
 
+        const int64_t oes = f.out_f32 ? 4 : 2;
         char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) +
-                      ((int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)bi.i0 * p.out_strides[2]) * 2;
+                      ((int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)bi.i0 * p.out_strides[2]) * oes;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float total = l[r];
@@ -367,11 +369,15 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
             total += __shfl_xor_sync(0xffffffffu, total, 2);
             if ((uint32_t)row[r] >= bi.nq) continue;
             const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-            char *orow = obase + (int64_t)row[r] * p.out_strides[2] * 2 + (int64_t)pass * DO * 2;
+            char *orow = obase + ((int64_t)row[r] * p.out_strides[2] + (int64_t)pass * DO) * oes;
 #pragma unroll
-            for (int n = 0; n < ND; n++)
-                *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) =
-                    pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            for (int n = 0; n < ND; n++) {
+                const float x0 = o[n][2 * r] * inv, x1 = o[n][2 * r + 1] * inv;
+                if (f.out_f32)
+                    *reinterpret_cast<float2 *>(orow + (n * 8 + 2 * t4) * 4) = make_float2(x0, x1);
+                else
+                    *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
+            }
             if (f.has_lse && pass == NPASS - 1 && t4 == 0) {
                 float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
                 lse[((size_t)bi.b * p.num_heads + bi.h) * p.q_len + bi.i0 + row[r]] =
@@ -538,17 +544,18 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_blk(const pyfa_cuda_args &a, co
 }
 
 /* -------------------------------------------------------------- merge pass */
-/* Merges row (blockIdx.z, blockIdx.y, blockIdx.x) of two partial attentions. */
+/* Merges row (blockIdx.z, blockIdx.y, blockIdx.x) of two partial attentions
+ * of dtype DT into out of DT or (out_f32) f32. */
 template <int DT>
-__device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, const bool has_lse) {
+__device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, const bool has_lse, const bool out_f32) {
     const pyfa_merge_attn_params &p = pyfa_param<pyfa_merge_attn_params>(a, PYFA_MERGE_ARG_PARAMS);
     constexpr int64_t es = DT == PYFA_DTYPE_F32 ? 4 : 2;
     const uint32_t x = blockIdx.x, y = blockIdx.y, z = blockIdx.z, D = p.head_dim;
     const size_t idx = ((size_t)z * p.num_heads + y) * p.seq_len + x;
-    const int64_t off = ((int64_t)z * p.o_strides[0] + (int64_t)y * p.o_strides[1] + (int64_t)x * p.o_strides[2]) * es;
-    const char *oa = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_A) + off;
-    const char *ob = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_B) + off;
-    char *out = pyfa_ptr<char>(a, PYFA_MERGE_ARG_OUT) + off;
+    const int64_t off = (int64_t)z * p.o_strides[0] + (int64_t)y * p.o_strides[1] + (int64_t)x * p.o_strides[2];
+    const char *oa = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_A) + off * es;
+    const char *ob = pyfa_ptr<const char>(a, PYFA_MERGE_ARG_O_B) + off * es;
+    char *out = pyfa_ptr<char>(a, PYFA_MERGE_ARG_OUT) + off * (out_f32 ? 4 : es);
     const float la = pyfa_ptr<const float>(a, PYFA_MERGE_ARG_LSE_A)[idx];
     const float lb = pyfa_ptr<const float>(a, PYFA_MERGE_ARG_LSE_B)[idx];
     const float mx = fmaxf(la, lb);
@@ -558,8 +565,11 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
     const float wb = none ? 0.0f : top ? (lb == INFINITY ? 1.0f : 0.0f) : expf(lb - mx);
     const float total = wa + wb;
     const float fa = none ? 0.0f : wa / total, fb = none ? 0.0f : wb / total;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x)
-        pyfa_store_f32<DT>(out, d, none ? 0.0f : fa * pyfa_load_f32<DT>(oa, d) + fb * pyfa_load_f32<DT>(ob, d));
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        const float o = none ? 0.0f : fa * pyfa_load_f32<DT>(oa, d) + fb * pyfa_load_f32<DT>(ob, d);
+        if (out_f32) pyfa_store_f32<PYFA_DTYPE_F32>(out, d, o);
+        else pyfa_store_f32<DT>(out, d, o);
+    }
     if (has_lse && threadIdx.x == 0)
         pyfa_ptr<float>(a, PYFA_MERGE_ARG_LSE_OUT)[idx] = none ? -INFINITY : mx + logf(total);
 }
@@ -568,12 +578,14 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
 template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
-          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE>
+          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE, int OUT_DT>
 __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(DT) && pyfa_is_head_dim(D), "flash_attn_prefill: dtype / head_dim");
     static_assert(MASK_KIND == PYFA_MASK_ADDITIVE || MASK_KIND == PYFA_MASK_BOOL, "flash_attn_prefill: mask kind");
+    static_assert(OUT_DT == DT || OUT_DT == PYFA_DTYPE_F32, "flash_attn_prefill: out dtype (the I/O dtype or f32)");
     const prefill::flags f = {HAS_MASK != 0, HAS_MASK != 0 && MASK_KIND == PYFA_MASK_BOOL, DO_CAUSAL != 0,
-                              HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0};
+                              HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0,
+                              OUT_DT == PYFA_DTYPE_F32};
     if constexpr (DT == PYFA_DTYPE_F32) {
         prefill::prefill_simt<D, BQ, BK>(a, f);
     } else {
@@ -588,8 +600,9 @@ __device__ __forceinline__ void flash_attn_prefill_blk_body(const pyfa_cuda_args
     prefill::prefill_blk(a, DT, MASK_KIND == PYFA_MASK_BOOL, BQ, BK);
 }
 
-template <int DT, int HAS_LSE>
+template <int DT, int HAS_LSE, int OUT_DT>
 __device__ __forceinline__ void merge_attention_states_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(DT), "merge_attention_states: dtype"); /* D: the row loop reads params */
-    prefill::merge_states<DT>(a, HAS_LSE != 0);
+    static_assert(OUT_DT == DT || OUT_DT == PYFA_DTYPE_F32, "merge_attention_states: out dtype (DT or f32)");
+    prefill::merge_states<DT>(a, HAS_LSE != 0, OUT_DT == PYFA_DTYPE_F32);
 }

@@ -98,10 +98,10 @@ __device__ __forceinline__ void group_barrier(int group, int threads) {
 } // namespace attn_vec
 using attn_vec::load_q;
 
-/* The kernel proper. The q dtype, softcap and direct-output constants are
- * plain arguments: inlined into an entry point they are compile-time
- * constants again, and a compile check (PYFA_COMPILE_CHECK) can keep one copy
- * per (KV dtype, head dim) behind a call instead of 12. */
+/* The kernel proper. The q dtype, softcap, direct-output, out dtype and lse
+ * constants are plain arguments: inlined into an entry point they are
+ * compile-time constants again, and a compile check (PYFA_COMPILE_CHECK) can
+ * keep one copy per (KV dtype, head dim) behind a call instead of dozens. */
 #ifdef PYFA_COMPILE_CHECK
 #define PYFA_VEC_IMPL_INLINE __noinline__
 #else
@@ -110,7 +110,7 @@ using attn_vec::load_q;
 
 template <int KVDT, int D>
 __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a, const int QDT, const bool SOFTCAP,
-                                                         const bool DIRECT) {
+                                                         const bool DIRECT, const int ODT, const bool LSE) {
     using S = attn_vec::shape<KVDT, D>;
     constexpr int NW = attn_vec::NW, U = attn_vec::U, VEC = S::VEC, C = S::C, WPR = S::WPR, RG = S::RG, GT = S::GT;
     constexpr int ESZ = KVDT == PYFA_DTYPE_F32 ? 4 : 2;
@@ -303,7 +303,7 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
         }
         __syncthreads();
         attn_vec_write_states<RG, GT, D>(a, s_ms, s_acc, gn, (size_t)b * p.num_heads + (size_t)kvh * G + g0,
-                                           p.batch * p.num_heads, nwg, iwg, DIRECT);
+                                           p.batch * p.num_heads, nwg, iwg, DIRECT, ODT, LSE);
         __syncthreads();
     }
 }
@@ -311,29 +311,33 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
 /* The tensor-core variant for 16-bit caches (it reads q through load_q). */
 #include "attn_vec_mma.cuh"
 
-template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT>
+template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT, int ODT, int HAS_LSE>
 __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(QDT) && pyfa_is_float_dtype(KVDT), "flash_attn_vec: q/kv dtype");
     static_assert(pyfa_is_head_dim(D), "flash_attn_vec: head_dim");
     static_assert(VARIANT == PYFA_VEC_VARIANT_PORTABLE || VARIANT == PYFA_VEC_VARIANT_MMA, "flash_attn_vec: variant");
+    static_assert(pyfa_is_float_dtype(ODT), "flash_attn_vec: out dtype");
     if constexpr (VARIANT == PYFA_VEC_VARIANT_MMA && KVDT != PYFA_DTYPE_F32) {
-        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0);
+        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0);
     } else {
-        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0);
+        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0);
     }
 }
 
 /* Merges the nwg partial states of row blockIdx.x (contract in pyfa_params.h)
- * with the block-size-independent merge of attn_vec_reduce.cuh. */
-template <int D>
+ * with the block-size-independent merge of attn_vec_reduce.cuh, into out of
+ * dtype ODT and, with HAS_LSE, the row's lse. */
+template <int D, int ODT, int HAS_LSE>
 __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
-    static_assert(pyfa_is_head_dim(D), "flash_attn_vec_reduce: head_dim");
+    static_assert(pyfa_is_head_dim(D) && pyfa_is_float_dtype(ODT), "flash_attn_vec_reduce: head_dim / out dtype");
     __shared__ float weight[PYFA_REDUCE_MAX_NWG];
     const pyfa_attn_reduce_params &p = pyfa_param<pyfa_attn_reduce_params>(a, PYFA_REDUCE_ARG_PARAMS);
     const uint32_t row = blockIdx.x, nwg = p.nwg < PYFA_REDUCE_MAX_NWG ? p.nwg : PYFA_REDUCE_MAX_NWG;
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.nrows * p.nwg * D + (size_t)row * p.nwg * 2;
     const float *part = tmp + (size_t)row * p.nwg * D;
-    float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
-    attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { o[e] = x; });
+    char *o = pyfa_ptr<char>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D * (ODT == PYFA_DTYPE_F32 ? 4 : 2);
+    const float lse = attn_vec_reduce_row(sm, part, nwg, D, weight,
+                                          [&](uint32_t e, float x) { pyfa_store_f32<ODT>(o, e, x); });
+    if (HAS_LSE && threadIdx.x == 0) pyfa_ptr<float>(a, PYFA_REDUCE_ARG_LSE)[row] = lse;
 }

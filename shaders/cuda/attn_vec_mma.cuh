@@ -65,7 +65,8 @@ struct shape {
 } // namespace vec_mma
 
 template <int QDT, int KVDT, int D>
-__device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP, const bool DIRECT) {
+__device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP, const bool DIRECT,
+                                                        const int ODT, const bool LSE) {
     static_assert(KVDT != PYFA_DTYPE_F32, "the tensor-core decode reads 16-bit caches");
     using S = vec_mma::shape<D>;
     constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, STAGES = S::STAGES;
@@ -200,6 +201,6 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
         vec_mma::finish_pass<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) {
             const int mb = warp + NW * i;
             return S::KSTEPS % NW == 0 || mb < S::KSTEPS ? mb * 16 + g : -1;
-        }, m, s, gn, row0, iwg, DIRECT);
+        }, m, s, gn, row0, iwg, DIRECT, ODT, LSE);
     }
 }

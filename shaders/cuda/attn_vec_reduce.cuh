@@ -14,12 +14,13 @@
 #define PYFA_REDUCE_MAX_NWG 1024 /* FlashAttnVec.maxWorkgroups */
 
 /* Merges one row: sm = its (S, M) pairs, part = its nwg partial outputs
- * [nwg, D]; writes element e through store(e, value). weight: shared
- * float[nwg] scratch. A row whose workgroups saw no key gives zeros. Every
- * thread of the block must call it (it synchronises). */
+ * [nwg, D]; writes element e through store(e, value) and returns the row's
+ * lse (every thread gets it). weight: shared float[nwg] scratch. A row whose
+ * workgroups saw no key gives zeros and lse -inf. Every thread of the block
+ * must call it (it synchronises). */
 template <class Store>
-__device__ __forceinline__ void attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
-                                                    float *weight, Store store) {
+__device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
+                                                     float *weight, Store store) {
     float M = -INFINITY;
     for (uint32_t w = 0; w < nwg; w++)
         if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
@@ -43,19 +44,20 @@ __device__ __forceinline__ void attn_vec_reduce_row(const float *sm, const float
         for (; w < nwg; w++) acc[0] = fmaf(weight[w], part[(size_t)w * D + e], acc[0]);
         store(e, __fmul_rn(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])), inv));
     }
+    return total > 0.0f ? M + logf(total) : -INFINITY;
 }
 
 /* The end of one decode workgroup (flash_attn_vec and flash_attn_vec_tq):
  * merges the STATES partial softmax states each of its gn query heads left
  * in shared memory — s_ms[(state * GT + g) * 2 + {0, 1}] = (m in the log2
  * domain, s), s_acc[(state * GT + g) * D + e] = the unnormalised output — and
- * writes head g0 + g either normalised to out (direct: nwg == 1) or as this
- * workgroup's partial (o, S, M) in tmp (contract in pyfa_params.h). Every
- * thread of the block takes part. */
+ * writes head g0 + g either normalised to out in dtype out_dtype, and its lse
+ * when has_lse (direct: nwg == 1), or as this workgroup's partial (o, S, M)
+ * in tmp (contract in pyfa_params.h). Every thread of the block takes part. */
 template <int STATES, int GT, int D>
 __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, const float *s_ms, const float *s_acc,
                                                       uint32_t gn, size_t row0, uint32_t nrows, uint32_t nwg,
-                                                      uint32_t iwg, bool direct) {
+                                                      uint32_t iwg, bool direct, int out_dtype, bool has_lse) {
     for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
         const uint32_t g = i / D, e = i % D;
         float M = -INFINITY;
@@ -72,7 +74,9 @@ __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, c
         }
         const size_t row = row0 + g;
         if (direct) {
-            pyfa_ptr<float>(a, PYFA_VEC_ARG_OUT)[row * D + e] = total > 0.0f ? o / total : 0.0f;
+            pyfa_store_as(pyfa_ptr<void>(a, PYFA_VEC_ARG_OUT), row * D + e, total > 0.0f ? o / total : 0.0f, out_dtype);
+            if (has_lse && e == 0)
+                pyfa_ptr<float>(a, PYFA_VEC_ARG_LSE)[row] = total > 0.0f ? (M + log2f(total)) * PYFA_LN2 : -INFINITY;
         } else {
             float *tmp = pyfa_ptr<float>(a, PYFA_VEC_ARG_TMP);
             tmp[(row * nwg + iwg) * D + e] = o;

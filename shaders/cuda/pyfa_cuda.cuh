@@ -174,3 +174,15 @@ __device__ __forceinline__ void pyfa_store_f32(void *row, uint32_t i, float x) {
         reinterpret_cast<uint16_t *>(row)[i] = (uint16_t)pyfa_f32_to_bits<DT>(x);
     }
 }
+
+/* pyfa_store_f32 with the dtype (f32, f16 or bf16) a value: a compile-time
+ * constant where the caller is inlined into an entry point. */
+__device__ __forceinline__ void pyfa_store_as(void *row, size_t i, float x, int dtype) {
+    if (dtype == PYFA_DTYPE_F16) {
+        reinterpret_cast<uint16_t *>(row)[i] = (uint16_t)pyfa_f32_to_bits<PYFA_DTYPE_F16>(x);
+    } else if (dtype == PYFA_DTYPE_BF16) {
+        reinterpret_cast<uint16_t *>(row)[i] = (uint16_t)pyfa_f32_to_bits<PYFA_DTYPE_BF16>(x);
+    } else {
+        reinterpret_cast<float *>(row)[i] = x;
+    }
+}

@@ -150,9 +150,10 @@ __device__ __forceinline__ uint32_t code_from_bytes(const uint8_t *row, uint32_t
 
 /* ------------------------------------------------------------------ FWHT kernels */
 
-template <int SDT, int D>
+template <int SDT, int D, int DDT>
 __device__ __forceinline__ void tq_fwht_row(const pyfa_cuda_args &a, uint32_t transform) {
-    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_head_dim(D), "fwht: src dtype / head_dim");
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_head_dim(D) && pyfa_is_float_dtype(DDT),
+                  "fwht: src dtype / head_dim / dst dtype");
     constexpr int E = D / 32;
     const pyfa_tq_fwht_params &p = pyfa_param<pyfa_tq_fwht_params>(a, PYFA_TQ_FWHT_ARG_PARAMS);
     const int lane = threadIdx.x & 31;
@@ -163,26 +164,31 @@ __device__ __forceinline__ void tq_fwht_row(const pyfa_cuda_args &a, uint32_t tr
 #pragma unroll
     for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<SDT>(src, lane * E + k);
     tq::transform_warp<D>(u, transform, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
-    float *dst = pyfa_ptr<float>(a, PYFA_TQ_FWHT_ARG_DST) + row * D;
+    char *dst = pyfa_ptr<char>(a, PYFA_TQ_FWHT_ARG_DST) + row * D * (DDT == PYFA_DTYPE_F32 ? 4 : 2);
 #pragma unroll
-    for (int k = 0; k < E; k++) dst[lane * E + k] = u[k];
+    for (int k = 0; k < E; k++) pyfa_store_f32<DDT>(dst, lane * E + k, u[k]);
 }
 
-template <int SDT, int D>
-__device__ void fwht_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_PLAIN); }
-template <int SDT, int D>
-__device__ void fwht_sign_premult_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_SIGN_PREMULT); }
-template <int SDT, int D>
-__device__ void fwht_sign_undo_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D>(a, PYFA_TQ_FWHT_SIGN_UNDO); }
+template <int SDT, int D, int DDT>
+__device__ void fwht_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D, DDT>(a, PYFA_TQ_FWHT_PLAIN); }
+template <int SDT, int D, int DDT>
+__device__ void fwht_sign_premult_body(const pyfa_cuda_args &a) {
+    tq_fwht_row<SDT, D, DDT>(a, PYFA_TQ_FWHT_SIGN_PREMULT);
+}
+template <int SDT, int D, int DDT>
+__device__ void fwht_sign_undo_body(const pyfa_cuda_args &a) { tq_fwht_row<SDT, D, DDT>(a, PYFA_TQ_FWHT_SIGN_UNDO); }
 
 /* flash_attn_vec_reduce of row blockIdx.x, then fwht_sign_undo of it: the
  * reduce's per-element function (attn_vec_reduce.cuh) and the undo's
- * transform (tq::transform_warp), so the bits equal the two kernels'. Every
- * thread merges elements as the reduce kernel does (the loads over nwg
- * partials are the latency); warp 0 then rotates the row. */
-template <int D>
+ * transform (tq::transform_warp), so the bits equal the two kernels' (the
+ * unfused reduce stores the f32 row the undo loads; both store out in dtype
+ * ODT once, at the end). Every thread merges elements as the reduce kernel
+ * does (the loads over nwg partials are the latency); warp 0 then rotates
+ * the row. */
+template <int D, int ODT, int HAS_LSE>
 __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
-    static_assert(pyfa_is_tq_head_dim(D), "flash_attn_vec_reduce_tq_hb_undo: head_dim");
+    static_assert(pyfa_is_tq_head_dim(D) && pyfa_is_float_dtype(ODT),
+                  "flash_attn_vec_reduce_tq_hb_undo: head_dim / out dtype");
     constexpr int E = D / 32;
     const pyfa_tq_reduce_undo_params &p = pyfa_param<pyfa_tq_reduce_undo_params>(a, PYFA_REDUCE_ARG_PARAMS);
     __shared__ float s_row[D];
@@ -191,7 +197,8 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.reduce.nrows * p.reduce.nwg * D + (size_t)row * p.reduce.nwg * 2;
     const float *part = tmp + (size_t)row * p.reduce.nwg * D;
-    attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { s_row[e] = x; });
+    const float lse = attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { s_row[e] = x; });
+    if (HAS_LSE && threadIdx.x == 0) pyfa_ptr<float>(a, PYFA_REDUCE_ARG_LSE)[row] = lse;
     __syncthreads();
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
@@ -199,9 +206,9 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
 #pragma unroll
     for (int k = 0; k < E; k++) u[k] = s_row[lane * E + k];
     tq::transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_UNDO, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
-    float *o = pyfa_ptr<float>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D;
+    char *o = pyfa_ptr<char>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D * (ODT == PYFA_DTYPE_F32 ? 4 : 2);
 #pragma unroll
-    for (int k = 0; k < E; k++) o[lane * E + k] = u[k];
+    for (int k = 0; k < E; k++) pyfa_store_f32<ODT>(o, lane * E + k, u[k]);
 }
 
 /* ------------------------------------------------------------------ codec */
@@ -481,7 +488,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void accumulate_values(float (&acc)[GT][E], c
 
 template <int KB, int VB, int D>
 __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                               const bool DIRECT) {
+                                                               const bool DIRECT, const bool LSE) {
     using namespace tq_vec;
     using S = shape<KB, VB, D>;
     constexpr int LPR = S::LPR, PW = S::PW, STEP = S::STEP, KROW = S::KROW, VROW = S::VROW;
@@ -554,7 +561,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
             const bool live = (uint32_t)g < gn;
 #pragma unroll
-            for (int t = 0; t < E; t += 2) { /* q_rot sits at an 8-byte aligned offset of tmp */
+            for (int t = 0; t < E; t += 2) { /* q_rot sits at a 16-byte aligned offset of tmp */
                 const float2 v = live ? *reinterpret_cast<const float2 *>(qrot + row * D + sub * E + t)
                                       : make_float2(0.0f, 0.0f);
                 q[g][t] = v.x * qscale, q[g][t + 1] = v.y * qscale;
@@ -649,8 +656,9 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             }
         }
         __syncthreads();
+        /* The direct output is the rotated f32 row the undo reads (o_rot). */
         attn_vec_write_states<NW * PW, GT, D>(a, s_ms, s_acc, gn, (size_t)b * p.num_heads + (size_t)kvh * G + g0,
-                                           p.batch * p.num_heads, nwg, iwg, DIRECT);
+                                           p.batch * p.num_heads, nwg, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
         __syncthreads();
     }
 }
@@ -658,13 +666,13 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 /* 4-bit K and V take the tensor-core decode (it copies scales with tq_vec::cp_async). */
 #include "turboquant_mma.cuh"
 
-template <int KB, int VB, int D, int SOFTCAP, int DIRECT>
+template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D),
                   "flash_attn_vec_tq: k/v bits / head_dim");
     if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA)) {
-        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0);
+        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0);
     } else {
-        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0);
+        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0);
     }
 }

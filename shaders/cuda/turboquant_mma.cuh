@@ -64,7 +64,7 @@ __device__ __forceinline__ uint2 lookup(const uint2 *tab, uint32_t word, int byt
 
 template <int D>
 __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                           const bool DIRECT) {
+                                                           const bool DIRECT, const bool LSE) {
     using S = tq_mma::shape<D>;
     constexpr int NW = tq_mma::NW, HEADS = tq_mma::HEADS, TP = tq_mma::TP, COPIES = tq_mma::COPIES;
     constexpr int STAGES = tq_mma::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
@@ -244,7 +244,8 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
         }
 
         /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
+        /* The direct output is the rotated f32 row the undo reads (o_rot). */
         vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m, s,
-                                   gn, row0, iwg, DIRECT);
+                                   gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
     }
 }

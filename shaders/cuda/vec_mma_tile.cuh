@@ -92,11 +92,13 @@ __device__ __forceinline__ float2 softmax_step(float (&x)[J][4], float &m, float
  * overlays it), publishes each warp's Oᵀ blocks — block i's fragment rows g
  * and g + 8 are dims dim0(i) and dim0(i) + ROW8, dim0(i) < 0 for a block the
  * warp does not hold — and the (m, s) pairs, which every warp holds alike,
- * then writes heads [0, gn) through attn_vec_write_states. */
+ * then writes heads [0, gn) through attn_vec_write_states (direct, out_dtype
+ * and has_lse as there). */
 template <int D, int ROW8, int MB, class Dim0>
 __device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p, float *s_acc,
                                             float *s_ms, const float (&acc)[MB][4], Dim0 dim0, float m, float s,
-                                            uint32_t gn, size_t row0, uint32_t iwg, bool direct) {
+                                            uint32_t gn, size_t row0, uint32_t iwg, bool direct, int out_dtype,
+                                            bool has_lse) {
     const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
     pyfa_cp_async_wait<0>();
     __syncthreads();
@@ -115,7 +117,8 @@ __device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_
         s_ms[g * 2 + 1] = s;
     }
     __syncthreads();
-    attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, direct);
+    attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, direct, out_dtype,
+                                       has_lse);
     __syncthreads();
 }
 } // namespace vec_mma

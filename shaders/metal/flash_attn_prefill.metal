@@ -33,6 +33,7 @@ constant int fc_has_window [[function_constant(PYFA_PREFILL_FC_HAS_WINDOW)]];
 constant int fc_has_softcap [[function_constant(PYFA_PREFILL_FC_HAS_SOFTCAP)]];
 constant int fc_has_blk [[function_constant(PYFA_PREFILL_FC_HAS_BLK)]];
 constant int fc_has_lse [[function_constant(PYFA_PREFILL_FC_HAS_LSE)]];
+constant int fc_out_dtype [[function_constant(PYFA_PREFILL_FC_OUT_DTYPE)]];
 
 #define PYFA_LOG2E 1.44269504088896340736f
 #define PYFA_LN2 0.69314718055994530942f
@@ -51,9 +52,10 @@ inline void prefill_stage(threadgroup T *dst, device const T *src, long row_stri
     }
 }
 
-// One query tile of one head, I/O element type T. Constants come from the
-// specialisation; `shared` is laid out as metal_layout.h states.
-template <typename T>
+// One query tile of one head, I/O element type T, output element type O (T
+// or float). Constants come from the specialisation; `shared` is laid out as
+// metal_layout.h states.
+template <typename T, typename O>
 void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar *q, device const uchar *k,
                   device const uchar *v, device const uchar *mask, device const uchar *blk, device uchar *out,
                   device float *lse, threadgroup float *shared, uint3 tg, uint tid, uint sg, uint lane) {
@@ -203,7 +205,7 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
     if (fc_has_lse && sub == 0 && row_live)
         lse[(ulong(b) * p.num_heads + h) * p.q_len + i0 + row] = l > 0.0f ? (m + log2(l)) * PYFA_LN2 : pyfa_neg_inf();
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    device T *o_tile = (device T *)out + (long(b) * p.out_strides[0] + long(h) * p.out_strides[1] +
+    device O *o_tile = (device O *)out + (long(b) * p.out_strides[0] + long(h) * p.out_strides[1] +
                                           long(i0) * p.out_strides[2]);
     const uint r_lane = pyfa_mat_row(lane), c_lane = pyfa_mat_col(lane);
     for (uint i = 0; i < n_out; i++) {
@@ -211,24 +213,25 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
         const uint r = stripe * 8 + r_lane;
         if (r < nq) {
             const float inv = alpha_s[r];
-            device T *o = o_tile + long(r) * p.out_strides[2] + cb * 8 + c_lane;
-            o[0] = T(acc[i].thread_elements()[0] * inv);
-            o[1] = T(acc[i].thread_elements()[1] * inv);
+            device O *o = o_tile + long(r) * p.out_strides[2] + cb * 8 + c_lane;
+            o[0] = O(acc[i].thread_elements()[0] * inv);
+            o[1] = O(acc[i].thread_elements()[1] * inv);
         }
     }
 }
 
 // A specialisation outside the supported lists (never dispatched: the
-// dispatcher validates and the plan picks the tile) fills its rows with NaN.
+// dispatcher validates and the plan picks the tile) fills its rows with NaN
+// (an unknown out dtype written as the narrowest, never past the buffer).
 inline void prefill_poison(constant pyfa_flash_attn_prefill_params &p, device uchar *out, device float *lse,
                            uint3 tg, uint tid) {
     const uint i0 = tg.x * p.block_q, nq = min(p.block_q, p.q_len - i0);
     for (uint e = tid; e < nq * p.head_dim; e += PYFA_METAL_PREFILL_THREADS) {
         const uint r = e / p.head_dim, c = e - r * p.head_dim;
         const long at = long(tg.z) * p.out_strides[0] + long(tg.y) * p.out_strides[1] + long(i0 + r) * p.out_strides[2] + c;
-        if (fc_dtype == PYFA_DTYPE_F32) ((device float *)out)[at] = NAN;
-        if (fc_dtype == PYFA_DTYPE_F16) ((device half *)out)[at] = half(NAN);
-        if (fc_dtype == PYFA_DTYPE_BF16) ((device ushort *)out)[at] = ushort(0x7fc0);
+        if (fc_out_dtype == PYFA_DTYPE_F32) ((device float *)out)[at] = NAN;
+        else if (fc_out_dtype == PYFA_DTYPE_BF16) ((device ushort *)out)[at] = ushort(0x7fc0);
+        else ((device half *)out)[at] = half(NAN);
     }
     if (fc_has_lse)
         for (uint r = tid; r < nq; r += PYFA_METAL_PREFILL_THREADS)
@@ -254,11 +257,20 @@ kernel void flash_attn_prefill(
 {
     const uint D = uint(fc_head_dim), es = pyfa_dtype_size(fc_dtype);
     if (!pyfa_is_attn_dtype(fc_dtype) || !pyfa_is_head_dim(fc_head_dim) ||
+        (fc_out_dtype != fc_dtype && fc_out_dtype != PYFA_DTYPE_F32) ||
         uint(fc_block_q) != pyfa_metal_prefill_block_q(D, es) || uint(fc_block_k) != pyfa_metal_prefill_block_k(D, es)) {
         prefill_poison(p, out, lse, tg, tid);
         return;
     }
-    if (fc_dtype == PYFA_DTYPE_F16) prefill_tile<half>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
-    else if (fc_dtype == PYFA_DTYPE_BF16) prefill_tile<bfloat>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
-    else prefill_tile<float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+    const bool f32_out = fc_out_dtype == PYFA_DTYPE_F32;
+    if (fc_dtype == PYFA_DTYPE_F16 && f32_out)
+        prefill_tile<half, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+    else if (fc_dtype == PYFA_DTYPE_F16)
+        prefill_tile<half, half>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+    else if (fc_dtype == PYFA_DTYPE_BF16 && f32_out)
+        prefill_tile<bfloat, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+    else if (fc_dtype == PYFA_DTYPE_BF16)
+        prefill_tile<bfloat, bfloat>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+    else
+        prefill_tile<float, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
 }

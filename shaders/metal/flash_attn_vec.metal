@@ -16,9 +16,12 @@ constant int fc_kv_dtype [[function_constant(PYFA_VEC_FC_KV_DTYPE)]];
 constant int fc_head_dim [[function_constant(PYFA_VEC_FC_HEAD_DIM)]];
 constant int fc_has_softcap [[function_constant(PYFA_VEC_FC_HAS_SOFTCAP)]];
 constant int fc_direct_out [[function_constant(PYFA_VEC_FC_DIRECT_OUT)]];
+constant int fc_out_dtype [[function_constant(PYFA_VEC_FC_OUT_DTYPE)]];
+constant int fc_has_lse [[function_constant(PYFA_VEC_FC_HAS_LSE)]];
 
-// tmp is bound in every dispatch (the dispatcher binds out there when
-// nwg == 1); only nwg > 1 writes it.
+// tmp and lse are bound in every dispatch (the dispatcher binds out in their
+// place when nwg == 1 / no lse is wanted); only nwg > 1 writes tmp, only
+// fc_has_lse writes lse. out is of fc_out_dtype.
 kernel void flash_attn_vec(
     constant pyfa_flash_attn_vec_params &p [[buffer(PYFA_VEC_ARG_PARAMS)]],
     device const uchar *q [[buffer(PYFA_VEC_ARG_Q)]],
@@ -27,22 +30,28 @@ kernel void flash_attn_vec(
     device const uint *kv_len [[buffer(PYFA_VEC_ARG_KV_LEN)]],
     device const uint *ring_start [[buffer(PYFA_VEC_ARG_RING_START)]],
     device float *tmp [[buffer(PYFA_VEC_ARG_TMP)]],
-    device float *out [[buffer(PYFA_VEC_ARG_OUT)]],
+    device uchar *out [[buffer(PYFA_VEC_ARG_OUT)]],
+    device float *lse [[buffer(PYFA_VEC_ARG_LSE)]],
     threadgroup float *shared [[threadgroup(0)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_simdgroup]])
 {
     const uint iwg = tg.x, kvh = tg.y, b = tg.z;
-    if (!pyfa_is_head_dim(fc_head_dim) || !pyfa_is_attn_dtype(fc_kv_dtype) || !pyfa_is_attn_dtype(fc_q_dtype)) {
+    if (!pyfa_is_head_dim(fc_head_dim) || !pyfa_is_attn_dtype(fc_kv_dtype) || !pyfa_is_attn_dtype(fc_q_dtype) ||
+        !pyfa_is_attn_dtype(fc_out_dtype)) {
         // Unreachable through the dispatchers: poison this workgroup's rows
         // (their partials, with a state that makes the reduce keep them),
-        // laid out by params.head_dim, which sized the buffers.
+        // laid out by params.head_dim, which sized the buffers. An unknown
+        // out dtype is written as the narrowest, never past the buffer.
         const uint D = p.head_dim, G = p.num_heads / p.num_kv_heads;
         const uint row0 = b * p.num_heads + kvh * G, nrows = p.batch * p.num_heads;
-        device float *dst = fc_direct_out ? out + ulong(row0) * D : tmp;
+        const int odt = pyfa_is_attn_dtype(fc_out_dtype) ? fc_out_dtype : PYFA_DTYPE_F16;
         for (uint g = 0; g < G; g++) {
-            const ulong base = fc_direct_out ? ulong(g) * D : (ulong(row0 + g) * p.nwg + iwg) * D;
-            for (uint i = lane; i < D; i += PYFA_METAL_VEC_THREADS) dst[base + i] = NAN;
+            for (uint i = lane; i < D; i += PYFA_METAL_VEC_THREADS) {
+                if (fc_direct_out) pyfa_store1(out + ulong(row0 + g) * D * pyfa_dtype_size(odt), i, NAN, odt);
+                else tmp[(ulong(row0 + g) * p.nwg + iwg) * D + i] = NAN;
+            }
+            if (fc_direct_out && fc_has_lse && lane == 0) lse[row0 + g] = NAN;
             if (!fc_direct_out && lane == 0) {
                 device float *sm = tmp + ulong(nrows) * p.nwg * D + (ulong(row0 + g) * p.nwg + iwg) * 2;
                 sm[0] = 1.0f;
@@ -145,11 +154,12 @@ kernel void flash_attn_vec(
             const uint row = row0 + g;
             if (fc_direct_out) {
                 const float inv = s[g] > 0.0f ? 1.0f / s[g] : 0.0f;
-                device float4 *o = (device float4 *)(out + ulong(row) * D);
+                device uchar *o = out + ulong(row) * D * pyfa_dtype_size(fc_out_dtype);
                 for (uint t = 0; t < NC; t++) {
                     const uint c = lane + t * PYFA_METAL_VEC_THREADS;
-                    if (c < D4) o[c] = acc[g * NC + t] * inv;
+                    if (c < D4) pyfa_store4(o, c, acc[g * NC + t] * inv, fc_out_dtype);
                 }
+                if (fc_has_lse && lane == 0) lse[row] = s[g] > 0.0f ? m[g] + log(s[g]) : pyfa_neg_inf();
             } else {
                 device float4 *o = (device float4 *)(tmp + (ulong(row) * nwg + iwg) * D);
                 for (uint t = 0; t < NC; t++) {

@@ -21,9 +21,12 @@ constant int fc_v_bits [[function_constant(PYFA_TQ_VEC_FC_V_BITS)]];
 constant int fc_head_dim [[function_constant(PYFA_TQ_VEC_FC_HEAD_DIM)]];
 constant int fc_has_softcap [[function_constant(PYFA_TQ_VEC_FC_HAS_SOFTCAP)]];
 constant int fc_direct_out [[function_constant(PYFA_TQ_VEC_FC_DIRECT_OUT)]];
+constant int fc_has_lse [[function_constant(PYFA_TQ_VEC_FC_HAS_LSE)]];
 
 // q is the pre-rotated query inside tmp (its q_rot region); tmp is bound in
-// every dispatch and only nwg > 1 writes it (the partials' region).
+// every dispatch and only nwg > 1 writes it (the partials' region). out (the
+// o_rot region of tmp) is f32 in the rotated domain; lse is bound in every
+// dispatch and written only with fc_has_lse.
 kernel void flash_attn_vec_tq(
     constant pyfa_flash_attn_vec_tq_params &tp [[buffer(PYFA_VEC_ARG_PARAMS)]],
     device const float *q [[buffer(PYFA_VEC_ARG_Q)]],
@@ -33,6 +36,7 @@ kernel void flash_attn_vec_tq(
     device const uint *ring_start [[buffer(PYFA_VEC_ARG_RING_START)]],
     device float *tmp [[buffer(PYFA_VEC_ARG_TMP)]],
     device float *out [[buffer(PYFA_VEC_ARG_OUT)]],
+    device float *lse [[buffer(PYFA_VEC_ARG_LSE)]],
     device const float *k_scales [[buffer(PYFA_TQ_VEC_ARG_K_SCALES)]],
     device const float *v_scales [[buffer(PYFA_TQ_VEC_ARG_V_SCALES)]],
     constant float *k_codebook [[buffer(PYFA_TQ_VEC_ARG_K_CODEBOOK)]],
@@ -51,6 +55,7 @@ kernel void flash_attn_vec_tq(
         for (uint g = 0; g < G; g++) {
             device float *dst = fc_direct_out ? out + ulong(row0 + g) * D : tmp + (ulong(row0 + g) * p.nwg + iwg) * D;
             for (uint i = lane; i < D; i += PYFA_METAL_VEC_THREADS) dst[i] = NAN;
+            if (fc_direct_out && fc_has_lse && lane == 0) lse[row0 + g] = NAN;
             if (!fc_direct_out && lane == 0) {
                 device float *sm = tmp + ulong(nrows) * p.nwg * D + (ulong(row0 + g) * p.nwg + iwg) * 2;
                 sm[0] = 1.0f;
@@ -165,6 +170,7 @@ kernel void flash_attn_vec_tq(
                     const uint c = lane + t * PYFA_METAL_VEC_THREADS;
                     if (c < D4) o[c] = acc[g * NC + t] * inv;
                 }
+                if (fc_has_lse && lane == 0) lse[row] = s[g] > 0.0f ? m[g] + log(s[g]) : pyfa_neg_inf();
             } else {
                 device float4 *o = (device float4 *)(tmp + (ulong(row) * nwg + iwg) * D);
                 for (uint t = 0; t < NC; t++) {

@@ -26,6 +26,21 @@ inline float4 pyfa_load4(device const uchar *row, uint c, int dtype) {
     return ((device const float4 *)row)[c];
 }
 
+// Stores v as element i of a row of `dtype`, rounded to nearest even: the one
+// conversion of a kernel's final store (accumulation stays f32).
+inline void pyfa_store1(device uchar *row, uint i, float v, int dtype) {
+    if (dtype == PYFA_DTYPE_F16) ((device half *)row)[i] = half(v);
+    else if (dtype == PYFA_DTYPE_BF16) ((device bfloat *)row)[i] = bfloat(v);
+    else ((device float *)row)[i] = v;
+}
+
+// Stores v as float4 column c (elements 4c .. 4c + 3) of a row of `dtype`.
+inline void pyfa_store4(device uchar *row, uint c, float4 v, int dtype) {
+    if (dtype == PYFA_DTYPE_F16) ((device half4 *)row)[c] = half4(v);
+    else if (dtype == PYFA_DTYPE_BF16) ((device bfloat4 *)row)[c] = bfloat4(v);
+    else ((device float4 *)row)[c] = v;
+}
+
 // Whether a function constant holds a value the kernels are built for (the
 // X-macro lists of pyfa_params.h). A specialisation outside them is never
 // dispatched (the dispatchers validate first); if one is, its kernel fills

@@ -41,25 +41,34 @@ inline void pyfa_tq_fwht(threadgroup float *u, uint D, uint lane, uint threads) 
     }
 }
 
-// One row through a transform of turboquant_params.h (PYFA_TQ_FWHT_*):
-// dst = [s .] (H.([s .] src)) * (1 / sqrt(D)). src (src_dtype) may be dst
-// itself: every lane has read src before the first write to dst. u: D
-// floats of threadgroup memory. fwht_sign_undo and the fused reduce + undo
-// both run this function on an f32 row in device memory.
-inline void pyfa_tq_transform_row(device const uchar *src, int src_dtype, device float *dst, threadgroup float *u,
-                                  uint D, uint transform, uint seed_lo, uint seed_hi, uint stream, uint lane,
-                                  uint threads) {
+// The rest of a transform of turboquant_params.h (PYFA_TQ_FWHT_*) once the
+// row u (D floats of threadgroup memory, [s .] src for SIGN_PREMULT) is
+// written and a barrier passed: dst = [s .] (H.u) * (1 / sqrt(D)), stored as
+// dst_dtype (rounded once, to nearest even). fwht_sign_undo and the fused
+// reduce + undo both end with this function.
+inline void pyfa_tq_transform_u(threadgroup float *u, device uchar *dst, int dst_dtype, uint D, uint transform,
+                                uint seed_lo, uint seed_hi, uint stream, uint lane, uint threads) {
+    pyfa_tq_fwht(u, D, lane, threads);
+    const float inv_sqrt_d = 1.0f / sqrt(float(D));
+    for (uint i = lane; i < D; i += threads) {
+        const float y = u[i] * inv_sqrt_d;
+        pyfa_store1(dst, i, transform == PYFA_TQ_FWHT_SIGN_UNDO ? y * pyfa_tq_sign(seed_lo, seed_hi, stream, i) : y,
+                    dst_dtype);
+    }
+}
+
+// One row through a transform: src (src_dtype) into u, then
+// pyfa_tq_transform_u. src may be dst itself: every lane has read src before
+// the first write to dst.
+inline void pyfa_tq_transform_row(device const uchar *src, int src_dtype, device uchar *dst, int dst_dtype,
+                                  threadgroup float *u, uint D, uint transform, uint seed_lo, uint seed_hi,
+                                  uint stream, uint lane, uint threads) {
     for (uint i = lane; i < D; i += threads) {
         const float x = pyfa_load1(src, i, src_dtype);
         u[i] = transform == PYFA_TQ_FWHT_SIGN_PREMULT ? x * pyfa_tq_sign(seed_lo, seed_hi, stream, i) : x;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    pyfa_tq_fwht(u, D, lane, threads);
-    const float inv_sqrt_d = 1.0f / sqrt(float(D));
-    for (uint i = lane; i < D; i += threads) {
-        const float y = u[i] * inv_sqrt_d;
-        dst[i] = transform == PYFA_TQ_FWHT_SIGN_UNDO ? y * pyfa_tq_sign(seed_lo, seed_hi, stream, i) : y;
-    }
+    pyfa_tq_transform_u(u, dst, dst_dtype, D, transform, seed_lo, seed_hi, stream, lane, threads);
 }
 
 // The `bits`-bit codes of coordinates 4c .. 4c + 3 of a packed row, code k in

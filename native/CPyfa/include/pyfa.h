@@ -120,13 +120,20 @@ int pyfa_encoder_wait(pyfa_encoder *encoder);
 int pyfa_encoder_device_seconds(pyfa_encoder *encoder, double *seconds);
 
 /* ---- decode: flash_attn_vec (+ reduce) ----
- * params->nwg == 0 asks the backend's plan for a cache of dtype kv_dtype; the
- * chosen value is written back. tmp may be NULL when the plan picks nwg == 1. */
+ * Contract in pyfa_params.h. params->nwg == 0 asks the backend's plan for a
+ * cache of dtype kv_dtype; the chosen value is written back. tmp may be NULL
+ * when the plan picks nwg == 1.
+ * out [batch, num_heads, head_dim]: f32, f16 or bf16, its buffer's dtype
+ * chooses (accumulation is f32; the result is rounded once, to nearest even).
+ * lse (may be NULL): f32 [batch * num_heads], each row's natural-log
+ * log-sum-exp of its scores (scale and softcap applied), -inf for a row with
+ * no visible key (whose out is zeros); the convention of prefill's lse, so
+ * pyfa_merge_attention_states combines decodes over disjoint caches. */
 int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *params, pyfa_dtype kv_dtype,
                              uint32_t max_kv_len, uint64_t *tmp_bytes);
 int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
-                        pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+                        pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out, pyfa_buffer *lse);
 
 /* ---- prefill: flash_attn_prefill (+ blk pre-pass), merge_attention_states ----
  * Contracts in flash_attn_prefill_params.h.
@@ -135,7 +142,8 @@ int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params 
  * buffer needs for params->mask_strides (one byte per tile per mask plane).
  * _blk encodes the pre-pass for the prefill dispatch of I/O dtype `dtype`,
  * followed by a barrier; blk requires a mask in pyfa_flash_attn_prefill.
- * mask, blk and lse may be NULL. */
+ * mask, blk and lse may be NULL. out is in the I/O dtype, or f32 with f16 /
+ * bf16 I/O (its buffer's dtype chooses). */
 int pyfa_flash_attn_prefill_plan(pyfa_device *device, pyfa_flash_attn_prefill_params *params, pyfa_dtype dtype,
                                  uint64_t *blk_bytes);
 int pyfa_flash_attn_prefill_blk(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
@@ -143,7 +151,7 @@ int pyfa_flash_attn_prefill_blk(pyfa_encoder *encoder, const pyfa_flash_attn_pre
 int pyfa_flash_attn_prefill(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params, pyfa_buffer *q,
                             pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *mask, pyfa_buffer *blk, pyfa_buffer *out,
                             pyfa_buffer *lse);
-/* lse_out may be NULL. */
+/* lse_out may be NULL; out is in o_a's dtype or f32 (its buffer's dtype chooses). */
 int pyfa_merge_attention_states(pyfa_encoder *encoder, const pyfa_merge_attn_params *params, pyfa_buffer *o_a,
                                 pyfa_buffer *lse_a, pyfa_buffer *o_b, pyfa_buffer *lse_b, pyfa_buffer *out,
                                 pyfa_buffer *lse_out);
@@ -160,16 +168,19 @@ int pyfa_hadamard_quantize_kv(pyfa_encoder *encoder, const pyfa_tq_quantize_para
  * original domain. */
 int pyfa_tq_dequantize_kv(pyfa_encoder *encoder, const pyfa_tq_dequantize_params *params, pyfa_buffer *codes,
                           pyfa_buffer *scales, pyfa_buffer *out);
-/* fwht / fwht_sign_premult / fwht_sign_undo by params->transform; dst may equal an f32 src. */
+/* fwht / fwht_sign_premult / fwht_sign_undo by params->transform; dst is f32 and may equal an f32 src. */
 int pyfa_fwht(pyfa_encoder *encoder, const pyfa_tq_fwht_params *params, pyfa_buffer *src, pyfa_buffer *dst);
 /* Like pyfa_flash_attn_vec_plan; tmp_bytes is never 0 (tmp also holds the rotated q). */
 int pyfa_flash_attn_vec_tq_plan(pyfa_device *device, pyfa_flash_attn_vec_tq_params *params, uint32_t max_kv_len,
                                 uint64_t *tmp_bytes);
-/* Decode over codes: q [batch, num_heads, head_dim] (f32/f16/bf16, original domain) -> out f32, original
- * domain. Runs premult -> flash_attn_vec_tq -> reduce (+) undo, fused when params->fused. */
+/* Decode over codes: q [batch, num_heads, head_dim] (f32/f16/bf16, original domain) -> out (f32, f16 or
+ * bf16: its buffer's dtype chooses), original domain. Runs premult -> flash_attn_vec_tq -> reduce (+) undo,
+ * fused when params->fused. lse (may be NULL): as pyfa_flash_attn_vec's; the rotation is orthogonal, so the
+ * rotated-domain scores it sums are the original-domain ones. */
 int pyfa_flash_attn_vec_tq(pyfa_encoder *encoder, const pyfa_flash_attn_vec_tq_params *params, pyfa_buffer *q,
                            pyfa_buffer *k_codes, pyfa_buffer *k_scales, pyfa_buffer *v_codes, pyfa_buffer *v_scales,
-                           pyfa_buffer *kv_len, pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+                           pyfa_buffer *kv_len, pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out,
+                           pyfa_buffer *lse);
 /* ---- plans: an op prepared once for its shapes and dtypes, run many times ----
  * A plan checks every option and shape rule, picks the geometry (nwg, tiles)
  * and kernels, and owns a workspace for the partial results. A run checks

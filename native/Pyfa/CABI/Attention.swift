@@ -19,11 +19,12 @@ public func pyfa_flash_attn_vec_plan_impl(_ device: OpaquePointer?, _ params: Un
 public func pyfa_flash_attn_vec_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_flash_attn_vec_params>?,
                                      _ q: OpaquePointer?, _ k: OpaquePointer?, _ v: OpaquePointer?,
                                      _ kvLen: OpaquePointer?, _ ringStart: OpaquePointer?, _ tmp: OpaquePointer?,
-                                     _ out: OpaquePointer?) -> Int32 {
+                                     _ out: OpaquePointer?, _ lse: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
         try FlashAttnVec.encode(e, try value(params, "params"), q: optionalObject(q, "q"), k: optionalObject(k, "k"), v: optionalObject(v, "v"),
                                 kvLen: sequenceValues(kvLen, "kv_len"), ringStart: sequenceValues(ringStart, "ring_start"),
-                                tmp: optionalObject(tmp, "tmp"), out: optionalObject(out, "out"))
+                                tmp: optionalObject(tmp, "tmp"), out: optionalObject(out, "out"),
+                                lse: optionalObject(lse, "lse"))
     }
 }

@@ -42,9 +42,9 @@ public func pyfa_flash_attn_vec_tq_plan_impl(_ device: OpaquePointer?,
         let d: Device = try object(device, "device")
         guard let params else { throw PyfaError.invalid("params: NULL") }
         var p = params.pointee
-        let (_, _, bytes) = try FlashAttnVecTQ.plan(d, &p, maxKvLen: maxKvLen)
+        let (_, layout) = try FlashAttnVecTQ.plan(d, &p, maxKvLen: maxKvLen)
         params.pointee = p
-        try writeOut(tmpBytes, UInt64(bytes), "tmp_bytes")
+        try writeOut(tmpBytes, UInt64(layout.total), "tmp_bytes")
     }
 }
 
@@ -53,13 +53,13 @@ public func pyfa_flash_attn_vec_tq_impl(_ encoder: OpaquePointer?, _ params: Uns
                                         _ q: OpaquePointer?, _ kCodes: OpaquePointer?, _ kScales: OpaquePointer?,
                                         _ vCodes: OpaquePointer?, _ vScales: OpaquePointer?, _ kvLen: OpaquePointer?,
                                         _ ringStart: OpaquePointer?, _ tmp: OpaquePointer?,
-                                        _ out: OpaquePointer?) -> Int32 {
+                                        _ out: OpaquePointer?, _ lse: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
         try FlashAttnVecTQ.encode(e, try value(params, "params"), q: optionalObject(q, "q"), kCodes: optionalObject(kCodes, "k_codes"),
                                   kScales: optionalObject(kScales, "k_scales"), vCodes: optionalObject(vCodes, "v_codes"),
                                   vScales: optionalObject(vScales, "v_scales"), kvLen: sequenceValues(kvLen, "kv_len"),
                                   ringStart: sequenceValues(ringStart, "ring_start"), tmp: optionalObject(tmp, "tmp"),
-                                  out: optionalObject(out, "out"))
+                                  out: optionalObject(out, "out"), lse: optionalObject(lse, "lse"))
     }
 }

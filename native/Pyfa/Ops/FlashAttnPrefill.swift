@@ -3,8 +3,9 @@ import PyfaShaderCommon
 
 /// Prefill attention: tiled flash attention over many query rows, with
 /// causal / window / softcap / additive or boolean masks, GQA, strided
-/// layouts, optional LSE, and the blk tile-skip pre-pass. One dispatcher for
-/// every dtype, head_dim, layout and mask kind; the variants are function
+/// layouts, optional LSE, and the blk tile-skip pre-pass. out is in the I/O
+/// dtype or, on request, f32 (its buffer's dtype says which). One dispatcher
+/// for every dtype, head_dim, layout and mask kind; the variants are function
 /// constants. Contract: flash_attn_prefill_params.h.
 public enum FlashAttnPrefill {
     static let kernel = "flash_attn_prefill"
@@ -63,11 +64,14 @@ public enum FlashAttnPrefill {
         return total
     }
 
+    /// Output dtypes of I/O dtype `io`: itself, or f32 on request.
+    static func outTypes(_ io: DType) -> [DType] { io == .f32 ? [.f32] : [io, .f32] }
+
     /// The mask's kind from its dtype: u8 is boolean, q's dtype is additive.
     /// maskKind nil: no mask bound.
     static func prefillConstants(dtype: DType, headDim: UInt32, blockQ: UInt32, blockK: UInt32, maskKind: Int32?,
-                                 causal: Bool, window: Bool, softcap: Bool, blk: Bool,
-                                 lse: Bool) throws -> FunctionConstants {
+                                 causal: Bool, window: Bool, softcap: Bool, blk: Bool, lse: Bool,
+                                 out: DType) throws -> FunctionConstants {
         let flag: (Bool) -> Int32 = { $0 ? 1 : 0 }
         return try FunctionConstants(count: PYFA_PREFILL_FC_COUNT, [
             PYFA_PREFILL_FC_DTYPE: dtype.rawValue,
@@ -81,6 +85,7 @@ public enum FlashAttnPrefill {
             PYFA_PREFILL_FC_HAS_SOFTCAP: flag(softcap),
             PYFA_PREFILL_FC_HAS_BLK: flag(blk),
             PYFA_PREFILL_FC_HAS_LSE: flag(lse),
+            PYFA_PREFILL_FC_OUT_DTYPE: out.rawValue,
         ])
     }
 
@@ -112,7 +117,8 @@ public enum FlashAttnPrefill {
         try Check.buffer(q, "q", dtypes: floatTypes, elements: extent(p.q_strides, qRows, inner: D, "q"))
         let k = try Check.buffer(k, "k", dtypes: [q.dtype], elements: extent(p.k_strides, kvRows, inner: D, "k"))
         let v = try Check.buffer(v, "v", dtypes: [q.dtype], elements: extent(p.v_strides, kvRows, inner: D, "v"))
-        let out = try Check.buffer(out, "out", dtypes: [q.dtype], elements: extent(p.out_strides, qRows, inner: D, "out"))
+        let out = try Check.buffer(out, "out", dtypes: outTypes(q.dtype),
+                                   elements: extent(p.out_strides, qRows, inner: D, "out"))
         var kind = PYFA_MASK_ADDITIVE
         if let mask {
             kind = try maskKind(mask, ioType: q.dtype)
@@ -135,7 +141,7 @@ public enum FlashAttnPrefill {
         let constants = try prefillConstants(dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k,
                                              maskKind: mask == nil ? nil : kind, causal: p.causal != 0,
                                              window: p.window > 0, softcap: p.softcap > 0, blk: blk != nil,
-                                             lse: lse != nil)
+                                             lse: lse != nil, out: out.dtype)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),

@@ -3,6 +3,8 @@ import PyfaShaderCommon
 
 /// Decode attention: one query row per head over a KV cache, split over `nwg`
 /// workgroups per sequence, then a reduce pass merging their (S, M) states.
+/// out's dtype (f32, f16 or bf16) is the output type; an optional f32 lse
+/// [batch * num_heads] receives each row's log-sum-exp.
 /// Contract: pyfa_params.h, `pyfa_flash_attn_vec_params`.
 public enum FlashAttnVec {
     static let kernel = "flash_attn_vec"
@@ -80,7 +82,7 @@ public enum FlashAttnVec {
 
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
                               q: Buffer?, k: Buffer?, v: Buffer?, kvLen: SequenceValues?,
-                              ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?) throws {
+                              ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?) throws {
         var p = paramsIn
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
@@ -90,21 +92,24 @@ public enum FlashAttnVec {
         let v = try Check.buffer(v, "v_cache", dtypes: [k.dtype], elements: cacheElements)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
         let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
-        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
+        let out = try Check.buffer(out, "out", dtypes: floatTypes, elements: B * H * D)
+        if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
         let (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringStart, p)
         let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
         }
-        try Check.sameDevice([q, k, v, kvLen.buffer, ringStart.buffer, tmpBuffer, out], encoder.device)
-        try Check.noOverlap(out, "out", inputs: [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen.buffer),
-                                                 ("ring_start", ringStart.buffer), ("tmp", tmpBuffer)])
-        try Check.noOverlap(tmpBuffer, "tmp", inputs: [("q", q), ("k_cache", k), ("v_cache", v),
-                                                       ("kv_len", kvLen.buffer), ("ring_start", ringStart.buffer)])
+        try Check.sameDevice([q, k, v, kvLen.buffer, ringStart.buffer, tmpBuffer, out, lse], encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen.buffer),
+                                           ("ring_start", ringStart.buffer)]
+        try Check.noOverlap(out, "out", inputs: inputs + [("tmp", tmpBuffer)])
+        try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
+        try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", tmpBuffer), ("out", out)])
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
-                                         direct: p.nwg == 1, variant: geometry.variant)
+                                         direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,
+                                         lse: lse != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
@@ -114,9 +119,11 @@ public enum FlashAttnVec {
             (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
             (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
             (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
-            // Without a split there is no tmp; out stands in, so every slot a
-            // kernel declares is bound (Metal requires it; nothing writes it).
+            // Without a split there is no tmp, and without an lse no lse; out
+            // stands in, so every slot a kernel declares is bound (Metal
+            // requires it); the constants keep it unwritten there.
             (Int(PYFA_VEC_ARG_TMP), .buffer(tmpBuffer ?? out)),
+            (Int(PYFA_VEC_ARG_LSE), .buffer(lse ?? out)),
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),
@@ -125,11 +132,15 @@ public enum FlashAttnVec {
 
         encoder.memoryBarrier()
         let nrows = p.batch * p.num_heads  // fits 32 bits: validate
-        try encodeReduce(encoder, tmp: t, out: out, nrows: nrows, headDim: p.head_dim, nwg: p.nwg, kernel: reduceKernel)
+        try encodeReduce(encoder, tmp: .buffer(t), out: .buffer(out), outType: out.dtype, lse: lse, nrows: nrows,
+                         headDim: p.head_dim, nwg: p.nwg)
     }
 
+    /// out and lse concern the direct path only (nwg == 1): the split path
+    /// writes partials and its reduce writes out and lse, so its constants
+    /// are f32 and no lse whatever the caller asked (one specialisation).
     public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,
-                             variant: Int32) throws -> FunctionConstants {
+                                    variant: Int32, out: DType, lse: Bool) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
             PYFA_VEC_FC_Q_DTYPE: q.rawValue,
             PYFA_VEC_FC_KV_DTYPE: kv.rawValue,
@@ -137,25 +148,39 @@ public enum FlashAttnVec {
             PYFA_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
             PYFA_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
             PYFA_VEC_FC_VARIANT: variant,
+            PYFA_VEC_FC_OUT_DTYPE: direct ? out.rawValue : DType.f32.rawValue,
+            PYFA_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
         ])
     }
 
     /// Constants of both reduce kernels (dense and the fused TurboQuant undo).
-    static func reduceConstants(headDim: UInt32) throws -> FunctionConstants {
-        try FunctionConstants(count: PYFA_REDUCE_FC_COUNT, [PYFA_REDUCE_FC_HEAD_DIM: Int32(headDim)])
+    static func reduceConstants(headDim: UInt32, out: DType, lse: Bool) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_REDUCE_FC_COUNT, [
+            PYFA_REDUCE_FC_HEAD_DIM: Int32(headDim),
+            PYFA_REDUCE_FC_OUT_DTYPE: out.rawValue,
+            PYFA_REDUCE_FC_HAS_LSE: lse ? 1 : 0,
+        ])
     }
 
-    /// The reduce pass shared by dense and TurboQuant decode.
-    static func encodeReduce(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
-                             nwg: UInt32, kernel: String) throws {
+    /// The slots of both reduce kernels; without an lse out stands in for it
+    /// (every declared slot is bound; PYFA_REDUCE_FC_HAS_LSE = 0 keeps it unwritten).
+    static func reduceArgs(_ params: KernelArg, tmp: KernelArg, out: KernelArg,
+                           lse: Buffer?) -> [(slot: Int, arg: KernelArg)] {
+        [(Int(PYFA_REDUCE_ARG_PARAMS), params),
+         (Int(PYFA_REDUCE_ARG_TMP), tmp),
+         (Int(PYFA_REDUCE_ARG_OUT), out),
+         (Int(PYFA_REDUCE_ARG_LSE), lse.map { .buffer($0) } ?? out)]
+    }
+
+    /// The reduce pass of dense and (unfused) TurboQuant decode; out of dtype outType.
+    static func encodeReduce(_ encoder: CommandEncoder, tmp: KernelArg, out: KernelArg, outType: DType, lse: Buffer?,
+                             nrows: UInt32, headDim: UInt32, nwg: UInt32) throws {
         let r = pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0)
         let geometry = encoder.device.backend.plan.attnReduce(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(kernel, constants: reduceConstants(headDim: headDim))
+        let pipeline = try encoder.device.registry.pipeline(
+            reduceKernel, constants: reduceConstants(headDim: headDim, out: outType, lse: lse != nil))
         encoder.setOpKind(.reduce)
-        try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),
-            (Int(PYFA_REDUCE_ARG_TMP), .buffer(tmp)),
-            (Int(PYFA_REDUCE_ARG_OUT), .buffer(out)),
-        ], grid: (nrows, 1, 1), threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+        try encoder.dispatch(pipeline, args: reduceArgs(.value(r), tmp: tmp, out: out, lse: lse), grid: (nrows, 1, 1),
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
     }
 }

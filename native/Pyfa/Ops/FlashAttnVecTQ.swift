@@ -18,10 +18,16 @@ public enum FlashAttnVecTQ {
         try require(p.fused <= 1, "fused: \(p.fused) must be 0 or 1")
     }
 
-    /// Fills nwg from the plan when 0; returns the geometry, the byte offset of
-    /// q_rot inside tmp (= the partials' bytes) and tmp's total bytes.
+    /// Where the regions of tmp start (turboquant_params.h), in bytes.
+    public struct TmpLayout {
+        public var qRot: Int
+        public var oRot: Int
+        public var total: Int
+    }
+
+    /// Fills nwg from the plan when 0; returns the geometry and tmp's layout.
     public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_tq_params,
-                            maxKvLen: UInt32) throws -> (VecGeometry, Int, Int) {
+                            maxKvLen: UInt32) throws -> (VecGeometry, TmpLayout) {
         try validate(params)
         try require(maxKvLen <= params.attn.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.attn.kv_capacity))")
@@ -31,15 +37,19 @@ public enum FlashAttnVecTQ {
         } else {
             geometry.nwg = params.attn.nwg
         }
+        // Regions start on 16 bytes (rows are read and written as float4 / float2).
         let partialBytes = try FlashAttnVec.tmpBytes(params.attn)
-        let qBytes = try checkedProduct([Int(params.attn.batch), Int(params.attn.num_heads), Int(params.attn.head_dim), 4],
-                                        what: "tmp")
-        return (geometry, partialBytes, try checkedSum(partialBytes, qBytes, what: "tmp"))
+        let rowBytes = try checkedProduct([Int(params.attn.batch), Int(params.attn.num_heads),
+                                           Int(params.attn.head_dim), 4], what: "tmp")
+        let qRot = try checkedSum(partialBytes, 15, what: "tmp") & ~15
+        let oRot = try checkedSum(qRot, rowBytes, what: "tmp")
+        return (geometry, TmpLayout(qRot: qRot, oRot: oRot, total: try checkedSum(oRot, rowBytes, what: "tmp")))
     }
 
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
                               q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
-                              kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?) throws {
+                              kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?,
+                              lse: Buffer?) throws {
         var p = paramsIn
         try validate(p)
         let a = p.attn
@@ -51,15 +61,17 @@ public enum FlashAttnVecTQ {
                                                  capacity: a.kv_capacity, headDim: a.head_dim, bits: p.v_bits)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
         let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
-        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: B * H * D)
+        let out = try Check.buffer(out, "out", dtypes: TurboQuant.floatTypes, elements: B * H * D)
+        if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
         let (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringStart, a)
-        let (geometry, qRotOffset, tmpBytes) = try plan(encoder.device, &p, maxKvLen: maxLen)
-        let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: tmpBytes / 4)
-        try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringStart.buffer, t, out], encoder.device)
+        let (geometry, layout) = try plan(encoder.device, &p, maxKvLen: maxLen)
+        let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: layout.total / 4)
+        try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringStart.buffer, t, out, lse], encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
                                            ("v_scales", vs), ("kv_len", kvLen.buffer), ("ring_start", ringStart.buffer)]
         try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
         try Check.noOverlap(t, "tmp", inputs: inputs)
+        try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", t), ("out", out)])
         let seedLo = p.seed_lo, seedHi = p.seed_hi
         let nrows = a.batch * a.num_heads  // fits 32 bits: validate
 
@@ -67,13 +79,13 @@ public enum FlashAttnVecTQ {
         let premult = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim,
                                           transform: UInt32(PYFA_TQ_FWHT_SIGN_PREMULT),
                                           stream: UInt32(PYFA_TQ_STREAM_K), seed_lo: seedLo, seed_hi: seedHi)
-        let qRot = KernelArg.buffer(t, offset: qRotOffset)
-        try TurboQuant.encodeFwht(encoder, premult, src: .buffer(q), srcType: q.dtype, dst: qRot)
+        let qRot = KernelArg.buffer(t, offset: layout.qRot), oRot = KernelArg.buffer(t, offset: layout.oRot)
+        try TurboQuant.encodeFwht(encoder, premult, src: .buffer(q), srcType: q.dtype, dst: qRot, dstType: .f32)
         encoder.memoryBarrier()
 
         let direct = p.attn.nwg == 1
         let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
-                                         direct: direct)
+                                         direct: direct, lse: lse != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
@@ -82,14 +94,16 @@ public enum FlashAttnVecTQ {
             (Int(PYFA_VEC_ARG_V), .buffer(vc)),
             (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
             (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            (Int(PYFA_VEC_ARG_OUT), oRot),
+            (Int(PYFA_VEC_ARG_LSE), lse.map { .buffer($0) } ?? oRot),
             (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
             (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
             (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
             (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
             // Bound in every dispatch (it holds q_rot), so every slot a kernel
             // declares is bound (Metal requires it); only nwg > 1 writes the
-            // partials' region.
+            // partials' region. An absent lse has o_rot stand in, unwritten
+            // there (PYFA_TQ_VEC_FC_HAS_LSE = 0).
             (Int(PYFA_VEC_ARG_TMP), .buffer(t)),
         ]
         encoder.setOpKind(.attention)
@@ -97,46 +111,46 @@ public enum FlashAttnVecTQ {
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
         encoder.memoryBarrier()
 
-        // The output back from the rotated domain of V.
+        // The output back from the rotated domain of V, stored once in out's dtype.
         if !direct && p.fused == 1 {
-            try encodeReduceUndo(encoder, tmp: t, out: out, nrows: nrows, headDim: a.head_dim, nwg: p.attn.nwg,
-                                 seedLo: seedLo, seedHi: seedHi)
+            try encodeReduceUndo(encoder, tmp: t, out: out, lse: lse, nrows: nrows, headDim: a.head_dim,
+                                 nwg: p.attn.nwg, seedLo: seedLo, seedHi: seedHi)
             return
         }
         if !direct {
-            try FlashAttnVec.encodeReduce(encoder, tmp: t, out: out, nrows: nrows, headDim: a.head_dim,
-                                          nwg: p.attn.nwg, kernel: FlashAttnVec.reduceKernel)
+            try FlashAttnVec.encodeReduce(encoder, tmp: .buffer(t), out: oRot, outType: .f32, lse: lse, nrows: nrows,
+                                          headDim: a.head_dim, nwg: p.attn.nwg)
             encoder.memoryBarrier()
         }
         let undo = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim, transform: UInt32(PYFA_TQ_FWHT_SIGN_UNDO),
                                        stream: UInt32(PYFA_TQ_STREAM_V), seed_lo: seedLo, seed_hi: seedHi)
-        try TurboQuant.encodeFwht(encoder, undo, src: .buffer(out), srcType: .f32, dst: .buffer(out))
+        try TurboQuant.encodeFwht(encoder, undo, src: oRot, srcType: .f32, dst: .buffer(out), dstType: out.dtype)
     }
 
+    /// lse concerns the direct path only (as in FlashAttnVec.vecConstants); the
+    /// direct output is always the f32 rotated row the undo reads.
     static func vecConstants(kBits: UInt32, vBits: UInt32, headDim: UInt32, softcap: Bool,
-                             direct: Bool) throws -> FunctionConstants {
+                             direct: Bool, lse: Bool) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_TQ_VEC_FC_COUNT, [
             PYFA_TQ_VEC_FC_K_BITS: Int32(kBits),
             PYFA_TQ_VEC_FC_V_BITS: Int32(vBits),
             PYFA_TQ_VEC_FC_HEAD_DIM: Int32(headDim),
             PYFA_TQ_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
             PYFA_TQ_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
+            PYFA_TQ_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
         ])
     }
 
-    static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, nrows: UInt32, headDim: UInt32,
-                                 nwg: UInt32, seedLo: UInt32, seedHi: UInt32) throws {
+    static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, lse: Buffer?, nrows: UInt32,
+                                 headDim: UInt32, nwg: UInt32, seedLo: UInt32, seedHi: UInt32) throws {
         let r = pyfa_tq_reduce_undo_params(
             reduce: pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0),
             seed_lo: seedLo, seed_hi: seedHi, stream: UInt32(PYFA_TQ_STREAM_V), reserved: 0)
         let g = encoder.device.backend.plan.turboquantReduceUndo(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(fusedReduceKernel,
-                                                            constants: FlashAttnVec.reduceConstants(headDim: headDim))
+        let pipeline = try encoder.device.registry.pipeline(
+            fusedReduceKernel, constants: FlashAttnVec.reduceConstants(headDim: headDim, out: out.dtype, lse: lse != nil))
         encoder.setOpKind(.reduce)
-        try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_REDUCE_ARG_PARAMS), .value(r)),
-            (Int(PYFA_REDUCE_ARG_TMP), .buffer(tmp)),
-            (Int(PYFA_REDUCE_ARG_OUT), .buffer(out)),
-        ], grid: (nrows, 1, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+        try encoder.dispatch(pipeline, args: FlashAttnVec.reduceArgs(.value(r), tmp: .buffer(tmp), out: .buffer(out), lse: lse),
+                             grid: (nrows, 1, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 }

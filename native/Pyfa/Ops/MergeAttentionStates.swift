@@ -3,14 +3,16 @@ import PyfaShaderCommon
 
 /// Combines two attentions of the same query rows over disjoint key sets from
 /// their outputs and LSEs (chunked prefill, cascade and context-parallel
-/// attention); the math of the decode reduce. Contract: flash_attn_prefill_params.h.
+/// attention); the math of the decode reduce. out is in o_a's dtype or, on
+/// request, f32. Contract: flash_attn_prefill_params.h.
 public enum MergeAttentionStates {
     static let kernel = "merge_attention_states"
 
-    static func constants(dtype: DType, hasLse: Bool) throws -> FunctionConstants {
+    static func constants(dtype: DType, hasLse: Bool, out: DType) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_MERGE_FC_COUNT, [
             PYFA_MERGE_FC_DTYPE: dtype.rawValue,
             PYFA_MERGE_FC_HAS_LSE: hasLse ? 1 : 0,
+            PYFA_MERGE_FC_OUT_DTYPE: out.rawValue,
         ])
     }
 
@@ -28,7 +30,7 @@ public enum MergeAttentionStates {
         guard let oA else { throw PyfaError.invalid("o_a: buffer is NULL") }
         try Check.buffer(oA, "o_a", dtypes: FlashAttnPrefill.floatTypes, elements: elements)
         let oB = try Check.buffer(oB, "o_b", dtypes: [oA.dtype], elements: elements)
-        let out = try Check.buffer(out, "out", dtypes: [oA.dtype], elements: elements)
+        let out = try Check.buffer(out, "out", dtypes: FlashAttnPrefill.outTypes(oA.dtype), elements: elements)
         let nrows = try checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.seq_len)], what: "lse_a")
         let lseA = try Check.buffer(lseA, "lse_a", dtypes: [.f32], elements: nrows)
         let lseB = try Check.buffer(lseB, "lse_b", dtypes: [.f32], elements: nrows)
@@ -36,7 +38,7 @@ public enum MergeAttentionStates {
         try Check.sameDevice([oA, lseA, oB, lseB, out, lseOut], encoder.device)
 
         let pipeline = try encoder.device.registry.pipeline(
-            kernel, constants: constants(dtype: oA.dtype, hasLse: lseOut != nil))
+            kernel, constants: constants(dtype: oA.dtype, hasLse: lseOut != nil, out: out.dtype))
         let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_MERGE_ARG_PARAMS), .value(p)),
             (Int(PYFA_MERGE_ARG_O_A), .buffer(oA)),

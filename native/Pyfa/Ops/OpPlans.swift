@@ -86,6 +86,7 @@ enum GraphRetained {
 public final class DecodePlan: OpPlan {
     let params: pyfa_flash_attn_vec_params
     let qDType: DType, kvDType: DType, outDType: DType
+    let returnLse: Bool
 
     public init(device: Device, desc: pyfa_decode_plan_desc) throws {
         var p = desc.attn
@@ -93,9 +94,10 @@ public final class DecodePlan: OpPlan {
         kvDType = try DType(code: desc.kv_dtype)
         outDType = try DType(code: desc.out_dtype)
         try require(FlashAttnVec.floatTypes.contains(qDType), "q_dtype: \(qDType) is not one of f32, f16, bf16")
-        try require(outDType == .f32, "out_dtype: \(outDType) is not supported (f32)")
-        try require(desc.return_lse == 0, "return_lse: not supported by this build's decode kernels")
+        try require(FlashAttnVec.floatTypes.contains(outDType), "out_dtype: \(outDType) is not one of f32, f16, bf16")
+        try require(desc.return_lse <= 1, "return_lse: \(desc.return_lse) must be 0 or 1")
         try require(desc.reserved == 0, "reserved: must be 0")
+        returnLse = desc.return_lse == 1
         let (_, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
                                              maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
         params = p
@@ -103,7 +105,8 @@ public final class DecodePlan: OpPlan {
         // Compiled now, so no run compiles.
         _ = try device.registry.pipeline(FlashAttnVec.kernel, constants: FlashAttnVec.vecConstants(
             q: qDType, kv: kvDType, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
-            variant: device.backend.plan.flashAttnVec(p, kvDType: kvDType, maxKvLen: p.kv_capacity).variant))
+            variant: device.backend.plan.flashAttnVec(p, kvDType: kvDType, maxKvLen: p.kv_capacity).variant,
+            out: outDType, lse: returnLse))
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, out: TensorRef,
@@ -113,14 +116,16 @@ public final class DecodePlan: OpPlan {
         if kvCapacity != 0 { p.kv_capacity = kvCapacity }
         try FlashAttnVec.validate(p)
         try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent, "lse: the plan was made without return_lse")
+        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
+        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
         let B = Int(p.batch), H = Int(p.num_heads), D = Int(p.head_dim)
         let cache = B * Int(p.num_kv_heads) * Int(p.kv_capacity) * D
         try FlashAttnVec.encode(
             encoder, p, q: bind(q, "q", dtype: qDType, elements: B * H * D),
             k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
-            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D))
+            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H))
     }
 }
 
@@ -128,18 +133,20 @@ public final class DecodePlan: OpPlan {
 public final class TQDecodePlan: OpPlan {
     let params: pyfa_flash_attn_vec_tq_params
     let qDType: DType, outDType: DType
+    let returnLse: Bool
 
     public init(device: Device, desc: pyfa_tq_decode_plan_desc) throws {
         var p = desc.tq
         qDType = try DType(code: desc.q_dtype)
         outDType = try DType(code: desc.out_dtype)
         try require(TurboQuant.floatTypes.contains(qDType), "q_dtype: \(qDType) is not one of f32, f16, bf16")
-        try require(outDType == .f32, "out_dtype: \(outDType) is not supported (f32)")
-        try require(desc.return_lse == 0, "return_lse: not supported by this build's decode kernels")
-        let (_, _, tmp) = try FlashAttnVecTQ.plan(device, &p,
+        try require(TurboQuant.floatTypes.contains(outDType), "out_dtype: \(outDType) is not one of f32, f16, bf16")
+        try require(desc.return_lse <= 1, "return_lse: \(desc.return_lse) must be 0 or 1")
+        returnLse = desc.return_lse == 1
+        let (_, layout) = try FlashAttnVecTQ.plan(device, &p,
                                                   maxKvLen: desc.max_kv_len == 0 ? p.attn.kv_capacity : desc.max_kv_len)
         params = p
-        try super.init(device: device, workspaceBytes: tmp)
+        try super.init(device: device, workspaceBytes: layout.total)
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, kCodes: TensorRef, kScales: TensorRef, vCodes: TensorRef,
@@ -149,7 +156,8 @@ public final class TQDecodePlan: OpPlan {
         if kvCapacity != 0 { p.attn.kv_capacity = kvCapacity }
         try FlashAttnVecTQ.validate(p)
         try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent, "lse: the plan was made without return_lse")
+        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
+        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
         let rows = B * Int(a.num_kv_heads) * Int(a.kv_capacity)
@@ -161,6 +169,7 @@ public final class TQDecodePlan: OpPlan {
             vCodes: bind(vCodes, "v_codes", dtype: .u8, elements: try checkedProduct([rows, vRow], what: "v_codes")),
             vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
-            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D))
+            tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H))
     }
 }

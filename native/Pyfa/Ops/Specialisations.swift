@@ -11,6 +11,25 @@ public enum KernelSpecialisations {
     }
 
     static let headDims: [UInt32] = supportedHeadDims.sorted()
+    static let flags = [false, true]
+
+    /// `lists` in order, each constants list once (builders fold the options
+    /// a specialisation ignores, e.g. the split path's out dtype and lse).
+    static func unique(_ lists: [FunctionConstants]) -> [FunctionConstants] {
+        var seen = Set<FunctionConstants>()
+        return lists.filter { seen.insert($0).inserted }
+    }
+
+    /// Both reduce kernels' constants over `dims`.
+    static func reduce(dims: [UInt32]) throws -> [FunctionConstants] {
+        var all: [FunctionConstants] = []
+        for d in dims {
+            for out in FlashAttnVec.floatTypes {
+                for lse in flags { all.append(try FlashAttnVec.reduceConstants(headDim: d, out: out, lse: lse)) }
+            }
+        }
+        return all
+    }
 
     static func flashAttnVec() throws -> [(name: String, constants: [FunctionConstants])] {
         var vec: [FunctionConstants] = []
@@ -19,19 +38,23 @@ public enum KernelSpecialisations {
                 for d in headDims {
                     let variants = kv == .f32 ? [PYFA_VEC_VARIANT_PORTABLE]
                         : [PYFA_VEC_VARIANT_PORTABLE, PYFA_VEC_VARIANT_MMA]
-                    for softcap in [false, true] {
-                        for direct in [false, true] {
+                    for softcap in flags {
+                        for direct in flags {
                             for variant in variants {
-                                vec.append(try FlashAttnVec.vecConstants(q: q, kv: kv, headDim: d, softcap: softcap,
-                                                                         direct: direct, variant: variant))
+                                for out in FlashAttnVec.floatTypes {
+                                    for lse in flags {
+                                        vec.append(try FlashAttnVec.vecConstants(
+                                            q: q, kv: kv, headDim: d, softcap: softcap, direct: direct,
+                                            variant: variant, out: out, lse: lse))
+                                    }
+                                }
                             }
                         }
                     }
                 }
             }
         }
-        return [(FlashAttnVec.kernel, vec),
-                (FlashAttnVec.reduceKernel, try headDims.map { try FlashAttnVec.reduceConstants(headDim: $0) })]
+        return [(FlashAttnVec.kernel, unique(vec)), (FlashAttnVec.reduceKernel, try reduce(dims: headDims))]
     }
 
     /// flash_attn_prefill, its blk pre-pass and merge_attention_states: every
@@ -41,8 +64,8 @@ public enum KernelSpecialisations {
         let masks: [(kind: Int32?, blk: [Bool])] = [
             (nil, [false]), (PYFA_MASK_ADDITIVE, [false, true]), (PYFA_MASK_BOOL, [false, true]),
         ]
-        let flags = [false, true]
         for dtype in FlashAttnPrefill.floatTypes {
+            let outs = FlashAttnPrefill.outTypes(dtype)
             for d in headDims {
                 let g = plan.flashAttnPrefill(headDim: d, dtype: dtype)
                 for mask in masks {
@@ -51,10 +74,12 @@ public enum KernelSpecialisations {
                             for softcap in flags {
                                 for hasBlk in mask.blk {
                                     for lse in flags {
-                                        attn.append(try FlashAttnPrefill.prefillConstants(
-                                            dtype: dtype, headDim: d, blockQ: g.blockQ, blockK: g.blockK,
-                                            maskKind: mask.kind, causal: causal, window: window, softcap: softcap,
-                                            blk: hasBlk, lse: lse))
+                                        for out in outs {
+                                            attn.append(try FlashAttnPrefill.prefillConstants(
+                                                dtype: dtype, headDim: d, blockQ: g.blockQ, blockK: g.blockK,
+                                                maskKind: mask.kind, causal: causal, window: window,
+                                                softcap: softcap, blk: hasBlk, lse: lse, out: out))
+                                        }
                                     }
                                 }
                             }
@@ -66,7 +91,9 @@ public enum KernelSpecialisations {
                     if !blk.contains(c) { blk.append(c) }
                 }
             }
-            for lse in flags { merge.append(try MergeAttentionStates.constants(dtype: dtype, hasLse: lse)) }
+            for lse in flags {
+                for out in outs { merge.append(try MergeAttentionStates.constants(dtype: dtype, hasLse: lse, out: out)) }
+            }
         }
         return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
     }
@@ -77,16 +104,18 @@ public enum KernelSpecialisations {
         var fwht: [FunctionConstants] = [], vec: [FunctionConstants] = []
         for d in dims {
             for src in TurboQuant.floatTypes {
-                fwht.append(try TurboQuant.fwhtConstants(src: src, headDim: d))
+                for dst in TurboQuant.floatTypes { fwht.append(try TurboQuant.fwhtConstants(src: src, headDim: d, dst: dst)) }
                 for b in bits { quantize.append(try TurboQuant.quantizeConstants(src: src, bits: b, headDim: d)) }
             }
             for b in bits { dequantize.append(try TurboQuant.dequantizeConstants(bits: b, headDim: d)) }
             for kb in bits {
                 for vb in bits {
-                    for softcap in [false, true] {
-                        for direct in [false, true] {
-                            vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
-                                                                       softcap: softcap, direct: direct))
+                    for softcap in flags {
+                        for direct in flags {
+                            for lse in flags {
+                                vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
+                                                                           softcap: softcap, direct: direct, lse: lse))
+                            }
                         }
                     }
                 }
@@ -94,7 +123,6 @@ public enum KernelSpecialisations {
         }
         return [("hadamard_quantize_kv", quantize), ("tq_dequantize_kv", dequantize)]
             + TurboQuant.fwhtKernels.map { ($0, fwht) }
-            + [(FlashAttnVecTQ.kernel, vec),
-               (FlashAttnVecTQ.fusedReduceKernel, try dims.map { try FlashAttnVec.reduceConstants(headDim: $0) })]
+            + [(FlashAttnVecTQ.kernel, unique(vec)), (FlashAttnVecTQ.fusedReduceKernel, try reduce(dims: dims))]
     }
 }

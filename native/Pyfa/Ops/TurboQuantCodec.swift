@@ -122,15 +122,18 @@ public enum TurboQuant {
         ])
     }
 
-    static func fwhtConstants(src: DType, headDim: UInt32) throws -> FunctionConstants {
+    static func fwhtConstants(src: DType, headDim: UInt32, dst: DType) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_TQ_FWHT_FC_COUNT, [
             PYFA_TQ_FWHT_FC_SRC_DTYPE: src.rawValue,
             PYFA_TQ_FWHT_FC_HEAD_DIM: Int32(headDim),
+            PYFA_TQ_FWHT_FC_DST_DTYPE: dst.rawValue,
         ])
     }
 
     // MARK: FWHT
 
+    /// pyfa_fwht writes f32 rows (its public contract); the kernels also store
+    /// f16 / bf16, which TurboQuant decode's undo uses for its output.
     static let fwhtKernels = ["fwht", "fwht_sign_premult", "fwht_sign_undo"]
 
     public static func encodeFwht(_ encoder: CommandEncoder, _ p: pyfa_tq_fwht_params, src: Buffer?, dst: Buffer?) throws {
@@ -143,13 +146,13 @@ public enum TurboQuant {
         let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: elements)
         let dst = try Check.buffer(dst, "dst", dtypes: [.f32], elements: elements)
         try Check.sameDevice([src, dst], encoder.device)
-        try encodeFwht(encoder, p, src: .buffer(src), srcType: src.dtype, dst: .buffer(dst))
+        try encodeFwht(encoder, p, src: .buffer(src), srcType: src.dtype, dst: .buffer(dst), dstType: dst.dtype)
     }
 
     static func encodeFwht(_ encoder: CommandEncoder, _ p: pyfa_tq_fwht_params, src: KernelArg, srcType: DType,
-                           dst: KernelArg) throws {
-        let pipeline = try encoder.device.registry.pipeline(fwhtKernels[Int(p.transform)],
-                                                            constants: fwhtConstants(src: srcType, headDim: p.head_dim))
+                           dst: KernelArg, dstType: DType) throws {
+        let pipeline = try encoder.device.registry.pipeline(
+            fwhtKernels[Int(p.transform)], constants: fwhtConstants(src: srcType, headDim: p.head_dim, dst: dstType))
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.transform)
         try encoder.dispatch(pipeline, args: [

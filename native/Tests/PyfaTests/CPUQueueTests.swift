@@ -49,7 +49,8 @@ final class CPUQueueTests: XCTestCase {
 
         let recorder = RecordingQueue()
         let encoder = CommandEncoder(device: device, queue: recorder)
-        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: .buffer(lens), ringStart: .buffer(rings), tmp: tmp, out: out)
+        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: .buffer(lens), ringStart: .buffer(rings), tmp: tmp, out: out,
+                                lse: nil)
         try encoder.commit()
         let withBarrier = recorder.commands
         let withoutBarrier = withBarrier.filter { if case .barrier = $0 { return false } else { return true } }

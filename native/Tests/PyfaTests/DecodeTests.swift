@@ -53,14 +53,14 @@ final class DecodeTests: XCTestCase {
         rings.contents!.storeBytes(of: UInt32(0), as: UInt32.self)
         fill(out) { _ in 0 }
         let bad = try FlashAttnVec.vecConstants(q: .f32, kv: .u8, headDim: UInt32(D), softcap: false, direct: true,
-                                                variant: PYFA_VEC_VARIANT_PORTABLE)
+                                                variant: PYFA_VEC_VARIANT_PORTABLE, out: .f32, lse: false)
         let pipeline = try device.registry.pipeline("flash_attn_vec", constants: bad)
         let encoder = try device.makeEncoder()
         try encoder.dispatch(pipeline, args: [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)), (Int(PYFA_VEC_ARG_K), .buffer(kv)),
             (Int(PYFA_VEC_ARG_V), .buffer(kv)), (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)),
             (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)), (Int(PYFA_VEC_ARG_TMP), .buffer(out)),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)), (Int(PYFA_VEC_ARG_LSE), .buffer(out)),
         ], grid: (1, 1, 1), threads: (32, 1, 1), threadgroupMemory: 4096)
         try encoder.commit()
         try encoder.wait()
@@ -85,7 +85,8 @@ final class DecodeTests: XCTestCase {
         let (_, tmpBytes) = try FlashAttnVec.plan(device, &p, kvDType: .f32, maxKvLen: UInt32(n))
         let tmp = try device.makeBuffer(dtype: .f32, shape: [max(1, tmpBytes / 4)])
         let encoder = try device.makeEncoder()
-        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: .buffer(lens), ringStart: .buffer(rings), tmp: tmp, out: out)
+        try FlashAttnVec.encode(encoder, p, q: q, k: k, v: v, kvLen: .buffer(lens), ringStart: .buffer(rings), tmp: tmp, out: out,
+                                lse: nil)
         try encoder.commit()
         try encoder.wait()
 

@@ -52,11 +52,14 @@ final class RegistryTests: XCTestCase {
 
     func testConstantsAreSetByIndexExactlyOnce() throws {
         let c = try FlashAttnVec.vecConstants(q: .f16, kv: .bf16, headDim: 128, softcap: true, direct: false,
-                                              variant: PYFA_VEC_VARIANT_PORTABLE)
+                                              variant: PYFA_VEC_VARIANT_PORTABLE, out: .bf16, lse: true)
         XCTAssertEqual(c.values.count, Int(PYFA_VEC_FC_COUNT))
         XCTAssertEqual(c.values[Int(PYFA_VEC_FC_KV_DTYPE)], DType.bf16.rawValue)
         XCTAssertEqual(c.values[Int(PYFA_VEC_FC_HEAD_DIM)], 128)
         XCTAssertEqual(c.values[Int(PYFA_VEC_FC_HAS_SOFTCAP)], 1)
+        // The split path folds out and lse away: its partials are f32 and the reduce writes both.
+        XCTAssertEqual(c.values[Int(PYFA_VEC_FC_OUT_DTYPE)], DType.f32.rawValue)
+        XCTAssertEqual(c.values[Int(PYFA_VEC_FC_HAS_LSE)], 0)
         XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1])) // index 1 unset
         XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1, 0: 2, 1: 3])) // index 0 twice
         XCTAssertThrowsError(try FunctionConstants(count: 2, [0: 1, 1: 2, 2: 3])) // index 2 out of range

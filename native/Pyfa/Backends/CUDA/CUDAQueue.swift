@@ -281,7 +281,7 @@ struct CUDAPlan: BackendPlan {
         if perSM == 0 {
             // Measured on the f16-cache specialisation (bf16 compiles alike; f32 is the rare case).
             let constants = try? FlashAttnVec.vecConstants(q: .f16, kv: .f16, headDim: p.head_dim, softcap: false,
-                                                           direct: false, variant: variant)
+                                                           direct: false, variant: variant, out: .f32, lse: false)
             perSM = constants.map {
                 residentBlocks(FlashAttnVec.kernel, $0, variant == PYFA_VEC_VARIANT_MMA ? bytes
                                    : CUDAPlan.vecSharedBytes(headDim: D, elementSize: 2))
@@ -339,7 +339,7 @@ struct CUDAPlan: BackendPlan {
         if CUDAPlan.tqUsesMma(p) {
             let bytes = CUDAPlan.tqMmaSharedBytes(headDim: Int(a.head_dim))
             let constants = try? FlashAttnVecTQ.vecConstants(kBits: 4, vBits: 4, headDim: a.head_dim, softcap: false,
-                                                             direct: false)
+                                                             direct: false, lse: false)
             var perSM = constants.map { residentBlocks(FlashAttnVecTQ.kernel, $0, bytes) } ?? 0
             if perSM == 0 { perSM = 1 }
             let visible = a.window > 0 ? min(maxKvLen, a.window) : maxKvLen
