@@ -108,6 +108,36 @@ def test_bad_out(dev):
     raises("out: expected shape", pyfa.decode_attention, q, k, v, 4, out=np.zeros((4, 64), np.float16), device=dev)
 
 
+@pytest.mark.parametrize("out_dtype", [np.float64, "int8", 3, "bfloat17"])
+def test_bad_out_dtype(dev, out_dtype):
+    q, k, v = arrays()
+    raises("out_dtype: must be one of float32, float16, bfloat16", pyfa.decode_attention, q, k, v, 4,
+           out_dtype=out_dtype, device=dev)
+
+
+def test_out_must_have_the_output_dtype(dev):
+    """out= must be of the output dtype: q's by default, else out_dtype's."""
+    q, k, v = arrays()
+    raises("out: expected shape .* and dtype float16", pyfa.decode_attention, q, k, v, 4, out_dtype=np.float16,
+           out=np.zeros((4, 64), np.float32), device=dev)
+    raises("out: expected shape .* and dtype bfloat16", pyfa.decode_attention, q.astype(pyfa.bfloat16), k, v, 4,
+           out=np.zeros((4, 64), np.float32), device=dev)
+
+
+def test_bad_return_lse(dev):
+    q, k, v = arrays()
+    raises("return_lse: must be a bool", pyfa.decode_attention, q, k, v, 4, return_lse="yes", device=dev)
+
+
+@pytest.mark.parametrize("cache_type", [pyfa.KVCache, pyfa.TurboQuantKVCache])
+def test_cache_attend_output_rules(dev, cache_type):
+    c = cache_type(2, 64, 8, device=dev)
+    c.append(np.ones((2, 2, 64), np.float32), np.ones((2, 2, 64), np.float32))
+    q = np.ones((4, 64), np.float32)
+    raises("out_dtype: must be one of float32, float16, bfloat16", c.attend, q, out_dtype=np.int32)
+    raises("return_lse: must be a bool", c.attend, q, return_lse=None)
+
+
 def test_unknown_backend():
     with pytest.raises(pyfa.InvalidArgumentError, match="backend: unknown backend 'tpu'"):
         pyfa.Device("tpu")
@@ -154,6 +184,16 @@ def test_low_level_baseline_runs(dev):
 def test_low_level_undersized_or_wrong_buffers(dev, name, array, match):
     with pytest.raises(pyfa.InvalidArgumentError, match=match):
         _low_level(dev, **{name: array})
+
+
+def test_low_level_lse_must_not_overlap(dev):
+    """lse is an output: it may not share memory with an input, tmp or out."""
+    out = np.zeros((1, 4, 64), np.float32)
+    q = np.zeros((1, 4, 64), np.float32)
+    with pytest.raises(pyfa.InvalidArgumentError, match="lse: overlaps out in memory"):
+        _low_level(dev, out=out, lse=out.reshape(-1)[60:64])
+    with pytest.raises(pyfa.InvalidArgumentError, match="lse: overlaps q in memory"):
+        _low_level(dev, q=q, lse=q.reshape(-1)[:4])
 
 
 def test_low_level_params_rules(dev):
@@ -206,3 +246,27 @@ def test_wrap_rejects_small_memory(dev):
     assert lib.pyfa_buffer_wrap(out, dev.handle, ffi.from_buffer(a), 8, lib.PYFA_DTYPE_F32, 1, [4]) == \
         lib.PYFA_ERR_INVALID_ARGUMENT
     assert b"nbytes: 8 bytes cannot hold shape [4] of f32" in ffi.string(lib.pyfa_last_error())
+
+
+def test_tq_low_level_out_and_lse_rules(dev):
+    """The TurboQuant decode's out and lse follow flash_attn_vec's rules."""
+    H, D, cap = 2, 64, 8
+    host = {"q": np.zeros((1, H, D), np.float32), "codes": np.zeros((1, 1, cap, D // 2), np.uint8),
+            "scales": np.zeros((1, 1, cap), np.float32), "kv_len": np.array([4], np.int32),
+            "ring": np.zeros(1, np.int32), "tmp": np.zeros(4096, np.float32), "out": np.zeros((1, H, D), np.float16)}
+    p = ffi.new("pyfa_flash_attn_vec_tq_params *", {
+        "attn": dict(batch=1, num_heads=H, num_kv_heads=1, head_dim=D, kv_capacity=cap, nwg=1, scale=0.125),
+        "k_bits": 4, "v_bits": 4})
+
+    def call(**over):
+        a = {**host, **over}
+        b = {n: dev.wrap(x) for n, x in a.items() if n != "lse"}
+        lse = dev.wrap(a["lse"]) if a.get("lse") is not None else None
+        check(lib.pyfa_flash_attn_vec_tq(dev.encoder(), p, b["q"].handle, b["codes"].handle, b["scales"].handle,
+                                         b["codes"].handle, b["scales"].handle, b["kv_len"].handle, b["ring"].handle,
+                                         b["tmp"].handle, b["out"].handle, lse.handle if lse else ffi.NULL))
+    call(lse=np.zeros(H, np.float32))  # the baseline records
+    raises("out: dtype u16 not accepted", call, out=np.zeros((1, H, D), np.uint16))
+    raises("lse: dtype f16 not accepted", call, lse=np.zeros(H, np.float16))
+    raises("lse: buffer holds 1 elements, needs 2", call, lse=np.zeros(1, np.float32))
+    raises("lse: overlaps tmp in memory", call, lse=host["tmp"][:H])

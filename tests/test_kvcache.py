@@ -4,6 +4,8 @@ import pytest
 
 import pyfa
 from pyfa import reference
+from test_decode import check
+from test_decode_outputs import check_lse
 
 # Storage rounds K/V to the cache dtype; the reference reads the same rounded
 # rows, so only float32 accumulation differs (see test_decode.py): 2e-5.
@@ -45,6 +47,30 @@ def test_ring_buffer_attends_over_last_tokens(device, rng):
     w.append(k[120:], v[120:])
     ref = reference.decode_attention(q, k[-40:].transpose(1, 0, 2), v[-40:].transpose(1, 0, 2), 40)
     np.testing.assert_allclose(w.attend(q), ref, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("qdtype,out_dtype,want", [
+    (np.float16, None, np.float16), (pyfa.bfloat16, None, pyfa.bfloat16), (np.float64, None, np.float32),
+    (np.float16, np.float32, np.float32), (np.float32, pyfa.bfloat16, pyfa.bfloat16)])
+def test_output_dtype_and_lse(device, rng, qdtype, out_dtype, want):
+    """The output takes q's dtype (float64 q is read as float32) unless out_dtype names another; the LSE is
+    the reference's. Bounds: TOL plus the output's rounding (test_decode.py)."""
+    c = pyfa.KVCache(2, 64, 100, dtype=np.float16, device=device)
+    k, v = rng.standard_normal((70, 2, 64)), rng.standard_normal((70, 2, 64))
+    c.append(k, v)
+    q = rng.standard_normal((4, 64)).astype(qdtype)
+    out, lse = c.attend(q, out_dtype=out_dtype, return_lse=True)
+    ref, ref_lse = reference.decode_attention(q.astype(np.float32), _stored(k, np.float16).transpose(1, 0, 2),
+                                              _stored(v, np.float16).transpose(1, 0, 2), 70, return_lse=True)
+    check(out, ref, dtype=want)
+    check_lse(lse, ref_lse)
+
+
+def test_empty_cache_gives_zeros_and_lse_minus_inf(device, rng):
+    c = pyfa.KVCache(2, 64, 8, device=device)
+    out, lse = c.attend(rng.standard_normal((4, 64)).astype(np.float16), return_lse=True)
+    assert out.dtype == np.float16 and (out == 0).all()
+    assert lse.dtype == np.float32 and lse.shape == (4,) and np.isneginf(lse).all()
 
 
 def test_overflow_without_window_changes_nothing(device, rng):

@@ -361,6 +361,38 @@ def test_out_argument(device, rng):
     check_close(out, reference.attention(q, k, v), BF16)
 
 
+@pytest.mark.parametrize("dtype,layout", [(np.float16, "bhsd"), (BF16, "bshd")])
+def test_f32_output_on_request(device, rng, dtype, layout):
+    """out_dtype=float32 with 16-bit inputs: the f32 result itself (no rounding term in the bound), which
+    the default output is rounded from, to nearest even, once."""
+    q, k, v = make(rng, 2, 4, 2, 70, 90, 128, dtype, layout)
+    kw = dict(causal=True, window=40, softcap=10.0, layout=layout)
+    out32, lse = pyfa.attention(q, k, v, out_dtype=np.float32, return_lse=True, device=device, **kw)
+    ref, ref_lse = reference.attention(q, k, v, return_lse=True, **kw)
+    check_close(out32, ref, np.float32)
+    check_lse(lse, ref_lse)
+    out = pyfa.attention(q, k, v, device=device, **kw)
+    check_close(out, ref, dtype)
+    assert np.mean(out == out32.astype(dtype)) >= 0.99  # separate kernels may differ in a last f32 bit
+    filled = np.full(q.shape, np.nan, np.float32)
+    assert pyfa.attention(q, k, v, out=filled, out_dtype="float32", device=device, **kw) is filled
+    check_close(filled, ref, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32])
+def test_merge_f32_output_on_request(device, rng, dtype):
+    o_a, o_b = (rng.standard_normal((2, 3, 5, 64)).astype(dtype) for _ in range(2))
+    l_a, l_b = (rng.standard_normal((2, 3, 5)).astype(np.float32) for _ in range(2))
+    l_b[1, 2] = -np.inf
+    o, lse = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, out_dtype=np.float32, device=device)
+    m_ref, m_lse = reference.merge_attention_states(o_a, l_a, o_b, l_b)
+    assert o.dtype == np.float32
+    np.testing.assert_allclose(o, m_ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(lse, m_lse, atol=1e-5, rtol=0)
+    default, _ = pyfa.merge_attention_states(o_a, l_a, o_b, l_b, device=device)
+    assert default.dtype == dtype and np.mean(default == o.astype(dtype)) >= 0.99
+
+
 # Bad input -> PyfaError naming the argument.
 def _bad(**over):
     rng = np.random.default_rng(1)
@@ -385,6 +417,9 @@ BAD = [
     ("k", dict(k=np.zeros((1, 2, 8, 64), np.float16))),
     ("layout", dict(layout="sbhd")),
     ("softcap", dict(softcap=-1.0)),
+    ("out_dtype: must be q's dtype \\(float32\\) or float32", dict(out_dtype=np.float16)),
+    ("out_dtype: must be one of float32, float16, bfloat16", dict(out_dtype=np.float64)),
+    ("out: expected shape .* and dtype float32", dict(out=np.zeros((1, 4, 8, 64), np.float16))),
 ]
 
 
@@ -437,6 +472,22 @@ def test_low_level_rules(device):
     with pytest.raises(pyfa.PyfaError, match="mask: buffer holds"):
         check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, mask.handle, ffi.NULL,
                                           out.handle, ffi.NULL))
+    params.mask_strides = [0, 0, 0]
+    half_out = device.buffer(q.shape, np.float16)  # out: the I/O dtype or f32, never narrower
+    with pytest.raises(pyfa.PyfaError, match="out: dtype f16 not accepted \\(expected f32\\)"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                          half_out.handle, ffi.NULL))
+    half = _io.to_device(device, q.astype(np.float16))
+    bf16_out = device.buffer(q.shape, BF16)
+    with pytest.raises(pyfa.PyfaError, match="out: dtype bf16 not accepted \\(expected f16 or f32\\)"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, half.handle, half.handle, half.handle, ffi.NULL, ffi.NULL,
+                                          bf16_out.handle, ffi.NULL))
+    merge = ffi.new("pyfa_merge_attn_params *", {"batch": 1, "num_heads": 1, "seq_len": 8, "head_dim": 64,
+                                                 "o_strides": [512, 512, 64]})
+    lse = _io.to_device(device, np.zeros(8, np.float32))
+    with pytest.raises(pyfa.PyfaError, match="out: dtype bf16 not accepted \\(expected f16 or f32\\)"):
+        check(lib.pyfa_merge_attention_states(enc, merge, half.handle, lse.handle, half.handle, lse.handle,
+                                              bf16_out.handle, ffi.NULL))
 
 
 def test_merge_bad_input(device):
@@ -451,6 +502,11 @@ def test_merge_bad_input(device):
     with pytest.raises(pyfa.PyfaError, match="head_dim"):
         pyfa.merge_attention_states(np.zeros((1, 2, 3, 4), np.float32), lse, np.zeros((1, 2, 3, 4), np.float32), lse,
                                     device=device)
+    half = o.astype(np.float16)
+    with pytest.raises(pyfa.PyfaError, match="out_dtype: must be o_a's dtype \\(float16\\) or float32"):
+        pyfa.merge_attention_states(half, lse, half, lse, out_dtype=BF16, device=device)
+    with pytest.raises(pyfa.PyfaError, match="out: expected shape .* and dtype float16"):
+        pyfa.merge_attention_states(half, lse, half, lse, out=np.zeros(o.shape, np.float32), device=device)
 
 
 def test_struct_sizes():
