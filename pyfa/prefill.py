@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args, _io, dtypes
+from . import _args, _io, _plans, dtypes
 from ._native import ffi, lib
 from .device import Device
 from .errors import check, invalid
@@ -56,6 +56,56 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     return _attention(q, k, v, scale=scale, causal=causal, q_offset=q_offset, mask=mask, window=window,
                       softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out,
                       out_dtype=out_dtype, use_blk=None)
+
+
+def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk):
+    """Arrays the device reads in place: a cached plan, run on this thread's encoder."""
+    B, H, qL, kL = fields["batch"], fields["num_heads"], fields["q_len"], fields["kv_len"]
+    m, mask_strides = (None, [0, 0, 0]) if mask is None else _mask_array(mask, q.dtype, B, H, qL, kL, like)
+    mask_code = -1 if m is None else dtypes.code(np.uint8 if m.dtype == bool else m.dtype)
+    # The blk pre-pass pays off from BLK_MIN_K_BLOCKS key tiles of the backend's plan.
+    block_k = 0
+    if m is not None and use_blk is None:
+        probe = _args.params("pyfa_flash_attn_prefill_params *", dict(fields, mask_strides=mask_strides))
+        check(lib.pyfa_flash_attn_prefill_plan(device.handle, probe, dtypes.code(q.dtype), ffi.new("uint64_t *")))
+        block_k = probe.num_k_blocks
+    want_blk = m is not None and (block_k >= BLK_MIN_K_BLOCKS if use_blk is None else bool(use_blk))
+    key = ("prefill", device, tuple(fields.values())[:-4], tuple(map(tuple, list(fields.values())[-4:])),
+           tuple(mask_strides), q.dtype, out_dtype, mask_code, want_blk, return_lse)
+    plan = _plans.cached(key, lambda: _plans.new_plan(lib.pyfa_prefill_plan_new, device, _args.params(
+        "pyfa_prefill_plan_desc *", {
+            "attn": dict(fields, mask_strides=mask_strides), "dtype": dtypes.code(q.dtype),
+            "out_dtype": dtypes.code(out_dtype), "mask_dtype": mask_code, "use_blk": int(want_blk),
+            "return_lse": int(return_lse)})))
+    result, out_address = _io.result_array(tuple(q.shape), out_dtype, out, like=like)
+    args = ffi.new("pyfa_prefill_run_args *")
+    for field, a in (("q", q), ("k", k), ("v", v)):
+        t = getattr(args, field)
+        t.address, t.nbytes = _io.address(a), a.nbytes
+    if m is not None:
+        args.mask.address, args.mask.nbytes = _io.address(m), m.nbytes
+    args.out.address, args.out.nbytes = out_address, q.nbytes // q.dtype.itemsize * np.dtype(out_dtype).itemsize
+    lse = None
+    if return_lse:
+        lse, args.lse.address = _io.result_array((B, H, qL), np.float32, None, "lse", like=like)
+        args.lse.nbytes = B * H * qL * 4
+    stream = like.stream if like is not None else 0
+    _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, stream), args)
+    return (result, lse) if return_lse else result
+
+
+def _mask_array(mask, io_dtype, B, H, qL, kL, like):
+    """(array, element strides) of a user mask, checked; on the inputs' side (host or GPU)."""
+    m = _io.as_array(mask, "mask", allowed=(np.dtype(bool), np.dtype(io_dtype)), ndims=(2, 4), gpu=True)
+    if m.ndim == 2 and tuple(m.shape) != (qL, kL) or m.ndim == 4 and tuple(m.shape) != (B, H, qL, kL):
+        raise invalid(f"mask: expected shape [q_len, kv_len] = {[qL, kL]} or [B, H, q_len, kv_len] = "
+                      f"{[B, H, qL, kL]}, got {list(m.shape)}")
+    strides = [0, 0, kL] if m.ndim == 2 else [H * qL * kL, qL * kL, kL]
+    if isinstance(m, _io.GpuArray) and like is None:
+        raise invalid("mask: a GPU mask needs GPU q, k and v")
+    if like is not None and not isinstance(m, _io.GpuArray):
+        raise invalid("mask: must be a GPU array when q, k and v are")
+    return m, strides
 
 
 def _mask_buffer(device, mask, io_dtype, B, H, qL, kL, like):
@@ -112,17 +162,18 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     q_offset = kL - qL if q_offset is None else _args.int_arg(q_offset, "q_offset", -_I32_MAX, _I32_MAX)
     scale = _args.default_scale(scale, D)
     softcap = _args.float_arg(softcap, "softcap")
-    mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
-        _mask_buffer(device, mask, q.dtype, B, H, qL, kL, like)
-
-    params = _args.params("pyfa_flash_attn_prefill_params *", {
+    fields = {
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": qL, "kv_len": kL,
         "q_offset": q_offset, "window": window or 0, "scale": scale, "softcap": softcap,
         "causal": int(causal),
         "q_strides": _io.layout_strides(layout, H, qL, D), "k_strides": _io.layout_strides(layout, Hkv, kL, D),
         "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
-        "mask_strides": mask_strides,
-    })
+    }
+    if like is not None or device.host_visible:
+        return _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk)
+    mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
+        _mask_buffer(device, mask, q.dtype, B, H, qL, kL, like)
+    params = _args.params("pyfa_flash_attn_prefill_params *", dict(fields, mask_strides=mask_strides))
     dtype_code = dtypes.code(q.dtype)
     blk_bytes = ffi.new("uint64_t *")
     check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))

@@ -270,7 +270,33 @@ typedef struct pyfa_tq_decode_run_args {
     uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
 } pyfa_tq_decode_run_args;
 
+/* Prefill (pyfa_flash_attn_prefill, after the blk pre-pass when use_blk):
+ * attn's shapes, strides and options are the plan's (block_q / block_k 0:
+ * the backend's tile); mask_dtype is -1 without a mask, PYFA_DTYPE_U8 for a
+ * boolean mask or `dtype` for an additive one. The workspace holds blk. */
+typedef struct pyfa_prefill_plan_desc {
+    pyfa_flash_attn_prefill_params attn;
+    pyfa_dtype dtype;      /* of q, k and v */
+    pyfa_dtype out_dtype;  /* dtype or f32 */
+    pyfa_dtype mask_dtype;
+    uint32_t use_blk;
+    uint32_t return_lse;
+    uint32_t reserved;
+} pyfa_prefill_plan_desc;
+
+typedef struct pyfa_prefill_run_args {
+    pyfa_tensor q, k, v;
+    pyfa_tensor mask;      /* when planned with one */
+    pyfa_tensor out;
+    pyfa_tensor lse;       /* [batch, num_heads, q_len] f32 when planned with return_lse */
+    pyfa_tensor workspace; /* optional */
+    uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
+    uint32_t reserved;
+} pyfa_prefill_run_args;
+
 int pyfa_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_decode_plan_desc *desc);
+int pyfa_prefill_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_prefill_plan_desc *desc);
+int pyfa_prefill_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_prefill_run_args *args);
 int pyfa_tq_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_tq_decode_plan_desc *desc);
 void pyfa_plan_free(pyfa_plan *plan);
 /* Bytes of a workspace a run may pass instead of the plan's own. */

@@ -33,6 +33,33 @@ public func pyfa_tq_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePoint
     }
 }
 
+@_cdecl("pyfa_prefill_plan_new")
+public func pyfa_prefill_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                       _ desc: UnsafePointer<pyfa_prefill_plan_desc>?) -> Int32 {
+    abiCall {
+        guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
+        out.pointee = nil
+        let d: Device = try object(device, "device")
+        let description = try value(desc, "desc")
+        try require(description.reserved == 0, "reserved: must be 0")
+        out.pointee = retainHandle(try PrefillPlan(device: d, desc: description))
+    }
+}
+
+@_cdecl("pyfa_prefill_run")
+public func pyfa_prefill_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
+                                  _ args: UnsafePointer<pyfa_prefill_run_args>?) -> Int32 {
+    abiCall {
+        let p: PrefillPlan = try object(plan, "plan")
+        let e: CommandEncoder = try object(encoder, "encoder")
+        let a = try value(args, "args")
+        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
+        try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k), v: TensorRef(a.v), mask: TensorRef(a.mask),
+                  out: TensorRef(a.out), lse: TensorRef(a.lse), workspace: TensorRef(a.workspace))
+        try finishIfAsked(e, a.flags)
+    }
+}
+
 @_cdecl("pyfa_plan_free")
 public func pyfa_plan_free_impl(_ plan: OpaquePointer?) {
     releaseHandle(plan, as: OpPlan.self)

@@ -69,7 +69,7 @@ private func handleKind<T>(_ type: T.Type) -> String {
     case is Buffer.Type: return "a buffer"
     case is CommandEncoder.Type: return "an encoder"
     case is Device.Type: return "a device"
-    case is OpPlan.Type, is DecodePlan.Type, is TQDecodePlan.Type: return "a plan"
+    case is OpPlan.Type, is DecodePlan.Type, is TQDecodePlan.Type, is PrefillPlan.Type: return "a plan"
     default: return "a \(type)"
     }
 }

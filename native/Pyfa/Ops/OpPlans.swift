@@ -173,3 +173,62 @@ public final class TQDecodePlan: OpPlan {
             lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H))
     }
 }
+
+/// Prefill, prepared (pyfa_prefill_plan_desc): shapes, strides, options, the
+/// mask's kind and whether the blk tile-skip pre-pass runs are the plan's; a
+/// run binds q, k, v, the mask, out and lse. The plan's workspace holds blk.
+public final class PrefillPlan: OpPlan {
+    let params: pyfa_flash_attn_prefill_params
+    let dtype: DType, outDType: DType
+    let maskDType: DType?
+    let useBlk: Bool, returnLse: Bool
+
+    public init(device: Device, desc: pyfa_prefill_plan_desc) throws {
+        var p = desc.attn
+        dtype = try DType(code: desc.dtype)
+        outDType = try DType(code: desc.out_dtype)
+        try require(FlashAttnPrefill.outTypes(dtype).contains(outDType),
+                    "out_dtype: \(outDType.name) must be the I/O dtype (\(dtype.name)) or f32")
+        if desc.mask_dtype < 0 {
+            maskDType = nil
+        } else {
+            let m = try DType(code: desc.mask_dtype)
+            try require(m == .u8 || m == dtype,
+                        "mask_dtype: \(m.name) not accepted (u8 for a boolean mask, or the I/O dtype \(dtype.name) for an additive one)")
+            maskDType = m
+        }
+        try require(desc.use_blk <= 1 && desc.return_lse <= 1, "use_blk/return_lse: must be 0 or 1")
+        try require(desc.use_blk == 0 || maskDType != nil, "use_blk: needs a mask (blk classifies the mask's tiles)")
+        useBlk = desc.use_blk == 1
+        returnLse = desc.return_lse == 1
+        let (_, blkBytes) = try FlashAttnPrefill.plan(device, &p, dtype: dtype)
+        params = p
+        try super.init(device: device, workspaceBytes: useBlk ? (blkBytes + 3) / 4 * 4 : 0)
+    }
+
+    public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, mask: TensorRef,
+                    out: TensorRef, lse: TensorRef, workspace: TensorRef) throws {
+        let p = params
+        try require(encoder.device === device, "encoder: belongs to another device than the plan")
+        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
+        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try require(mask.isAbsent || maskDType != nil, "mask: the plan was made without a mask")
+        try require(!mask.isAbsent || maskDType == nil, "mask: the plan was made with a mask; pass its memory")
+        let D = Int(p.head_dim)
+        let qRows = (p.batch, p.num_heads, p.q_len), kvRows = (p.batch, p.num_kv_heads, p.kv_len)
+        let ext = FlashAttnPrefill.extent
+        let qb = try bind(q, "q", dtype: dtype, elements: ext(p.q_strides, qRows, D, "q"))
+        let kb = try bind(k, "k", dtype: dtype, elements: ext(p.k_strides, kvRows, D, "k"))
+        let vb = try bind(v, "v", dtype: dtype, elements: ext(p.v_strides, kvRows, D, "v"))
+        let ob = try bind(out, "out", dtype: outDType, elements: ext(p.out_strides, qRows, D, "out"))
+        let mb = try maskDType.map { try bind(mask, "mask", dtype: $0, elements: ext(p.mask_strides, qRows, Int(p.kv_len), "mask")) }
+        let lb = try bindOptional(lse, "lse", dtype: .f32,
+                                  elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"))
+        var blk: Buffer? = nil
+        if useBlk, let w = try self.workspace(workspace, encoder) {
+            blk = Buffer(device: device, dtype: .u8, shape: [w.nbytes], storage: w.storage, nbytes: w.nbytes, memory: w.memory)
+            try FlashAttnPrefill.encodeBlk(encoder, p, dtype: dtype, mask: mb, blk: blk)
+        }
+        try FlashAttnPrefill.encode(encoder, p, q: qb, k: kb, v: vb, mask: mb, blk: blk, out: ob, lse: lb)
+    }
+}
