@@ -297,3 +297,70 @@ def test_cuda_graph_replay_sees_new_inputs_and_outlives_the_plan(rng):
     torch.cuda.synchronize()
     ref = _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens.cpu().numpy())
     np.testing.assert_allclose(_host(torch, out), ref, atol=2e-5, rtol=0)
+
+
+def _prefill_desc(**over):
+    attn = {"batch": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64, "q_len": 8, "kv_len": 8, "q_offset": 0,
+            "scale": 0.125, "q_strides": [1024, 512, 64], "k_strides": [512, 512, 64], "v_strides": [512, 512, 64],
+            "out_strides": [1024, 512, 64], "mask_strides": [0, 0, 8]}
+    d = {"attn": attn, "dtype": lib.PYFA_DTYPE_F32, "out_dtype": lib.PYFA_DTYPE_F32, "mask_dtype": -1}
+    d.update(over)
+    return ffi.new("pyfa_prefill_plan_desc *", d)
+
+
+def test_prefill_plan_rules(cpu):
+    out = ffi.new("pyfa_plan **")
+    for over, match in (({"mask_dtype": lib.PYFA_DTYPE_I32}, "mask_dtype: i32 not accepted"),
+                        ({"use_blk": 1}, "use_blk: needs a mask"),
+                        ({"out_dtype": lib.PYFA_DTYPE_F16}, "out_dtype: f16 must be the I/O dtype"),
+                        ({"reserved": 1}, "reserved: must be 0")):
+        assert lib.pyfa_prefill_plan_new(out, cpu.handle, _prefill_desc(**over)) == lib.PYFA_ERR_INVALID_ARGUMENT
+        assert match in _last_error()
+
+
+def test_prefill_plan_run_matches_the_reference_and_checks_its_memory(cpu, rng):
+    out = ffi.new("pyfa_plan **")
+    assert lib.pyfa_prefill_plan_new(out, cpu.handle, _prefill_desc(mask_dtype=lib.PYFA_DTYPE_U8, use_blk=1,
+                                                                    return_lse=1)) == 0, _last_error()
+    plan = ffi.gc(out[0], lib.pyfa_plan_free)
+    q = rng.standard_normal((1, 2, 8, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 8, 64)).astype(np.float32)
+    mask = np.tril(np.ones((8, 8), bool))
+    o = np.zeros((1, 2, 8, 64), np.float32)
+    lse = np.zeros((1, 2, 8), np.float32)
+    a = ffi.new("pyfa_prefill_run_args *")
+    for field, arr in (("q", q), ("k", k), ("v", k), ("mask", mask), ("out", o), ("lse", lse)):
+        _tensor(getattr(a, field), arr)
+    a.flags = lib.PYFA_RUN_FINISH
+    assert lib.pyfa_prefill_run(plan, cpu.encoder(), a) == 0, _last_error()
+    ref = pyfa.attention(q, k, k, mask=mask, scale=0.125, device=cpu, out_dtype=np.float32)
+    np.testing.assert_allclose(o, ref, atol=2e-5, rtol=0)
+    a.mask.address = 0
+    assert lib.pyfa_prefill_run(plan, cpu.encoder(), a) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert "mask: the plan was made with a mask" in _last_error()
+    _tensor(a.mask, mask)
+    a.lse.nbytes = 8
+    assert lib.pyfa_prefill_run(plan, cpu.encoder(), a) == lib.PYFA_ERR_INVALID_ARGUMENT and "lse:" in _last_error()
+    _tensor(a.lse, lse)
+    a.flags = 4
+    assert lib.pyfa_prefill_run(plan, cpu.encoder(), a) == lib.PYFA_ERR_INVALID_ARGUMENT and "flags" in _last_error()
+
+
+def test_tq_decode_plan_rules(cpu):
+    tq = {"attn": {"batch": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "kv_capacity": 16,
+                   "scale": 0.125}, "k_bits": 4, "v_bits": 4}
+    out = ffi.new("pyfa_plan **")
+    d = ffi.new("pyfa_tq_decode_plan_desc *", {"tq": tq, "q_dtype": lib.PYFA_DTYPE_F32,
+                                                "out_dtype": lib.PYFA_DTYPE_F16})
+    assert lib.pyfa_tq_decode_plan_new(out, cpu.handle, d) == 0, _last_error()
+    lib.pyfa_plan_free(out[0])
+    for field, value, match in (("out_dtype", lib.PYFA_DTYPE_U8, "out_dtype: u8"),
+                                ("q_dtype", lib.PYFA_DTYPE_I32, "q_dtype: i32"),
+                                ("return_lse", 2, "return_lse: 2 must be 0 or 1")):
+        bad = ffi.new("pyfa_tq_decode_plan_desc *", d[0])
+        setattr(bad, field, value)
+        assert lib.pyfa_tq_decode_plan_new(out, cpu.handle, bad) == lib.PYFA_ERR_INVALID_ARGUMENT
+        assert match in _last_error()
+    d.tq.k_bits = 5
+    assert lib.pyfa_tq_decode_plan_new(out, cpu.handle, d) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert "k_bits" in _last_error()
