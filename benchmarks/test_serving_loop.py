@@ -72,13 +72,18 @@ def _group(benchmark, case, shape):
     benchmark.group = f"{case} {shape}"
 
 
-def _record(benchmark, case, shape, impl, calls, us, gpu_us=None, **extra):
-    benchmark.extra_info.update(case=case, shape=shape, impl=impl, calls_per_round=calls, **extra)
+UNITS = {"call": "call", "step": f"step ({LAYERS} calls)", "cache": "append + attend", "cpu": "call"}
+
+
+def _record(benchmark, case, shape, impl, per_round, us, gpu=None, **extra):
+    """extra_info of a row: wall ``us`` per unit of the case (a call, a step, a
+    token), ``per_round`` units per timed round, ``gpu`` = gpu_us()'s (us, held)."""
+    benchmark.extra_info.update(case=case, shape=shape, impl=impl, unit=UNITS[case], per_round=per_round, **extra)
     if us is not None:
         benchmark.extra_info["us"] = round(us, 3)
         _measured[(case, shape, impl)] = us
-    if gpu_us is not None:
-        benchmark.extra_info["gpu_us"] = round(gpu_us, 3)
+    if gpu is not None:
+        benchmark.extra_info.update(gpu_us=round(gpu[0], 3), gpu_held=gpu[1])
 
 
 def _target(request, benchmark, *, peer, peer_us, us, target, limit, strict=False, absolute=False):
@@ -148,16 +153,18 @@ def _sleep_rate():
 
 
 def gpu_us(enqueue, n, reps=5):
-    """Median GPU us per ``enqueue()`` over ``n`` calls queued while the stream is
-    held, so the device runs them back to back whatever the host's speed. A rep
-    whose queueing outlasted the hold is repeated with a longer hold."""
+    """(median GPU us per ``enqueue()``, held) over ``n`` calls queued while the
+    stream is held, so the device runs them back to back whatever the host's
+    speed. A rep whose queueing outlasted the hold is repeated with a hold four
+    times its queueing time; after three such overruns the calls are taken to
+    wait for the GPU themselves (a synchronisation inside them), holding cannot
+    help, and the events time them as they run (held is False: host gaps count)."""
     rate = _sleep_rate()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    hold_us, samples, tries = 2000.0, [], 0
-    while len(samples) < reps and tries < 4 * reps:
-        tries += 1
+    hold_us, samples, overruns = (2000.0 if rate else 0.0), [], 0
+    while len(samples) < reps:
         torch.cuda.synchronize()
-        if rate:
+        if hold_us:
             torch.cuda._sleep(int(hold_us * rate))
         t0 = time.perf_counter()
         start.record()
@@ -166,12 +173,12 @@ def gpu_us(enqueue, n, reps=5):
         end.record()
         queued_us = (time.perf_counter() - t0) * 1e6
         end.synchronize()
-        if rate and queued_us > 0.8 * hold_us:
-            hold_us = min(4 * queued_us + 1000.0, 2e6)
-            if tries < 4 * reps - 1:
-                continue  # the hold ran out while queueing: gaps would count
+        if hold_us and queued_us > 0.8 * hold_us:
+            overruns += 1
+            hold_us = 0.0 if overruns >= 3 else min(4 * queued_us + 1000.0, 2e6)
+            continue
         samples.append(start.elapsed_time(end) * 1000.0 / n)
-    return statistics.median(samples)
+    return statistics.median(samples), bool(hold_us)
 
 
 def kernel_us(fn, reps=20):
@@ -342,7 +349,7 @@ def test_decode_step(benchmark, request, gpu, full_size, impl, B, L):
 
         with sdpa_kernel(_sdpa_backend(impl)):
             benchmark.pedantic(_loop(calls, 1), rounds=rounds, warmup_rounds=warmup)
-            _record(benchmark, "step", shape, impl, LAYERS, _median_us(benchmark, 1),
+            _record(benchmark, "step", shape, impl, 1, _median_us(benchmark, 1),
                     gpu_us(calls, 1) if full_size else None)
         return
 
@@ -353,7 +360,7 @@ def test_decode_step(benchmark, request, gpu, full_size, impl, B, L):
         calls()
         benchmark.pedantic(_loop(calls, 1), rounds=rounds, warmup_rounds=warmup)
         us = _median_us(benchmark, 1)
-        _record(benchmark, "step", shape, impl, LAYERS, us, gpu_us(calls, 1) if full_size else None)
+        _record(benchmark, "step", shape, impl, 1, us, gpu_us(calls, 1) if full_size else None)
         flash = _measured.get(("step", shape, "torch-flash"))
         cudnn = _measured.get(("step", shape, "torch-cudnn"))
         if us is not None and cudnn:
@@ -373,7 +380,7 @@ def test_decode_step(benchmark, request, gpu, full_size, impl, B, L):
     try:
         benchmark.pedantic(_loop(graph.replay, 1), rounds=rounds, warmup_rounds=warmup)
         us = _median_us(benchmark, 1)
-        _record(benchmark, "step", shape, impl, LAYERS, us, gpu_us(graph.replay, 1) if full_size else None)
+        _record(benchmark, "step", shape, impl, 1, us, gpu_us(graph.replay, 1) if full_size else None)
         _target(request, benchmark, peer="torch-flash", peer_us=_measured.get(("step", shape, "torch-flash")), us=us,
                 target="< 1.00x torch-flash eager", limit=1.0, strict=True)
     finally:

@@ -6,7 +6,7 @@ under docs/cuda/:
     python3 scripts/serving_report.py serving.json [--skips serving.txt] [-o docs/cuda/serving_h100.md]
 
 Reads only what the benchmarks put in each entry's extra_info: case, shape,
-impl, us (wall time per call or step), gpu_us, kernel_us, and on the rows that
+impl, unit, per_round, us (wall time per unit), gpu_us (+ gpu_held), kernel_us, and on the rows that
 carry a target: peer, peer_us, ratio (us / peer_us), target, met. ``--skips``
 takes the pytest output of the same run (-v and/or -rs) and lists what was not
 measured and why. Standard library only.
@@ -88,8 +88,8 @@ def report(data: dict, skips_text: str | None = None) -> str:
               "|---|---|---|---:|---:|---|---:|---:|---|---|"]
     targets = [i for i in infos if "target" in i]
     for i in targets:
-        gpu_col = i.get("gpu_us", i.get("kernel_us"))
-        lines.append(f"| {i['case']} | {i['shape']} | {i['impl']} | {us(i.get('us'))} | {us(gpu_col)} | "
+        gpu_col = us(i.get("gpu_us", i.get("kernel_us"))) + (" †" if i.get("gpu_held") is False else "")
+        lines.append(f"| {i['case']} | {i['shape']} | {i['impl']} | {us(i.get('us'))} | {gpu_col} | "
                      f"{i.get('peer', '—')} | {us(i.get('peer_us'))} | {ratio(i.get('ratio'))} | "
                      f"{i['target']} | {status(i)} |")
     if not targets:
@@ -100,11 +100,16 @@ def report(data: dict, skips_text: str | None = None) -> str:
         these = [i for i in infos if i["case"] == case]
         if not these:
             continue
-        lines += [f"### {CASES[case]}", "", "| shape | impl | µs | GPU µs | calls per round |", "|---|---|---:|---:|---:|"]
+        lines += [f"### {CASES[case]}", "", "| shape | impl | µs | GPU µs | per | timed round |", "|---|---|---:|---:|---|---:|"]
         for i in these:
-            gpu_col = i.get("gpu_us", i.get("kernel_us"))
-            lines.append(f"| {i['shape']} | {i['impl']} | {us(i.get('us'))} | {us(gpu_col)} | "
-                         f"{i.get('calls_per_round', '—')} |")
+            gpu_col = us(i.get("gpu_us", i.get("kernel_us")))
+            if i.get("gpu_held") is False:
+                gpu_col += " †"
+            lines.append(f"| {i['shape']} | {i['impl']} | {us(i.get('us'))} | {gpu_col} | {i.get('unit', '—')} | "
+                         f"{i.get('per_round', '—')} |")
+        if any(i.get("gpu_held") is False for i in these):
+            lines += ["", "† the calls waited for the GPU while being queued (or torch has no "
+                          "`torch.cuda._sleep`), so this GPU time includes the host's gaps."]
         if case == "cache":
             lines += ["", "GPU µs of cache rows: the attend's GPU busy time alone (torch.profiler), "
                           "which is the peer of the target row."]
