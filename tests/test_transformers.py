@@ -46,7 +46,8 @@ def _cuda_ok() -> str | None:
 
 
 @pytest.fixture(params=["cpu", "cuda"])
-def device(request):
+def torch_device(request):
+    """A torch device (tests/conftest.py's ``device`` is a pyfa one)."""
     if request.param == "cuda" and _cuda_ok():
         pytest.skip(_cuda_ok())
     return torch.device(request.param)
@@ -134,16 +135,16 @@ def _generate(model, impl, ids, mask=None, n=12, **kw):
 
 # --------------------------------------------------------------------------- float32 against eager
 
-def test_llama_logits(device, calls):
-    model, ids = _model("llama", device), _ids(device)
+def test_llama_logits(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     ref = _logits(model, "eager", ids, use_cache=False)
     got = _logits(model, NAME, ids, use_cache=False)
     torch.testing.assert_close(got, ref, **F32_TOL)
     assert (calls.prefill, calls.masked, calls.decode) == (2, 0, 0)  # one unmasked causal call per layer
 
 
-def test_llama_padded_logits(device, calls):
-    model, ids = _model("llama", device), _ids(device)
+def test_llama_padded_logits(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     mask = _left_padded(ids)
     ref = _logits(model, "eager", ids, mask, use_cache=False)
     got = _logits(model, NAME, ids, mask, use_cache=False)
@@ -152,8 +153,8 @@ def test_llama_padded_logits(device, calls):
     assert calls.masked == 2 and calls.prefill == 0
 
 
-def test_llama_greedy_generation(device, calls):
-    model, ids = _model("llama", device), _ids(device)
+def test_llama_greedy_generation(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     ref = _generate(model, "eager", ids)
     got = _generate(model, NAME, ids)
     assert torch.equal(got, ref), (got, ref)
@@ -161,8 +162,8 @@ def test_llama_greedy_generation(device, calls):
     assert calls.prefill == 2 and calls.masked == 0 and calls.decode == 2 * (ref.shape[1] - 1)
 
 
-def test_llama_padded_greedy_generation(device, calls):
-    model, ids = _model("llama", device), _ids(device)
+def test_llama_padded_greedy_generation(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     mask = _left_padded(ids)
     ref = _generate(model, "eager", ids, mask)
     got = _generate(model, NAME, ids, mask)
@@ -170,10 +171,10 @@ def test_llama_padded_greedy_generation(device, calls):
     assert calls.decode == 0 and calls.masked > 0  # padded decode steps take the masked prefill path
 
 
-def test_cached_continuation_is_bottom_right(device, calls):
+def test_cached_continuation_is_bottom_right(torch_device, calls):
     """A second chunk of 6 queries over 16 cached keys: the unmasked causal call
     (pyfa's bottom-right alignment) equals the full sequence's last rows."""
-    model, ids = _model("llama", device), _ids(device)
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     full = _logits(model, "eager", ids, use_cache=False)
     with torch.no_grad():
         _use(model, NAME)
@@ -187,9 +188,9 @@ def test_cached_continuation_is_bottom_right(device, calls):
     assert calls.prefill == 2 and calls.masked == 0
 
 
-def test_static_cache_generation(device):
+def test_static_cache_generation(torch_device):
     """Static caches hand keys past the queries (zeros beyond the sequence): the mask says so."""
-    model, ids = _model("llama", device), _ids(device)
+    model, ids = _model("llama", torch_device), _ids(torch_device)
     kw = dict(cache_implementation="static", disable_compile=True)
     try:
         ref = _generate(model, "eager", ids, n=8, **kw)
@@ -199,10 +200,10 @@ def test_static_cache_generation(device):
     assert torch.equal(got, ref), (got, ref)
 
 
-def test_mistral_sliding_window(device, calls):
+def test_mistral_sliding_window(torch_device, calls):
     """24 tokens through an 8-token window: the window binds, and transformers'
     convention (p - j < W) is pyfa's window=W."""
-    model, ids = _model("mistral", device, sliding_window=8), _ids(device, L=24)
+    model, ids = _model("mistral", torch_device, sliding_window=8), _ids(torch_device, L=24)
     ref = _logits(model, "eager", ids, use_cache=False)
     got = _logits(model, NAME, ids, use_cache=False)
     torch.testing.assert_close(got, ref, **F32_TOL)
@@ -210,15 +211,15 @@ def test_mistral_sliding_window(device, calls):
     assert torch.equal(_generate(model, NAME, ids), _generate(model, "eager", ids))
 
 
-def test_gemma2_softcap_and_alternating_windows(device, calls):
+def test_gemma2_softcap_and_alternating_windows(torch_device, calls):
     # Larger weights so that scores reach the cap (at the default 0.02 it would barely act).
-    model, ids = _model("gemma2", device, sliding_window=8, attn_logit_softcapping=1.0, initializer_range=0.2), \
-        _ids(device, L=24)
+    model, ids = _model("gemma2", torch_device, sliding_window=8, attn_logit_softcapping=1.0, initializer_range=0.2), \
+        _ids(torch_device, L=24)
     ref = _logits(model, "eager", ids, use_cache=False)
     got = _logits(model, NAME, ids, use_cache=False)
     torch.testing.assert_close(got, ref, **F32_TOL)
     assert calls.windows == {8, None}  # one sliding and one full layer
-    uncapped = _model("gemma2", device, sliding_window=8, attn_logit_softcapping=None, initializer_range=0.2)
+    uncapped = _model("gemma2", torch_device, sliding_window=8, attn_logit_softcapping=None, initializer_range=0.2)
     assert (_logits(uncapped, "eager", ids, use_cache=False) - ref).abs().max() > 100 * F32_TOL["atol"], \
         "the softcap should change these logits, or this test checks nothing"
     mask = _left_padded(ids)
@@ -228,15 +229,15 @@ def test_gemma2_softcap_and_alternating_windows(device, calls):
 # --------------------------------------------------------------------------- half precision
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_logits(device, dtype):
-    if device.type == "cpu" and dtype == "float16":
+def test_half_precision_logits(torch_device, dtype):
+    if torch_device.type == "cpu" and dtype == "float16":
         pytest.skip("float16 matmuls on the CPU are slow in torch; bfloat16 covers the CPU")
     dtype = getattr(torch, dtype)
-    ids = _ids(device, L=24)
+    ids = _ids(torch_device, L=24)
     mask = _left_padded(ids)
     real = mask.bool()
-    reference = _logits(_model("llama", device), "eager", ids, mask)[real]
-    model = _model("llama", device, dtype)
+    reference = _logits(_model("llama", torch_device), "eager", ids, mask)[real]
+    model = _model("llama", torch_device, dtype)
     errors = {impl: ((_logits(model, impl, ids, mask)[real].float() - reference).norm() / reference.norm()).item()
               for impl in ("eager", NAME)}
     assert errors[NAME] <= 1.5 * errors["eager"] + 1e-3, errors
@@ -263,17 +264,17 @@ def _eager(q, k, v, mask):
     return eager_attention_forward(_Module(q.shape[1] // k.shape[1]), q, k, v, mask, scaling=0.125)[0]
 
 
-def _additive_causal(q_len, kv_len, device, padded_keys=0):
-    visible = pyfa_hf._causal_pattern(q_len, kv_len, None, device).clone()
-    visible[:, :padded_keys] = False
+def _additive_causal(q_len, kv_len, device):
+    """transformers' eager-style causal mask [2, 1, q_len, kv_len]: 0 or finfo.min."""
+    visible = pyfa_hf._causal_pattern(q_len, kv_len, None, device)
     return torch.where(visible, 0.0, torch.finfo(torch.float32).min)[None, None].expand(2, 1, q_len, kv_len)
 
 
 @pytest.mark.parametrize("q_len", [1, 5])
-def test_forward_recognises_a_plain_causal_float_mask(device, calls, q_len):
+def test_forward_recognises_a_plain_causal_float_mask(torch_device, calls, q_len):
     """A 4-D additive causal mask from elsewhere (older transformers, users) takes the unmasked kernels."""
-    q, k, v = _qkv(device, q_len=q_len)
-    mask = _additive_causal(q_len, 9, device)
+    q, k, v = _qkv(torch_device, q_len=q_len)
+    mask = _additive_causal(q_len, 9, torch_device)
     got, weights = pyfa_hf.attention_forward(_Module(2), q, k, v, mask, scaling=0.125)
     assert weights is None and got.shape == (2, q_len, 4, 64) and got.dtype == q.dtype
     torch.testing.assert_close(got, _eager(q, k, v, mask), **F32_TOL)
@@ -281,12 +282,12 @@ def test_forward_recognises_a_plain_causal_float_mask(device, calls, q_len):
 
 
 @pytest.mark.parametrize("expand_bytes", [pyfa_hf._EXPAND_BYTES, 0])
-def test_forward_applies_a_padding_mask(device, calls, monkeypatch, expand_bytes):
+def test_forward_applies_a_padding_mask(torch_device, calls, monkeypatch, expand_bytes):
     """A per-sequence mask runs as one call ([B, H, q, kv] expanded) or, past the
     size limit, one call per sequence; both equal eager attention."""
     monkeypatch.setattr(pyfa_hf, "_EXPAND_BYTES", expand_bytes)
-    q, k, v = _qkv(device)
-    mask = _additive_causal(5, 9, device).clone()
+    q, k, v = _qkv(torch_device)
+    mask = _additive_causal(5, 9, torch_device).clone()
     mask[1, :, :, :3] = torch.finfo(torch.float32).min  # sequence 1: three padded keys
     got, _ = pyfa_hf.attention_forward(_Module(2), q, k, v, mask, scaling=0.125)
     torch.testing.assert_close(got, _eager(q, k, v, mask), **F32_TOL)
@@ -313,10 +314,10 @@ def test_mask_function_skips_only_what_the_kernels_do_exactly():
     assert pyfa_hf.attention_mask(**kw, allow_is_causal_skip=False) is not None
 
 
-def test_refusals(device):
-    q, k, v = _qkv(device)
+def test_refusals(torch_device):
+    q, k, v = _qkv(torch_device)
     with pytest.raises(NotImplementedError, match="s_aux"):
-        pyfa_hf.attention_forward(_Module(2), q, k, v, None, s_aux=torch.zeros(4, device=device))
+        pyfa_hf.attention_forward(_Module(2), q, k, v, None, s_aux=torch.zeros(4, device=torch_device))
     with pytest.raises(NotImplementedError, match="inference-only"):
         pyfa_hf.attention_forward(_Module(2), q.requires_grad_(), k, v, None)
     module = _Module(2).train()
