@@ -295,6 +295,13 @@ class _Layers:
             cls.shape = (B, L)
         return cls.qs, cls.ks, cls.vs
 
+    @classmethod
+    def release(cls):
+        cls.qs = cls.ks = cls.vs = ()
+        cls.shape = None
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
 
 STEP_IMPLS = ["torch-flash", "torch-cudnn", "pyfa", "pyfa-graph"]
 STEP_CASES = [(impl, B, L) for B, L in STEP_SHAPES for impl in STEP_IMPLS]  # peers first within a shape
@@ -405,6 +412,7 @@ def _cache(kind, L, dev):
 @pytest.mark.parametrize("kind,L", CACHE_CASES, ids=[f"{k}-{_shape(1, L)}" for k, L in CACHE_CASES])
 def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
     dev, _kw = gpu
+    _Layers.release()  # the step cases' K/V (up to 32 GiB) are not needed any more
     if not full_size and L != CACHE_LENGTHS[0]:
         pytest.skip("larger shapes only when benchmarking is enabled")
     g = torch.Generator(device="cuda").manual_seed(L)
