@@ -15,7 +15,8 @@ rm -rf "$dest"
 mkdir -p "$dest/scripts" "$dest/wheels"
 cp -r pyfa tests benchmarks "$dest/"
 mkdir -p "$dest/shaders" && cp -r shaders/common "$dest/shaders/"  # tests read the param headers
-cp scripts/gpu_run.sh scripts/gpu_*_check.py scripts/gpu_tq_profile.py scripts/gpu_tq_sweep.sh "$dest/scripts/"
+cp scripts/gpu_run.sh scripts/gpu_*_check.py scripts/gpu_tq_profile.py scripts/gpu_tq_sweep.sh scripts/serving_report.py \
+    scripts/hf_generate_bench.py "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 if [ -n "${PYFA_WHEELS_DIR:-}" ]; then
     cp "$PYFA_WHEELS_DIR"/cffi-*.whl "$PYFA_WHEELS_DIR"/pycparser-*.whl "$dest/wheels/"

@@ -8,7 +8,11 @@
 # PYFA_GPU_RUN_STEPS selects steps (default "tests sanitizer ops bench pytest-bench";
 # "sweep" adds the decode knob sweep, "variants" the decode kernel variants
 # side by side, both written to sweep.jsonl; "variant-tests" reruns the decode
-# tests with each variant forced).
+# tests with each variant forced; "serving" runs benchmarks/test_serving_loop.py
+# into serving.json + serving.txt (pytest output) + serving.md (scripts/serving_report.py;
+# PYFA_SERVING_GATES=1 makes missed targets fail); "hf" runs scripts/hf_generate_bench.py
+# into hf.json + hf.md). The $OUT transfer takes at most 8 files: run "serving hf"
+# on their own (with env.txt, 6 files).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
@@ -79,6 +83,21 @@ if has variant-tests; then
         env $knobs timeout 200 python3 -m pytest -q -n ${PYFA_TEST_WORKERS:-12} -k cuda tests/test_decode.py \
             tests/test_kvcache.py tests/test_turboquant.py 2>&1 | tail -3 | tee -a "$out/pytest.txt" || status=1
     done
+fi
+if has serving; then
+    echo "== serving-loop benchmarks"
+    # -v lists each skipped case, -rs why (the report copies both).
+    timeout ${PYFA_SERVING_TIMEOUT:-500} python3 -m pytest -v -rs -p no:cacheprovider benchmarks/test_serving_loop.py \
+        --benchmark-enable --benchmark-json="$out/serving.json" --benchmark-columns=median,rounds \
+        ${PYFA_SERVING_GATES:+--serving-gates} > "$out/serving.txt" 2>&1 || status=1
+    tail -25 "$out/serving.txt"
+    python3 scripts/serving_report.py "$out/serving.json" --skips "$out/serving.txt" -o "$out/serving.md" \
+        && cat "$out/serving.md" || status=1
+fi
+if has hf; then
+    echo "== transformers generation: pyfa vs sdpa"
+    timeout ${PYFA_HF_TIMEOUT:-500} python3 scripts/hf_generate_bench.py --json "$out/hf.json" --md "$out/hf.md" \
+        ${PYFA_HF_ARGS:-} 2>&1 | tail -25 || status=1
 fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"

@@ -1,0 +1,388 @@
+"""pyfa as a Hugging Face transformers attention implementation.
+
+    import pyfa.integrations.transformers as pyfa_hf
+    pyfa_hf.register()                    # once per process; returns the name, "pyfa"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="pyfa")
+
+:func:`register` adds two entries under one name:
+
+- ``transformers.AttentionInterface``: :func:`attention_forward`, which every attention
+  layer calls with ``query [B, H, q_len, D]`` and ``key``/``value [B, H_kv, kv_len, D]``
+  (the layer's whole cache after this step's update) and which returns
+  ``(out [B, q_len, H, D] in query's dtype, None)``;
+- ``transformers.AttentionMaskInterface`` (transformers >= 4.53): :func:`attention_mask`,
+  which builds the mask the model hands to its layers. Without it transformers hands a
+  custom implementation no mask at all, and padding would be ignored.
+
+What runs for each call:
+
+- no mask to apply and ``q_len == 1``: :func:`pyfa.decode_attention` over the keys as a
+  cache of capacity ``kv_len`` (the query is the newest position: it sees every key, or
+  the last ``window``);
+- no mask and ``q_len > 1``: :func:`pyfa.attention` with the layer's causality; pyfa's
+  causal mask is bottom-right aligned (the last query row sees the last key), which is
+  transformers' mask whenever the queries are the last ``q_len`` positions of the keys;
+- a mask (padding, static caches, packed sequences, overlays): :func:`pyfa.attention` with
+  that mask alone, as transformers' sdpa integration does (the mask then carries causality
+  and windows). Decode steps of a padded batch go this way too: correct first; a masked
+  decode kernel would make them fast.
+
+Masks (:func:`attention_mask`): ``None`` when the pattern is exactly bottom-right causal,
+without padding and without a window that can bind; otherwise transformers' own bool mask
+(``sdpa_mask``: True = attend). A materialised mask that is exactly bottom-right causal with
+the window ``local_size`` (a sliding-window layer whose context outgrew its window) is
+remembered, by identity, as "causal, window W": layers that receive it take the unmasked
+kernels with ``window=W`` without reading it. This holds for models whose attention
+modules do not pass ``sliding_window`` too. Masks made elsewhere (older transformers,
+user-built 4-D masks) are compared once per tensor version with the bottom-right causal
+pattern of the layer's window (one device sync per mask, not per layer) and take the same
+path when they match.
+
+Conventions, mapped exactly:
+
+- ``scaling`` -> ``scale`` (None: ``1/sqrt(D)`` in both).
+- ``sliding_window=W``: transformers lets query position ``p`` see key ``j`` when
+  ``p - j < W`` (``kv_idx > q_idx - sliding_window`` in masking_utils; its FA2 path passes
+  ``window_size=(W-1, W-1)``): the last W positions, the query's own included, which is
+  pyfa's ``window=W``.
+- ``softcap``: both apply ``softcap * tanh(s / softcap)`` to the scaled scores, before the mask.
+- float masks are additive (transformers' eager masks: 0 or ``finfo.min``); they are passed
+  in the query's dtype.
+
+Refused with NotImplementedError naming the feature: attention sinks (``s_aux``), position
+biases, dropout > 0, gradients (pyfa is inference-only), key and value head dims that
+differ, a sliding window on a non-causal layer without a mask, tensors on devices other
+than the CPU and CUDA GPU 0.
+
+Tensors: CUDA tensors go to pyfa's ``cuda`` backend and are read in place on torch's
+current stream; CPU tensors are read in place as numpy arrays by the ``cpu`` backend.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+import pyfa
+
+__all__ = ["register", "attention_forward", "attention_mask", "NAME"]
+
+NAME = "pyfa"
+
+# A [B, 1, q, kv] mask is expanded to one call's [B, H, q, kv] up to this many
+# bytes; larger masks run one pyfa.attention call per sequence instead.
+_EXPAND_BYTES = 256 << 20
+
+
+def register(name: str = NAME) -> str:
+    """Registers pyfa with transformers under ``name`` (attention and, where
+    transformers has it, mask interfaces); returns ``name`` for
+    ``attn_implementation=``. Raises ImportError naming what is missing."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("pyfa.integrations.transformers needs transformers >= 4.48 "
+                          "(pip install transformers)") from e
+    interface = getattr(transformers, "AttentionInterface", None)
+    if interface is None:
+        raise ImportError(f"transformers {transformers.__version__} has no AttentionInterface (needs >= 4.48)")
+    interface.register(name, attention_forward)
+    masks = getattr(transformers, "AttentionMaskInterface", None)
+    if masks is None:
+        try:
+            from transformers.masking_utils import AttentionMaskInterface as masks
+        except ImportError:  # < 4.53: models build 4-D masks themselves (see attention_forward)
+            masks = None
+    if masks is not None:
+        masks.register(name, attention_mask)
+    return name
+
+
+# --------------------------------------------------------------------------- masks
+
+class _Remembered:
+    """Masks known to be exactly bottom-right causal with a window (value: the
+    window, None for none), by identity. An entry lives as long as its tensor."""
+
+    def __init__(self, limit: int = 64):
+        self._items: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def put(self, mask, key, window) -> None:
+        ident = id(mask)
+        ref = weakref.ref(mask, lambda _r, ident=ident: self._drop(ident))
+        with self._lock:
+            if len(self._items) >= self._limit:  # oldest out; a miss only costs a re-check
+                self._items.pop(next(iter(self._items)))
+            self._items[ident] = (ref, key, window)
+
+    def get(self, mask, key):
+        """(True, window) if ``mask`` was put with ``key``, else (False, None)."""
+        item = self._items.get(id(mask))
+        if item is None or item[0]() is not mask or item[1] != key:
+            return False, None
+        return True, item[2]
+
+    def _drop(self, ident) -> None:
+        with self._lock:
+            item = self._items.get(ident)
+            if item is not None and item[0]() is None:
+                del self._items[ident]
+
+
+_CAUSAL = _Remembered()   # made by attention_mask: key (q_len, kv_len)
+_CHECKED = _Remembered()  # compared in attention_forward: key (version, q_len, kv_len, window); value: bool
+
+
+def _as_int(x) -> int:
+    """An offset as an int (static caches hand a 0-d tensor; reading it syncs once per mask)."""
+    return int(x.item()) if hasattr(x, "item") else int(x)
+
+
+def _no_padding(padding, kv_offset: int, kv_length: int) -> bool:
+    """True when the 2-D padding mask (True = real token) lets every key in
+    ``[kv_offset, kv_offset + kv_length)`` through (a shorter mask pads with False)."""
+    if padding is None:
+        return True
+    region = padding[:, kv_offset:kv_offset + kv_length]
+    return region.shape[-1] == kv_length and bool(region.all())
+
+
+def _window_cannot_bind(q_offset: int, q_length: int, kv_offset: int, size: int) -> bool:
+    """True when a local pattern of ``size`` cannot hide any key from any query:
+    every distance is below ``size`` (a sliding window) and every position lies in
+    one block of ``size`` (chunked attention passes its chunk as local_size too)."""
+    last = q_offset + q_length - 1
+    return last - kv_offset < size and kv_offset // size == last // size
+
+
+def _causal_pattern(q_len: int, kv_len: int, window, device):
+    """bool ``[q_len, kv_len]``: bottom-right causal (query row i is position
+    ``kv_len - q_len + i``), limited to the last ``window`` positions when given."""
+    import torch
+
+    pos = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    key = torch.arange(kv_len, device=device)[None, :]
+    visible = key <= pos
+    if window:
+        visible &= (pos - key) < window
+    return visible
+
+
+def _matches_causal(mask, q_len: int, kv_len: int, window) -> bool:
+    """Whether a ``[..., q_len, kv_len]`` mask (bool True = attend, or additive
+    float: 0 attends, <= finfo.min / 2 or -inf blocks) is exactly the bottom-right
+    causal pattern with ``window``. Reads the mask (one device sync)."""
+    import torch
+
+    if tuple(mask.shape[-2:]) != (q_len, kv_len):
+        return False
+    visible = _causal_pattern(q_len, kv_len, window, mask.device).expand(mask.shape)
+    if mask.dtype == torch.bool:
+        return torch.equal(mask, visible)
+    blocked = mask <= torch.finfo(mask.dtype).min / 2
+    return bool(torch.where(visible, mask == 0, blocked).all())
+
+
+def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                   attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
+    """transformers mask-interface function (the arguments of
+    ``masking_utils.sdpa_mask``): None when pyfa's unmasked kernels give the
+    pattern exactly, else transformers' bool mask ``[B, 1, q_length, kv_length]``.
+
+    ``allow_is_causal_skip`` is transformers' statement that the pattern is its
+    causal (or sliding-window causal) one with nothing overlaid; masks it denies
+    that for (bidirectional, packed, overlays) are always built."""
+    from transformers import masking_utils
+
+    def build():
+        if mask_function is not None:
+            kwargs["mask_function"] = mask_function
+        return masking_utils.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+                                       q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
+                                       local_size=local_size, allow_is_causal_skip=False, **kwargs)
+
+    if not allow_is_causal_skip:
+        return build()
+    q_off, kv_off = _as_int(q_offset), _as_int(kv_offset)
+    # Bottom-right: the last query is the last key (dynamic and sliding caches; not
+    # static caches, whose keys run on past the queries).
+    if q_off + q_length != kv_off + kv_length or not _no_padding(attention_mask, kv_off, kv_length):
+        return build()
+    if local_size is None or _window_cannot_bind(q_off, q_length, kv_off, local_size):
+        return None
+    mask = build()
+    if mask is not None and _matches_causal(mask, q_length, kv_length, local_size):
+        _CAUSAL.put(mask, (q_length, kv_length), local_size)
+    return mask
+
+
+def _unmasked_window(mask, q_len: int, kv_len: int, window):
+    """(True, window to use) when ``mask`` is exactly bottom-right causal (with
+    that window), so the unmasked kernels give its result; else (False, None)."""
+    known, w = _CAUSAL.get(mask, (q_len, kv_len))
+    if known:
+        return True, w
+    key = (getattr(mask, "_version", None), q_len, kv_len, window)
+    known, same = _CHECKED.get(mask, key)
+    if not known:
+        same = _matches_causal(mask, q_len, kv_len, window)
+        _CHECKED.put(mask, key, same)
+    return (True, window) if same else (False, None)
+
+
+# --------------------------------------------------------------------------- tensors <-> pyfa
+
+def _pyfa_device(t) -> str:
+    if t.device.type == "cuda":
+        if t.device.index not in (None, 0):
+            raise NotImplementedError(f"pyfa attention: tensors on {t.device}: pyfa's cuda backend runs on GPU 0")
+        return "cuda"
+    if t.device.type == "cpu":
+        return "cpu"
+    raise NotImplementedError(f"pyfa attention: tensors on {t.device.type} are not supported (CPU and CUDA only)")
+
+
+def _arg(t):
+    """What pyfa reads for a tensor: CUDA tensors themselves (in place), CPU
+    tensors as numpy arrays over the same memory (bfloat16 through ml_dtypes)."""
+    import torch
+
+    if t.device.type == "cuda":
+        return t
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(pyfa.bfloat16)
+    return t.numpy()
+
+
+def _tensor(a):
+    """A pyfa result as a torch tensor (numpy results wrapped without a copy)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return a
+    if a.dtype == pyfa.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _layout(q, k, v):
+    """(layout, q, k, v) with all three C-contiguous in one pyfa layout. The keys
+    decide (they are the big ones: usually the cache, [B, H_kv, L, D]); the query
+    is copied when it does not match (projections give [B, L, H, D] memory)."""
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    if not (k.is_contiguous() and v.is_contiguous()) and bshd[1].is_contiguous() and bshd[2].is_contiguous():
+        return "bshd", bshd[0].contiguous(), bshd[1], bshd[2]
+    return "bhsd", q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def _prefill(q, k, v, *, mask, causal, window, scale, softcap, device):
+    """pyfa.attention on [B, H, L, D] tensors; returns [B, q_len, H, D] (not necessarily contiguous)."""
+    layout, qa, ka, va = _layout(q, k, v)
+    out = _tensor(pyfa.attention(_arg(qa), _arg(ka), _arg(va), scale=scale, causal=causal, mask=mask,
+                                 window=window, softcap=softcap, layout=layout, device=device))
+    return out if layout == "bshd" else out.transpose(1, 2)
+
+
+def _prefill_masked(q, k, v, mask, *, scale, softcap, device):
+    """pyfa.attention under a transformers mask ``[B or 1, H or 1, q_len, >= kv_len]``
+    (bool or additive); the mask alone decides what is visible."""
+    import torch
+
+    B, H, q_len, _ = q.shape
+    kv_len = k.shape[2]
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    if mask.dim() != 4 or mask.shape[0] not in (1, B) or mask.shape[1] not in (1, H) or mask.shape[2] != q_len \
+            or mask.shape[3] < kv_len:
+        raise ValueError(f"pyfa attention: attention_mask of shape {tuple(mask.shape)} does not fit "
+                         f"query {tuple(q.shape)} and key {tuple(k.shape)}")
+    mask = mask[..., :kv_len]  # transformers' eager and sdpa paths cut longer masks the same way
+    if mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)  # pyfa's additive masks are in q's dtype (finfo.min stays a block)
+    run = dict(causal=False, window=None, scale=scale, softcap=softcap, device=device)
+    Bm, Hm = mask.shape[:2]
+    if Bm == 1 and Hm == 1:  # one [q_len, kv_len] mask for every sequence and head
+        return _prefill(q, k, v, mask=_arg(mask[0, 0]), **run)
+    if (Bm, Hm) == (B, H) or B * H * q_len * kv_len * mask.element_size() <= _EXPAND_BYTES:
+        return _prefill(q, k, v, mask=_arg(mask.expand(B, H, q_len, kv_len).contiguous()), **run)
+    outs = []
+    for b in range(B):  # large masks: one call per sequence, its mask shared by the heads
+        m = mask[b if Bm > 1 else 0]
+        m = m[0] if Hm == 1 else m.expand(H, q_len, kv_len)[None]
+        outs.append(_prefill(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask=_arg(m.contiguous()), **run))
+    return torch.cat(outs, 0)
+
+
+def _decode(q, k, v, *, window, scale, softcap, device):
+    """pyfa.decode_attention of one query row per head over [B, H_kv, kv_len, D]
+    keys taken as a full cache; returns [B, 1, H, D] in q's dtype."""
+    k = k if k.is_contiguous() else k.contiguous()  # DynamicCache concatenates: normally contiguous
+    v = v if v.is_contiguous() else v.contiguous()
+    out = pyfa.decode_attention(_arg(q[:, :, 0, :]), _arg(k), _arg(v), k.shape[2], scale=scale, softcap=softcap,
+                                window=window, device=device)
+    return _tensor(out).to(q.dtype)[:, None]
+
+
+def _refuse_unsupported(module, query, key, value, dropout, kwargs) -> None:
+    import torch
+
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("pyfa attention: attention sinks (s_aux) are not supported yet")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError("pyfa attention: position_bias is not supported")
+    if dropout and getattr(module, "training", False):
+        raise NotImplementedError(f"pyfa attention: dropout ({dropout}) is not supported (inference only)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("pyfa attention is inference-only: run under torch.no_grad() / "
+                                  "torch.inference_mode(), or use another implementation to train")
+    if key.shape[-1] != value.shape[-1] or key.shape[-1] != query.shape[-1]:
+        raise NotImplementedError(f"pyfa attention: query, key and value head dims must be equal, got "
+                                  f"{query.shape[-1]}, {key.shape[-1]}, {value.shape[-1]}")
+    if key.shape[0] != query.shape[0]:
+        raise NotImplementedError(f"pyfa attention: key batch {key.shape[0]} differs from query batch "
+                                  f"{query.shape[0]}")
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                      softcap=None, **kwargs):
+    """transformers attention-interface function (see the module docstring).
+
+    ``query [B, H, q_len, D]``, ``key``/``value [B, H_kv, kv_len, D]`` (``H % H_kv == 0``),
+    ``attention_mask``: None, or ``[B or 1, 1 or H, q_len, >= kv_len]`` bool (True = attend)
+    or additive float. Returns ``(out [B, q_len, H, D] contiguous in query's dtype, None)``."""
+    _refuse_unsupported(module, query, key, value, dropout, kwargs)
+    device = _pyfa_device(query)
+    if key.dtype != query.dtype:
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = kwargs.get("is_causal")
+    if causal is None:
+        causal = getattr(module, "is_causal", True)
+    causal = bool(causal)
+    window = int(sliding_window) if sliding_window else None
+    scale = None if scaling is None else float(scaling)
+    softcap = float(softcap) if softcap else 0.0
+
+    mask = attention_mask
+    if mask is not None and causal:
+        unmasked, w = _unmasked_window(mask, q_len, kv_len, window)
+        if unmasked:
+            mask, window = None, w
+    if mask is None:
+        if window is not None and not causal:
+            raise NotImplementedError("pyfa attention: a sliding window on a non-causal layer needs a mask "
+                                      "(transformers' bidirectional windows are two-sided)")
+        if q_len == 1:
+            out = _decode(query, key, value, window=window, scale=scale, softcap=softcap, device=device)
+        else:
+            out = _prefill(query, key, value, mask=None, causal=causal, window=window, scale=scale,
+                           softcap=softcap, device=device)
+    else:
+        out = _prefill_masked(query, key, value, mask, scale=scale, softcap=softcap, device=device)
+    return out.contiguous(), None

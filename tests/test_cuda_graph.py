@@ -1,0 +1,100 @@
+"""pyfa.decode_attention captured in a CUDA graph (torch.cuda.graph) with kv_len a
+device int32 tensor: replaying after q, the cache contents and kv_len were changed
+in place gives what an eager call on the new values gives (bit for bit: the same
+kernels read the same inputs), and what the float64 reference gives.
+
+Skips without torch, without a CUDA device, and while the API refuses a device
+kv_len (the reason is the library's message).
+"""
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa import reference
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
+try:
+    DEVICE = pyfa.Device("cuda")
+except pyfa.PyfaError as e:
+    pytest.skip(f"pyfa cuda backend unavailable: {e}", allow_module_level=True)
+
+B, H, HKV, D, CAP = 3, 8, 2, 128, 512
+# Lengths per replay: full, short and uneven, the extremes (1 and capacity) side by side.
+LENGTHS = [[CAP, CAP, CAP], [1, 300, 77], [CAP, 2, CAP - 1]]
+# max |out - reference| by output dtype. The reference reads the same rounded q/K/V,
+# so only f32 accumulation order (~1e-6 on outputs of order 1) and the output's own
+# rounding (half an ulp: 2^-9 relative for bf16, 2^-12 for f16) remain.
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _filled(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _device_lengths_or_skip(q, k, v, lens, **kw):
+    try:
+        pyfa.decode_attention(q, k, v, lens, device=DEVICE, **kw)
+    except pyfa.PyfaError as e:
+        pytest.skip(f"the current API refuses a device kv_len: {e}")
+    torch.cuda.synchronize()
+
+
+def _capture(call):
+    """(graph, its output) after two warm-up calls on a side stream (torch's recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
+def _reference(q, k, v, lens, **kw):
+    host = lambda t: t.float().cpu().numpy()  # noqa: E731  (exact: bf16/f16 widen to f32 exactly)
+    return reference.decode_attention(host(q), host(k), host(v), lens.cpu().numpy(), **kw)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_replay_follows_values_changed_in_place(dtype, window):
+    q, k, v = _filled((B, H, D), dtype, 1), _filled((B, HKV, CAP, D), dtype, 2), _filled((B, HKV, CAP, D), dtype, 3)
+    lens = torch.full((B,), CAP, dtype=torch.int32, device="cuda")
+    _device_lengths_or_skip(q, k, v, lens, window=window)
+    graph, out = _capture(lambda: pyfa.decode_attention(q, k, v, lens, window=window, device=DEVICE))
+    for i, lengths in enumerate(LENGTHS):
+        if i:  # new values in the captured tensors' memory, as a serving loop writes them
+            q.copy_(_filled(q.shape, dtype, 10 * i))
+            k.copy_(_filled(k.shape, dtype, 10 * i + 1))
+            v.copy_(_filled(v.shape, dtype, 10 * i + 2))
+            lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = pyfa.decode_attention(q, k, v, lens, window=window, device=DEVICE)
+        assert torch.equal(out, eager), f"replay {i} (kv_len {lengths}) differs from an eager call"
+        ref = _reference(q, k, v, lens, window=window)
+        err = float(np.abs(out.float().cpu().numpy() - ref).max())
+        assert err <= TOL[out.dtype], f"replay {i} (kv_len {lengths}): max error {err} against the reference"
+
+
+def test_replays_of_a_two_layer_step_keep_their_own_inputs():
+    """Two calls in one graph (two layers, each its own cache) sharing one device kv_len."""
+    dtype = torch.bfloat16
+    layers = [(_filled((B, H, D), dtype, 4 * j), _filled((B, HKV, CAP, D), dtype, 4 * j + 1),
+               _filled((B, HKV, CAP, D), dtype, 4 * j + 2)) for j in range(2)]
+    lens = torch.tensor(LENGTHS[1], dtype=torch.int32, device="cuda")
+    _device_lengths_or_skip(*layers[0], lens)
+    graph, outs = _capture(lambda: [pyfa.decode_attention(q, k, v, lens, device=DEVICE) for q, k, v in layers])
+    for lengths in LENGTHS:
+        lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for (q, k, v), out in zip(layers, outs):
+            assert torch.equal(out, pyfa.decode_attention(q, k, v, lens, device=DEVICE)), f"kv_len {lengths}"

@@ -1,0 +1,325 @@
+"""pyfa as a transformers attention implementation (pyfa/integrations/transformers.py)
+against transformers' own eager attention, on small models built from configs with
+random weights (nothing is downloaded): logits, greedy generation token for token,
+padded batches, cached continuations, static caches, sliding windows (Mistral) and
+softcapping (Gemma 2), on the CPU and, where one opens, a CUDA GPU.
+
+Tolerances. float32: both sides accumulate in f32 and differ only in summation
+order (online softmax against matmul + softmax), a few ulp per layer; measured
+differences are below 1e-5 on logits of order 1, the bound is 1e-4. Half
+precision: the model's linear layers round to bf16/f16 the same way under both
+implementations and dominate the error, so the test compares each side's
+distance to a float32 eager reference and wants pyfa's no worse than eager's
+(times 1.5, plus 1e-3 of slack). Greedy tokens run in float32, where the gaps
+between the top logits of these models (~1e-3) are far above the differences.
+"""
+import inspect
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the transformers integration needs it)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+if not hasattr(transformers, "AttentionInterface"):
+    pytest.skip(f"transformers {transformers.__version__} has no AttentionInterface (needs >= 4.48)",
+                allow_module_level=True)
+if os.environ.get("PYFA_BACKEND") not in (None, "", "cpu", "cuda"):
+    pytest.skip(f"the transformers integration runs on the cpu and cuda backends; PYFA_BACKEND="
+                f"{os.environ['PYFA_BACKEND']} selects neither", allow_module_level=True)
+
+import pyfa  # noqa: E402
+from pyfa.integrations import transformers as pyfa_hf  # noqa: E402
+
+NAME = pyfa_hf.register()
+F32_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _cuda_ok() -> str | None:
+    """None when a CUDA GPU is usable by torch and pyfa, else why not."""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    try:
+        pyfa.Device("cuda")
+    except pyfa.PyfaError as e:
+        return f"pyfa cuda backend unavailable: {e}"
+    return None
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def torch_device(request):
+    """A torch device (tests/conftest.py's ``device`` is a pyfa one)."""
+    if request.param == "cuda" and _cuda_ok():
+        pytest.skip(_cuda_ok())
+    return torch.device(request.param)
+
+
+class Calls:
+    """Counts the pyfa calls the integration makes: decode, unmasked prefill and
+    masked prefill, with the windows they were given."""
+
+    def __init__(self, monkeypatch):
+        self.decode, self.prefill, self.masked, self.windows = 0, 0, 0, set()
+        decode, attention = pyfa.decode_attention, pyfa.attention
+
+        def counted_decode(*a, **k):
+            self.decode += 1
+            self.windows.add(k.get("window"))
+            return decode(*a, **k)
+
+        def counted_attention(*a, **k):
+            if k.get("mask") is None:
+                self.prefill += 1
+                self.windows.add(k.get("window"))
+            else:
+                self.masked += 1
+            return attention(*a, **k)
+
+        monkeypatch.setattr(pyfa, "decode_attention", counted_decode)
+        monkeypatch.setattr(pyfa, "attention", counted_attention)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    return Calls(monkeypatch)
+
+
+def _use(model, impl: str):
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:  # transformers < 4.5x: layers read the config at each forward
+        model.config._attn_implementation = impl
+    return model
+
+
+def _model(kind: str, device, dtype=torch.float32, **overrides):
+    torch.manual_seed(0)
+    common = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=512, vocab_size=1000)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**common, **overrides)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(**common, head_dim=64, **overrides)
+        cls = transformers.MistralForCausalLM
+    else:
+        cfg = transformers.Gemma2Config(**common, head_dim=64, query_pre_attn_scalar=64, final_logit_softcapping=None,
+                                        **overrides)
+        cls = transformers.Gemma2ForCausalLM
+    return cls(cfg).eval().to(device=device, dtype=dtype)
+
+
+def _ids(device, B=2, L=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 1000, (B, L), generator=g).to(device)
+
+
+def _left_padded(ids, pad=5):
+    """A 2-D attention mask with the second sequence's first ``pad`` tokens as padding."""
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    return mask
+
+
+@torch.no_grad()
+def _logits(model, impl, ids, mask=None, **kw):
+    return _use(model, impl)(ids, attention_mask=mask, **kw).logits
+
+
+@torch.no_grad()
+def _generate(model, impl, ids, mask=None, n=12, **kw):
+    mask = torch.ones_like(ids) if mask is None else mask
+    out = _use(model, impl).generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                                      **kw)
+    return out[:, ids.shape[1]:]
+
+
+# --------------------------------------------------------------------------- float32 against eager
+
+def test_llama_logits(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    ref = _logits(model, "eager", ids, use_cache=False)
+    got = _logits(model, NAME, ids, use_cache=False)
+    torch.testing.assert_close(got, ref, **F32_TOL)
+    assert (calls.prefill, calls.masked, calls.decode) == (2, 0, 0)  # one unmasked causal call per layer
+
+
+def test_llama_padded_logits(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    mask = _left_padded(ids)
+    ref = _logits(model, "eager", ids, mask, use_cache=False)
+    got = _logits(model, NAME, ids, mask, use_cache=False)
+    real = mask.bool()  # padded query rows are garbage on both sides (no key visible)
+    torch.testing.assert_close(got[real], ref[real], **F32_TOL)
+    assert calls.masked == 2 and calls.prefill == 0
+
+
+def test_llama_greedy_generation(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    ref = _generate(model, "eager", ids)
+    got = _generate(model, NAME, ids)
+    assert torch.equal(got, ref), (got, ref)
+    # The prefill (one unmasked call per layer), then decode calls only.
+    assert calls.prefill == 2 and calls.masked == 0 and calls.decode == 2 * (ref.shape[1] - 1)
+
+
+def test_llama_padded_greedy_generation(torch_device, calls):
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    mask = _left_padded(ids)
+    ref = _generate(model, "eager", ids, mask)
+    got = _generate(model, NAME, ids, mask)
+    assert torch.equal(got, ref), (got, ref)
+    assert calls.decode == 0 and calls.masked > 0  # padded decode steps take the masked prefill path
+
+
+def test_cached_continuation_is_bottom_right(torch_device, calls):
+    """A second chunk of 6 queries over 16 cached keys: the unmasked causal call
+    (pyfa's bottom-right alignment) equals the full sequence's last rows."""
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    full = _logits(model, "eager", ids, use_cache=False)
+    with torch.no_grad():
+        _use(model, NAME)
+        cache = transformers.DynamicCache()
+        # transformers 5.x renames past_key_values to cache (the old name warns)
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model(ids[:, :10], use_cache=True, **{name: cache})
+        calls.prefill = 0
+        rest = model(ids[:, 10:], use_cache=True, **{name: cache}).logits
+    torch.testing.assert_close(rest, full[:, 10:], **F32_TOL)
+    assert calls.prefill == 2 and calls.masked == 0
+
+
+def test_static_cache_generation(torch_device):
+    """Static caches hand keys past the queries (zeros beyond the sequence): the mask says so."""
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    kw = dict(cache_implementation="static", disable_compile=True)
+    try:
+        ref = _generate(model, "eager", ids, n=8, **kw)
+    except (TypeError, ValueError) as e:  # this transformers has no such options
+        pytest.skip(f"static-cache generation unavailable here: {e}")
+    got = _generate(model, NAME, ids, n=8, **kw)
+    assert torch.equal(got, ref), (got, ref)
+
+
+def test_mistral_sliding_window(torch_device, calls):
+    """24 tokens through an 8-token window: the window binds, and transformers'
+    convention (p - j < W) is pyfa's window=W."""
+    model, ids = _model("mistral", torch_device, sliding_window=8), _ids(torch_device, L=24)
+    ref = _logits(model, "eager", ids, use_cache=False)
+    got = _logits(model, NAME, ids, use_cache=False)
+    torch.testing.assert_close(got, ref, **F32_TOL)
+    assert calls.masked == 0 and calls.windows == {8}  # the window mask was recognised, not read
+    assert torch.equal(_generate(model, NAME, ids), _generate(model, "eager", ids))
+
+
+def test_gemma2_softcap_and_alternating_windows(torch_device, calls):
+    # Larger weights so that scores reach the cap (at the default 0.02 it would barely act).
+    model, ids = _model("gemma2", torch_device, sliding_window=8, attn_logit_softcapping=1.0, initializer_range=0.2), \
+        _ids(torch_device, L=24)
+    ref = _logits(model, "eager", ids, use_cache=False)
+    got = _logits(model, NAME, ids, use_cache=False)
+    torch.testing.assert_close(got, ref, **F32_TOL)
+    assert calls.windows == {8, None}  # one sliding and one full layer
+    uncapped = _model("gemma2", torch_device, sliding_window=8, attn_logit_softcapping=None, initializer_range=0.2)
+    assert (_logits(uncapped, "eager", ids, use_cache=False) - ref).abs().max() > 100 * F32_TOL["atol"], \
+        "the softcap should change these logits, or this test checks nothing"
+    mask = _left_padded(ids)
+    assert torch.equal(_generate(model, NAME, ids, mask), _generate(model, "eager", ids, mask))
+
+
+# --------------------------------------------------------------------------- half precision
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_logits(torch_device, dtype):
+    if torch_device.type == "cpu" and dtype == "float16":
+        pytest.skip("float16 matmuls on the CPU are slow in torch; bfloat16 covers the CPU")
+    dtype = getattr(torch, dtype)
+    ids = _ids(torch_device, L=24)
+    mask = _left_padded(ids)
+    real = mask.bool()
+    reference = _logits(_model("llama", torch_device), "eager", ids, mask)[real]
+    model = _model("llama", torch_device, dtype)
+    errors = {impl: ((_logits(model, impl, ids, mask)[real].float() - reference).norm() / reference.norm()).item()
+              for impl in ("eager", NAME)}
+    assert errors[NAME] <= 1.5 * errors["eager"] + 1e-3, errors
+
+
+# --------------------------------------------------------------------------- the functions themselves
+
+def _qkv(device, B=2, H=4, Hkv=2, q_len=5, kv_len=9, D=64, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(s, generator=g).to(device) for s in
+               ((B, H, q_len, D), (B, Hkv, kv_len, D), (B, Hkv, kv_len, D)))
+    return q, k, v
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, groups):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal, self.head_dim = groups, True, 64
+
+
+def _eager(q, k, v, mask):
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return eager_attention_forward(_Module(q.shape[1] // k.shape[1]), q, k, v, mask, scaling=0.125)[0]
+
+
+def _additive_causal(q_len, kv_len, device):
+    """transformers' eager-style causal mask [2, 1, q_len, kv_len]: 0 or finfo.min."""
+    visible = pyfa_hf._causal_pattern(q_len, kv_len, None, device)
+    return torch.where(visible, 0.0, torch.finfo(torch.float32).min)[None, None].expand(2, 1, q_len, kv_len)
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_forward_recognises_a_plain_causal_float_mask(torch_device, calls, q_len):
+    """A 4-D additive causal mask from elsewhere (older transformers, users) takes the unmasked kernels."""
+    q, k, v = _qkv(torch_device, q_len=q_len)
+    mask = _additive_causal(q_len, 9, torch_device)
+    got, weights = pyfa_hf.attention_forward(_Module(2), q, k, v, mask, scaling=0.125)
+    assert weights is None and got.shape == (2, q_len, 4, 64) and got.dtype == q.dtype
+    torch.testing.assert_close(got, _eager(q, k, v, mask), **F32_TOL)
+    assert calls.masked == 0 and calls.decode + calls.prefill == 1
+
+
+@pytest.mark.parametrize("expand_bytes", [pyfa_hf._EXPAND_BYTES, 0])
+def test_forward_applies_a_padding_mask(torch_device, calls, monkeypatch, expand_bytes):
+    """A per-sequence mask runs as one call ([B, H, q, kv] expanded) or, past the
+    size limit, one call per sequence; both equal eager attention."""
+    monkeypatch.setattr(pyfa_hf, "_EXPAND_BYTES", expand_bytes)
+    q, k, v = _qkv(torch_device)
+    mask = _additive_causal(5, 9, torch_device).clone()
+    mask[1, :, :, :3] = torch.finfo(torch.float32).min  # sequence 1: three padded keys
+    got, _ = pyfa_hf.attention_forward(_Module(2), q, k, v, mask, scaling=0.125)
+    torch.testing.assert_close(got, _eager(q, k, v, mask), **F32_TOL)
+    assert calls.masked == (1 if expand_bytes else 2)
+
+
+def test_mask_function_skips_only_what_the_kernels_do_exactly():
+    kw = dict(batch_size=2, q_length=4, kv_length=12, q_offset=8, kv_offset=0, device="cpu")
+    assert pyfa_hf.attention_mask(**kw) is None  # bottom-right causal, no padding
+    padding = torch.ones(2, 12, dtype=torch.bool)
+    padding[1, 0] = False
+    padded = pyfa_hf.attention_mask(**kw, attention_mask=padding)
+    assert padded is not None and not padded[1, 0, :, 0].any() and padded[0, 0, :, 0].all()
+    static = pyfa_hf.attention_mask(**{**kw, "kv_length": 16})  # keys past the queries
+    assert static is not None and not static[..., 12:].any()
+    from transformers import masking_utils as mu
+
+    sliding = mu.sliding_window_causal_mask_function(3)
+    windowed = pyfa_hf.attention_mask(**kw, local_size=3, mask_function=sliding)  # the window binds
+    assert windowed is not None and pyfa_hf._CAUSAL.get(windowed, (4, 12)) == (True, 3)  # ... and is recognised
+    chunked = mu.chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long))  # local_size means a chunk here
+    blocks = pyfa_hf.attention_mask(**{**kw, "q_length": 2, "q_offset": 10}, local_size=3, mask_function=chunked)
+    assert blocks is not None and pyfa_hf._CAUSAL.get(blocks, (2, 12)) == (False, None)
+    assert pyfa_hf.attention_mask(**kw, allow_is_causal_skip=False) is not None
+
+
+def test_refusals(torch_device):
+    q, k, v = _qkv(torch_device)
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        pyfa_hf.attention_forward(_Module(2), q, k, v, None, s_aux=torch.zeros(4, device=torch_device))
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        pyfa_hf.attention_forward(_Module(2), q.requires_grad_(), k, v, None)
+    module = _Module(2).train()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        pyfa_hf.attention_forward(module, q.detach(), k, v, None, dropout=0.1)
