@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 2
+#define PYFA_ABI_VERSION 3
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -127,6 +127,14 @@ int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *pa
 int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
                         pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out);
+
+/* ---- dense KV cache: kv_append (contract in pyfa_params.h) ----
+ * Writes src [num_tokens, num_kv_heads, head_dim] into cache
+ * [batch, num_kv_heads, kv_capacity, head_dim] at slots (write_pos + i) mod
+ * kv_capacity of sequence params->sequence, converting to the cache's dtype,
+ * in one dispatch. Call it once for K and once for V. */
+int pyfa_kv_append(pyfa_encoder *encoder, const pyfa_kv_append_params *params, pyfa_buffer *src,
+                   pyfa_buffer *cache);
 
 /* ---- prefill: flash_attn_prefill (+ blk pre-pass), merge_attention_states ----
  * Contracts in flash_attn_prefill_params.h.
