@@ -55,6 +55,14 @@ class GpuArray:
                 return cupy.empty(tuple(shape), dtype=dtype)
         raise invalid("out: results for this array type need out= (pyfa creates torch and cupy arrays only)")
 
+    def zeros(self, shape, dtype):
+        """As :meth:`empty`, filled with zeros (queued on the producer's current stream)."""
+        a = self.empty(shape, dtype)
+        if self.kind == "torch":
+            return a.zero_()
+        a.fill(0)
+        return a
+
 
 def _torch_dtypes():
     import torch

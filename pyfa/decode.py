@@ -17,7 +17,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
 
     Parameters
     ----------
-    q : array ``[B, H, D]`` (or ``[H, D]`` for one sequence), float32 / float16 / bfloat16
+    q : array ``[B, H, D]`` (or ``[H, D]`` for one sequence), float32 / float16 / bfloat16; numpy, or a
+        torch CPU tensor (read in place; the result is then a torch tensor), or a GPU array (below)
     k_cache, v_cache : arrays ``[B, H_kv, capacity, D]`` (or ``[H_kv, capacity, D]``), one float
         dtype for both; ``H % H_kv == 0`` (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
     kv_len : int or ``[B]`` ints in ``1..capacity``: valid slots per sequence (slot ``s < kv_len``).
@@ -27,7 +28,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
-    out : optional float32 array of the output's shape (a GPU array when the inputs are).
+    out : optional float32 array of the output's shape: numpy or a contiguous torch CPU tensor (a GPU
+        array when the inputs are); it is returned.
 
     Returns
     -------
@@ -42,6 +44,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     (4, 64)
     """
     device = _args.device_arg(device)
+    q_arg, out_arg = q, out
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
     single = q.ndim == 2
     k = _io.as_array(k_cache, "k_cache", ndims=(q.ndim + 1,), gpu=True)
@@ -88,4 +91,4 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
                                   out_buf.handle))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
-    return result[0] if single else result
+    return _io.host_result(result[0] if single else result, q_arg, out_arg)

@@ -1,5 +1,5 @@
 """Single-sequence KV caches for decode: a dense one (:class:`KVCache`) over
-flash_attn_vec, and the shared ring bookkeeping that
+kv_append and flash_attn_vec, and the shared ring bookkeeping that
 :class:`pyfa.TurboQuantKVCache` reuses.
 
 Both keep K and V in device buffers laid out ``[num_kv_heads, capacity, ...]``.
@@ -9,10 +9,30 @@ With ``sliding_window`` (``capacity >= sliding_window``) it is a ring buffer:
 token ``t`` (counting every token ever appended) lives in slot
 ``t % capacity``, and attention sees the last ``sliding_window`` tokens.
 
+An append encodes K and V on the device, one dispatch each. Where rows come
+from:
+
+- host arrays (numpy, torch CPU tensors): read in place on host-visible
+  devices; on a GPU copied once into the cache's staging buffer (kept and
+  reused, grown only for a larger append). The call waits for its work.
+- GPU arrays (torch / cupy CUDA tensors, on a cuda device): read in place;
+  the work is queued on the caller's current stream and the call returns
+  without waiting. ``attend`` with a GPU ``q`` likewise returns an array of
+  the caller's framework, queued on its stream (temporaries come from that
+  framework's allocator, so attends on different streams never share one).
+
+Stream order is the caller's to keep between its own calls: calls with GPU
+arrays run in the order of the streams they are queued on, calls with host
+arrays on pyfa's own stream, which runs after work queued on CUDA's legacy
+default stream (torch's and cupy's default). After GPU-array calls on
+another stream, synchronise it before a host-array call or a read
+(``dequantize``, ``codes``).
+
 A cache may be shared between threads: appends, attends and reads of one
 cache are serialised by the cache's lock, so every append gets its own slots
 (none is lost or overwritten by another) and an attend sees the rows of the
-appends that finished before it, never a partly written one.
+appends that were issued before it (with GPU arrays: queued before it on the
+same stream), never a partly written one.
 """
 from __future__ import annotations
 
@@ -20,18 +40,14 @@ import threading
 
 import numpy as np
 
-from . import _args, _io, cuda_interop, dtypes
+from . import _args, _io, dtypes
 from ._native import ffi, lib
+from .cuda_interop import GpuArray
 from .device import Device
 from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
-
-
-def _host_only(x, name: str) -> None:
-    """Caches copy host rows into their own device buffers: GPU arrays are refused by name."""
-    if cuda_interop.is_gpu_array(x):
-        raise invalid(f"{name}: caches take host (numpy) arrays and copy them to their device; got a GPU array")
+K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 
 
 def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
@@ -39,7 +55,7 @@ def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
 
 
 class _RingCache:
-    """Shape checks and slot bookkeeping shared by the caches."""
+    """Shape checks, slot bookkeeping and row sources shared by the caches."""
 
     def __init__(self, num_kv_heads, head_dim, capacity, sliding_window, device):
         self.num_kv_heads = _positive_int(num_kv_heads, "num_kv_heads")
@@ -54,25 +70,36 @@ class _RingCache:
         self.device = _args.device_arg(device)
         self._total = 0  # tokens ever appended; read and advanced under _lock
         self._lock = threading.RLock()
+        self._staging = {}  # role -> device buffer for host rows (GPU devices); used under _lock
+        self._tmp = {}  # bytes -> attend workspace of host-array calls; used under _lock
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
         return min(self._total, self.capacity)
 
-    def _rows(self, x, name: str) -> np.ndarray:
-        """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1."""
-        _host_only(x, name)
-        a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,))
-        if a.shape[0] < 1 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
+    def _rows(self, x, name: str):
+        """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1: a numpy array, or a
+        GpuArray that this cache's device reads."""
+        a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,), gpu=True)
+        if isinstance(a, GpuArray):
+            _io.gpu_input(self.device, a, name)
+        if a.shape[0] < 1 or tuple(a.shape[1:]) != (self.num_kv_heads, self.head_dim):
             raise invalid(f"{name}: expected shape [n >= 1, num_kv_heads={self.num_kv_heads}, "
-                          f"head_dim={self.head_dim}], got {a.shape}")
+                          f"head_dim={self.head_dim}], got {tuple(a.shape)}")
         return a
 
     def _check_kv(self, k, v):
+        """(k, v, like): both host arrays (like None) or both GPU arrays of one framework (like = k)."""
         k, v = self._rows(k, "k"), self._rows(v, "v")
+        like = k if isinstance(k, GpuArray) else None
+        if isinstance(v, GpuArray) != (like is not None):
+            side = "a GPU array" if like is not None else "a host array"
+            raise invalid(f"v: must be {side} like k (k and v are read on one side)")
+        if like is not None and v.kind != k.kind:
+            raise invalid(f"v: a {v.kind} array, k is a {k.kind} array (pass both from one framework)")
         if k.shape[0] != v.shape[0]:
             raise invalid(f"v: {v.shape[0]} tokens, k has {k.shape[0]} (append needs one v row per k row)")
-        return k, v
+        return k, v, like
 
     def _plan_append(self, n: int):
         """(first source row, write slot, rows to write), or raises before anything changes."""
@@ -82,6 +109,30 @@ class _RingCache:
         skip = max(0, n - self.capacity)  # a ring keeps only the last `capacity` rows
         return skip, (self._total + skip) % self.capacity, n - skip
 
+    def _source(self, rows, first: int, role: int, name: str):
+        """A buffer holding ``rows[first:]`` for an append's kernel: GPU arrays wrapped in place;
+        host rows wrapped on host-visible devices, else copied into the staging buffer of
+        ``role`` (K or V)."""
+        if isinstance(rows, GpuArray):
+            return _io.wrap_rows(self.device, rows, first, name)
+        part = rows[first:]  # a leading-axis slice of a C-contiguous array: contiguous
+        if self.device.host_visible:
+            return self.device.wrap(part)
+        return self._stage(part, role)
+
+    def _stage(self, rows: np.ndarray, role: int):
+        """``rows`` copied into the device staging buffer of ``role``. It is reused by the next
+        host append (host appends wait for their work, so it is free again) and replaced only
+        by one of another dtype or with more rows (at least doubling, at most ``capacity``)."""
+        buf = self._staging.get(role)
+        n = rows.shape[0]
+        if buf is None or buf.dtype != rows.dtype or buf.shape[0] < n:
+            grown = n if buf is None or buf.dtype != rows.dtype else min(max(n, 2 * buf.shape[0]), self.capacity)
+            buf = self.device.buffer((grown,) + rows.shape[1:], rows.dtype, storage="private")
+            self._staging[role] = buf
+        check(lib.pyfa_buffer_write(buf.handle, 0, ffi.from_buffer(rows), rows.nbytes))
+        return buf
+
     def _ring(self):
         """(kv_len, ring_start) of the flash_attn_vec contract."""
         if self._total < self.capacity:
@@ -89,32 +140,41 @@ class _RingCache:
         return self.capacity, self._total % self.capacity
 
     def _check_query(self, q, scale, softcap):
-        _host_only(q, "q")
-        q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,))
-        if q.dtype == np.float64:
+        """(q, like, scale, softcap): q a numpy array (float64 as float32) or a GpuArray (like = q)."""
+        q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,), gpu=True)
+        like = None
+        if isinstance(q, GpuArray):
+            _io.gpu_input(self.device, q, "q")
+            like = q
+        elif q.dtype == np.float64:
             q = q.astype(np.float32)
         H, D = q.shape
         if D != self.head_dim or H == 0 or H % self.num_kv_heads:
             raise invalid(f"q: expected shape [H, head_dim={self.head_dim}] with H a multiple of "
-                          f"num_kv_heads ({self.num_kv_heads}), got {q.shape}")
-        return q, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap")
+                          f"num_kv_heads ({self.num_kv_heads}), got {tuple(q.shape)}")
+        return q, like, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap")
 
     def _index(self, value: int) -> np.ndarray:
         return np.array([value], dtype=np.int32)
 
+    def _lengths(self, kv_len: int, ring_start: int):
+        """kv_len and ring_start as device buffers of one int32 each."""
+        return tuple(_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
+
+    def _workspace(self, nbytes: int, like: GpuArray | None):
+        """f32 working memory of one attend (None for 0 bytes): from the caller's framework for
+        GPU arrays (its allocator orders reuse on the caller's stream); else this cache's own
+        buffer, kept while the size stays the same (host calls wait for their work)."""
+        if like is not None or nbytes == 0:
+            return _io.scratch(self.device, nbytes, like)
+        if nbytes not in self._tmp:
+            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
+        return self._tmp[nbytes]
+
     @staticmethod
-    def _write_rows(buffer, rows: np.ndarray, slot: int, capacity: int) -> None:
-        """rows ``[n, Hkv, X]`` into ``buffer [Hkv, capacity, X]`` at slots slot.. (wrapping)."""
-        n, Hkv = rows.shape[:2]
-        row_bytes = rows[0, 0].nbytes
-        per_head = np.ascontiguousarray(rows.transpose(1, 0, *range(2, rows.ndim)))
-        first = min(n, capacity - slot)
-        for h in range(Hkv):
-            for start, count, at in ((0, first, slot), (first, n - first, 0)):
-                if count:
-                    chunk = per_head[h, start:start + count]
-                    check(lib.pyfa_buffer_write(buffer.handle, (h * capacity + at) * row_bytes,
-                                                ffi.from_buffer(chunk), chunk.nbytes))
+    def _zeros(shape, like: GpuArray | None):
+        """The result of an attend over an empty cache."""
+        return np.zeros(shape, np.float32) if like is None else like.zeros(shape, np.float32)
 
     @staticmethod
     def _run(device: Device, record) -> None:
@@ -148,7 +208,6 @@ class KVCache(_RingCache):
         shape = (self.num_kv_heads, self.capacity, self.head_dim)
         self._k = self.device.buffer(shape, self.dtype)
         self._v = self.device.buffer(shape, self.dtype)
-        self._tmp = {}
 
     @property
     def nbytes(self) -> int:
@@ -156,23 +215,37 @@ class KVCache(_RingCache):
         return self._k.nbytes + self._v.nbytes
 
     def append(self, k, v) -> None:
-        """Appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` (float16/bfloat16/float32/float64).
-        Raises PyfaError, changing nothing, on bad shapes or (without a window) overflow."""
-        k, v = self._check_kv(k, v)
+        """Appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]``: host arrays (numpy or torch
+        CPU tensors, float16/bfloat16/float32/float64) or, on a cuda device, CUDA arrays
+        (float16/bfloat16/float32, read in place, queued on the caller's stream). One kv_append
+        dispatch each for K and V; rows are rounded to the cache dtype to nearest even. Raises
+        PyfaError, changing nothing, on bad input or (without a window) overflow."""
+        k, v, like = self._check_kv(k, v)
+        if like is None:  # float64 rounds once, on the host, straight to the cache dtype
+            k, v = (a.astype(self.dtype) if a.dtype == np.float64 else a for a in (k, v))
         with self._lock:
             skip, slot, count = self._plan_append(k.shape[0])
-            for buf, rows in ((self._k, k), (self._v, v)):
-                self._write_rows(buf, rows[skip:].astype(self.dtype), slot, self.capacity)
+            params = _args.params("pyfa_kv_append_params *", {
+                "num_tokens": count, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "kv_capacity": self.capacity, "write_pos": slot})
+            enc = _io.encoder(self.device, like)
+            for role, cache, rows, name in ((K, self._k, k, "k"), (V, self._v, v, "v")):
+                src = self._source(rows, skip, role, name)
+                check(lib.pyfa_kv_append(enc, params, src.handle, cache.handle))
+            _io.submit(enc, like)
             self._total += k.shape[0]
 
-    def attend(self, q, *, scale=None, softcap=0.0) -> np.ndarray:
+    def attend(self, q, *, scale=None, softcap=0.0):
         """Decode attention of ``q [H, head_dim]`` over the cache; returns float32 ``[H, head_dim]``
-        (zeros for an empty cache)."""
-        q, scale, softcap = self._check_query(q, scale, softcap)
+        (zeros for an empty cache) in q's array type: numpy, a torch CPU tensor, or (a CUDA ``q``
+        on a cuda device) an array of q's framework, queued on its current stream."""
+        q_arg = q
+        q, like, scale, softcap = self._check_query(q, scale, softcap)
         with self._lock:
-            return self._attend(q, scale, softcap)
+            out = self._attend(q, like, scale, softcap)
+        return _io.host_result(out, q_arg)
 
-    def _attend(self, q, scale, softcap):
+    def _attend(self, q, like, scale, softcap):
         H, D = q.shape
         kv_len, ring_start = self._ring()
         params = _args.params("pyfa_flash_attn_vec_params *", {
@@ -183,19 +256,13 @@ class KVCache(_RingCache):
         # The plan checks every option, so an empty cache rejects what a full one would.
         check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, dtypes.code(self.dtype), kv_len, tmp_bytes))
         if kv_len == 0:
-            return np.zeros((H, D), np.float32)
-        tmp = self._scratch(int(tmp_bytes[0]))
-        result, out = _io.output(self.device, (H, D), np.float32, None)
-        lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
-        qb = _io.to_device(self.device, q)
-        self._run(self.device, lambda enc: check(lib.pyfa_flash_attn_vec(
-            enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle, rings.handle,
-            tmp.handle if tmp else ffi.NULL, out.handle)))
+            return self._zeros((H, D), like)
+        tmp = self._workspace(int(tmp_bytes[0]), like)
+        result, out = _io.output(self.device, (H, D), np.float32, None, like=like)
+        lens, rings = self._lengths(kv_len, ring_start)
+        qb = _io.to_device(self.device, q, like)
+        enc = _io.encoder(self.device, like)
+        check(lib.pyfa_flash_attn_vec(enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle,
+                                      rings.handle, _io.handle(tmp), out.handle))
+        _io.submit(enc, like)
         return _io.finish(self.device, result, out)
-
-    def _scratch(self, nbytes: int):
-        if nbytes == 0:
-            return None
-        if nbytes not in self._tmp:
-            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
-        return self._tmp[nbytes]

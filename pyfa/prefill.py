@@ -40,11 +40,13 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     layout : "bhsd" or "bshd" (for q, k, v and the output).
     return_lse : also return the float32 LSE ``[B, H, q_len]`` (natural log; ``-inf`` for a row
         with no visible key).
-    out : optional C-contiguous array of q's shape and dtype to write into.
+    out : optional C-contiguous array of q's shape and dtype to write into (numpy or a torch CPU
+        tensor; a GPU array when the inputs are); it is returned.
 
     Returns
     -------
-    array of q's shape and dtype (rows with no visible key are zeros), or ``(out, lse)``.
+    array of q's shape and dtype (rows with no visible key are zeros), or ``(out, lse)``: numpy, or
+    torch tensors when q is a torch tensor (CPU tensors are read in place).
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((1, 2, 5, 64), np.float32)
@@ -76,6 +78,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                use_blk):
     """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
     device = _args.device_arg(device)
+    q_arg, out_arg = q, out
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
@@ -128,9 +131,10 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
+    result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)
-        return result, lse
+        return result, _io.host_result(lse, q_arg)
     return result
 
 
@@ -142,14 +146,16 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     o_a, o_b : arrays ``[B, H, L, D]`` ("bhsd") or ``[B, L, H, D]`` ("bshd"), one float dtype
         (float32 / float16 / bfloat16); ``D`` a multiple of 8, at most 512.
     lse_a, lse_b : float32 ``[B, H, L]``: their natural-log LSEs (``-inf``: that side saw no key).
-    out : optional C-contiguous array of o_a's shape and dtype to write into.
+    out : optional C-contiguous array of o_a's shape and dtype to write into (numpy or a torch CPU
+        tensor; a GPU array when the inputs are); it is returned as o.
 
     Returns
     -------
-    ``(o, lse)``: o in o_a's shape and dtype, lse float32 ``[B, H, L]``. Rows with ``-inf`` on
-    both sides give zeros and ``-inf``.
+    ``(o, lse)``: o in o_a's shape and dtype, lse float32 ``[B, H, L]``; torch tensors when o_a is a
+    torch tensor. Rows with ``-inf`` on both sides give zeros and ``-inf``.
     """
     device = _args.device_arg(device)
+    first, out_arg = o_a, out
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     o_a = _io.as_array(o_a, "o_a", ndims=(4,), gpu=True)
     o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,), gpu=True)
@@ -173,4 +179,4 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
     _io.finish(device, lse, lse_buf)
-    return result, lse
+    return _io.host_result(result, first, out_arg), _io.host_result(lse, first)
