@@ -195,7 +195,7 @@ def _c_strides(shape, itemsize):
 
 def _dtype_from_cai(x, cai, name):
     typestr = cai["typestr"]
-    if typestr[1:] in ("f4", "i4", "u1", "b1"):
+    if typestr[1:] in ("f8", "f4", "i4", "u1", "b1"):  # unambiguous: the dtype check names what it refuses
         return np.dtype(typestr)
     # 16-bit floats: ask DLPack, whose type codes tell f16 from bf16.
     info = _dlpack_info(x)

@@ -2,7 +2,9 @@
 kv_append and flash_attn_vec, and the shared ring bookkeeping that
 :class:`pyfa.TurboQuantKVCache` reuses.
 
-Both keep K and V in device buffers laid out ``[num_kv_heads, capacity, ...]``.
+Both keep K and V in device memory (private storage: on a GPU nothing of the
+cache travels to or from the host per call), laid out
+``[num_kv_heads, capacity, ...]``.
 Without ``sliding_window`` a cache holds at most ``capacity`` tokens and an
 append past that raises :class:`pyfa.PyfaError` without changing anything.
 With ``sliding_window`` (``capacity >= sliding_window``) it is a ring buffer:
@@ -154,6 +156,10 @@ class _RingCache:
                           f"num_kv_heads ({self.num_kv_heads}), got {tuple(q.shape)}")
         return q, like, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap")
 
+    def _query(self, q, like: GpuArray | None):
+        """The query's buffer: a GPU array wrapped in place (a refusal names q), a host array as _io puts it."""
+        return _io.to_device(self.device, q) if like is None else _io.wrap_rows(self.device, q, 0, "q")
+
     def _index(self, value: int) -> np.ndarray:
         return np.array([value], dtype=np.int32)
 
@@ -206,8 +212,8 @@ class KVCache(_RingCache):
         super().__init__(num_kv_heads, head_dim, capacity, sliding_window, device)
         self.dtype = _args.dtype_arg(dtype, "dtype", dtypes.FLOAT_TYPES)
         shape = (self.num_kv_heads, self.capacity, self.head_dim)
-        self._k = self.device.buffer(shape, self.dtype)
-        self._v = self.device.buffer(shape, self.dtype)
+        self._k = self.device.buffer(shape, self.dtype, storage="private")
+        self._v = self.device.buffer(shape, self.dtype, storage="private")
 
     @property
     def nbytes(self) -> int:
@@ -260,7 +266,7 @@ class KVCache(_RingCache):
         tmp = self._workspace(int(tmp_bytes[0]), like)
         result, out = _io.output(self.device, (H, D), np.float32, None, like=like)
         lens, rings = self._lengths(kv_len, ring_start)
-        qb = _io.to_device(self.device, q, like)
+        qb = self._query(q, like)
         enc = _io.encoder(self.device, like)
         check(lib.pyfa_flash_attn_vec(enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle,
                                       rings.handle, _io.handle(tmp), out.handle))

@@ -278,8 +278,10 @@ class TurboQuantKVCache(_RingCache):
         self.seed = _check_seed(seed)
         self.norm_correction = norm_mode(norm_correction)
         Hkv, cap, D = self.num_kv_heads, self.capacity, self.head_dim
-        self._codes = [self.device.buffer((Hkv, cap, row_bytes(D, b)), np.uint8) for b in self.bits]
-        self._scales = [self.device.buffer((Hkv, cap), np.float32) for _ in self.bits]
+        # Device memory: a shared buffer would travel to and from the host with every call on a GPU.
+        self._codes = [self.device.buffer((Hkv, cap, row_bytes(D, b)), np.uint8, storage="private")
+                       for b in self.bits]
+        self._scales = [self.device.buffer((Hkv, cap), np.float32, storage="private") for _ in self.bits]
 
     @staticmethod
     def _bits(bits, name):
@@ -350,7 +352,7 @@ class TurboQuantKVCache(_RingCache):
         tmp = self._workspace(int(tmp_bytes[0]), like)
         result, out = _io.output(self.device, (H, D), np.float32, None, like=like)
         lens, rings = self._lengths(kv_len, ring_start)
-        qb = _io.to_device(self.device, q, like)
+        qb = self._query(q, like)
         enc = _io.encoder(self.device, like)
         check(lib.pyfa_flash_attn_vec_tq(enc, params, qb.handle, self._codes[0].handle, self._scales[0].handle,
                                          self._codes[1].handle, self._scales[1].handle, lens.handle, rings.handle,
