@@ -176,11 +176,12 @@ def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray 
 
 
 def host_result(a, first, out=None):
-    """A result in the caller's array type: ``out`` itself when the caller passed
-    one; a torch CPU tensor over ``a``'s memory when ``first`` (the call's leading
-    array argument) is a torch CPU tensor; else ``a`` (numpy, or a GPU array)."""
-    if out is not None and torch_cpu.is_tensor(out):
-        return out
+    """A result in the caller's array type: with ``out``, the caller's own tensor, or
+    ``a`` for a numpy ``out`` (``a`` is it or a view of it); else a torch CPU tensor
+    over ``a``'s memory when ``first`` (the call's leading array argument) is a
+    torch CPU tensor; else ``a`` (numpy, or a GPU array)."""
+    if out is not None:
+        return out if torch_cpu.is_tensor(out) else a
     if isinstance(a, np.ndarray) and torch_cpu.is_cpu_tensor(first):
         return torch_cpu.from_numpy(a)
     return a

@@ -76,8 +76,11 @@ def test_decode_single_sequence_and_out(device, rng):
     res = pyfa.decode_attention(_tensor(q), _tensor(k), _tensor(k), 30, device=device, out=out)
     assert res is out
     np.testing.assert_array_equal(out.numpy(), pyfa.decode_attention(q, k, k, 30, device=device))
-    # The result follows q's type: a numpy q with torch caches gives numpy.
+    # The result follows q's type: a numpy q with torch caches gives numpy; a numpy out is filled.
     assert isinstance(pyfa.decode_attention(q, _tensor(k), _tensor(k), 30, device=device), np.ndarray)
+    mine = np.zeros((4, 64), np.float32)
+    res = pyfa.decode_attention(_tensor(q), _tensor(k), _tensor(k), 30, device=device, out=mine)
+    assert isinstance(res, np.ndarray) and np.shares_memory(res, mine) and np.array_equal(mine, out.numpy())
 
 
 @pytest.mark.parametrize("dtype", [np.float16, pyfa.bfloat16])
