@@ -44,12 +44,9 @@ def _stored(c):
 
 
 @gpu
-@pytest.mark.parametrize("kind", ["dense", "tq"])
+@pytest.mark.parametrize("kind, cache_dtype", [("dense", d) for d in FLOATS] + [("tq", "float16")])
 @pytest.mark.parametrize("src", list(FLOATS))
-@pytest.mark.parametrize("cache_dtype", list(FLOATS))
 def test_device_appends_equal_host_appends(rng, kind, src, cache_dtype):
-    if kind == "tq" and cache_dtype != "float16":
-        pytest.skip("TurboQuant has no cache dtype")
     torch = _torch()
     dev = pyfa.Device("cuda")
     ours, twin = _pair(kind, dev, FLOATS[cache_dtype])
