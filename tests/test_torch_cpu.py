@@ -145,6 +145,8 @@ def test_tensor_rules(dev, rng):
             pyfa.decode_attention(q, k, k, 8, device=dev, out=bad)
     with pytest.raises(pyfa.InvalidArgumentError, match="out: expected shape"):
         pyfa.decode_attention(q, k, k, 8, device=dev, out=torch.empty(4, 64, dtype=torch.float16))
+    with pytest.raises(pyfa.InvalidArgumentError, match="out: must be a numpy array or a torch CPU tensor"):
+        pyfa.decode_attention(q[None], k[None], k[None], 8, device=dev, out=[[[0.0] * 64] * 4])
     c = pyfa.KVCache(2, 64, 8, device=dev)
     with pytest.raises(pyfa.InvalidArgumentError, match="k: expected shape"):
         c.append(torch.ones(1, 3, 64), torch.ones(1, 3, 64))
