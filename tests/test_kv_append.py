@@ -195,3 +195,15 @@ def test_rejected_call_records_nothing(dev):
     check(lib.pyfa_encoder_commit(enc))
     check(lib.pyfa_encoder_wait(enc))
     assert np.all(cache.read() == SENTINEL)
+
+
+def test_dead_and_wrong_handles(dev):
+    src, cache = dev.buffer((2, 1, 8), np.float32), dev.buffer((1, 4, 8), np.float32)
+    p = _params(num_tokens=2)
+    freed = ffi.new("pyfa_buffer **")
+    check(lib.pyfa_buffer_new(freed, dev.handle, lib.PYFA_DTYPE_F32, 3, [2, 1, 8], lib.PYFA_STORAGE_SHARED))
+    lib.pyfa_buffer_free(freed[0])
+    assert "src: not a live handle" in _error(lib.pyfa_kv_append(dev.encoder(), p, freed[0], cache.handle))
+    assert "encoder: handle is NULL" in _error(lib.pyfa_kv_append(ffi.NULL, p, src.handle, cache.handle))
+    assert "encoder: handle is not an encoder" in _error(
+        lib.pyfa_kv_append(ffi.cast("pyfa_encoder *", src.handle), p, src.handle, cache.handle))
