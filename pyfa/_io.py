@@ -1,12 +1,15 @@
 """Turning user arrays into buffers for a device, and results back into arrays.
 
-On host-visible devices (the CPU backend) C-contiguous numpy arrays are used
-in place; anything else (non-contiguous, other array types) is copied into a
-contiguous array first. GPU arrays (torch, cupy, ``__cuda_array_interface__`` / ``__dlpack__``) on a
-CUDA device are used in place (pyfa/cuda_interop.py): their buffers wrap the
-producer's memory, temporaries come from the same framework, results are
-arrays of that framework, and work runs on the producer's current stream
-without waiting. numpy inputs on a GPU device are copied to device buffers.
+On host-visible devices (the CPU backend) C-contiguous numpy arrays and torch
+CPU tensors (pyfa/torch_cpu.py) are used in place; anything else
+(non-contiguous, other array types) is copied into a contiguous array first.
+Results of a call whose leading array argument is a torch CPU tensor are
+torch CPU tensors over the result's memory. GPU arrays (torch, cupy,
+``__cuda_array_interface__`` / ``__dlpack__``) on a CUDA device are used in
+place (pyfa/cuda_interop.py): their buffers wrap the producer's memory,
+temporaries come from the same framework, results are arrays of that
+framework, and work runs on the producer's current stream without waiting.
+Host inputs on a GPU device are copied to device buffers.
 """
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ import threading
 
 import numpy as np
 
-from . import _args, cuda_interop, dtypes
+from . import _args, cuda_interop, dtypes, torch_cpu
 from ._native import ffi, lib
 from .device import Buffer, Device
-from .errors import check, invalid
+from .errors import PyfaError, check, invalid
 from .cuda_interop import GpuArray
 
 
@@ -38,7 +41,9 @@ def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None, gpu: bool = F
             raise invalid(f"{name}: expected {' or '.join(f'{n}-D' for n in ndims)}, got shape {g.shape}")
         return g
     try:
-        a = np.asarray(x)
+        a = torch_cpu.as_numpy(x, name) if torch_cpu.is_tensor(x) else np.asarray(x)
+    except PyfaError:
+        raise
     except Exception as e:  # objects numpy cannot read
         raise invalid(f"{name}: cannot be read as an array ({e})") from None
     if a.dtype not in allowed:
@@ -46,6 +51,30 @@ def as_array(x, name: str, allowed=dtypes.FLOAT_TYPES, ndims=None, gpu: bool = F
     if ndims is not None and a.ndim not in ndims:
         raise invalid(f"{name}: expected {' or '.join(f'{n}-D' for n in ndims)}, got shape {a.shape}")
     return np.ascontiguousarray(a)
+
+
+def gpu_input(device: Device, g: GpuArray, name: str) -> None:
+    """Checks that the GPU array argument `name` can be read by `device`: a GPU
+    device (CUDA device 0, the one the backend opens) and a float dtype."""
+    if device.host_visible:
+        raise invalid(f"{name}: a GPU array needs a GPU device; the device is {device.backend!r} "
+                      "(pass a host array)")
+    if g.dtype not in dtypes.FLOAT_TYPES:
+        raise invalid(f"{name}: dtype {g.dtype} not accepted for GPU arrays "
+                      f"(expected {', '.join(str(d) for d in dtypes.FLOAT_TYPES)})")
+    if g.device_id != 0:
+        raise invalid(f"{name}: on CUDA device {g.device_id}; pyfa's cuda backend runs on device 0")
+
+
+def wrap_rows(device: Device, g: GpuArray, first: int, name: str) -> Buffer:
+    """Rows ``first..`` of the GPU array ``g [n, ...]``, wrapped in place; a
+    refusal (memory that is not the device's) names the argument."""
+    row = g.nbytes // g.shape[0]
+    shape = (g.shape[0] - first,) + g.shape[1:]
+    try:
+        return device.wrap_device(g.ptr + first * row, row * shape[0], g.dtype, shape, keepalive=g.obj)
+    except PyfaError as e:
+        raise type(e)(f"{name}: {e}", e.status) from None
 
 
 def gpu_like(device: Device, *arrays) -> GpuArray | None:
@@ -100,11 +129,19 @@ def scratch(device: Device, nbytes: int, like: GpuArray | None = None) -> Buffer
     return temporary(device, (nbytes // 4,), np.float32, like) if nbytes else None
 
 
+# CUDA's handle of the legacy default stream (CU_STREAM_LEGACY). torch and
+# cupy report their default stream as 0, which pyfa_encoder_set_stream reads
+# as the encoder's own stream: work would then order with theirs only through
+# the legacy stream's implicit barriers, and freeing the encoder would wait
+# for its own stream. This handle queues it on the caller's stream itself.
+_CU_STREAM_LEGACY = 1
+
+
 def encoder(device: Device, like: GpuArray | None = None):
     """An encoder; bound to `like`'s stream when given."""
     enc = device.encoder()
     if like is not None:
-        check(lib.pyfa_encoder_set_stream(enc, like.stream))
+        check(lib.pyfa_encoder_set_stream(enc, like.stream or _CU_STREAM_LEGACY))
     return enc
 
 
@@ -132,8 +169,10 @@ def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray 
     if out is None:
         a = np.empty(shape, dtype=dtype)
     else:
+        if torch_cpu.is_tensor(out):
+            out = torch_cpu.as_numpy(out, name, writable=True)
         if not isinstance(out, np.ndarray):
-            raise invalid(f"{name}: must be a numpy array")
+            raise invalid(f"{name}: must be a numpy array or a torch CPU tensor")
         if out.shape != tuple(shape) or out.dtype != dtype:
             raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
         if not out.flags.c_contiguous or not out.flags.writeable:
@@ -166,8 +205,10 @@ def result_array(shape, dtype, out, name: str = "out", like: GpuArray | None = N
     if out is None:
         a = np.empty(shape, dtype=dtype)
     else:
+        if torch_cpu.is_tensor(out):
+            out = torch_cpu.as_numpy(out, name, writable=True)
         if not isinstance(out, np.ndarray):
-            raise invalid(f"{name}: must be a numpy array")
+            raise invalid(f"{name}: must be a numpy array or a torch CPU tensor")
         if out.shape != tuple(shape) or out.dtype != dtype:
             raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
         if not out.flags.c_contiguous or not out.flags.writeable:
@@ -187,6 +228,18 @@ def set_tensor(t, a, nbytes: int | None = None) -> None:
     """Fills a pyfa_tensor with array `a` (numpy or GpuArray)."""
     t.address = address(a)
     t.nbytes = a.nbytes if nbytes is None else nbytes
+
+
+def host_result(a, first, out=None):
+    """A result in the caller's array type: with ``out``, the caller's own tensor, or
+    ``a`` for a numpy ``out`` (``a`` is it or a view of it); else a torch CPU tensor
+    over ``a``'s memory when ``first`` (the call's leading array argument) is a
+    torch CPU tensor; else ``a`` (numpy, or a GPU array)."""
+    if out is not None:
+        return out if torch_cpu.is_tensor(out) else a
+    if isinstance(a, np.ndarray) and torch_cpu.is_cpu_tensor(first):
+        return torch_cpu.from_numpy(a)
+    return a
 
 
 def finish(device: Device, a, buffer: Buffer):

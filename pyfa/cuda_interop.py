@@ -60,6 +60,8 @@ class GpuArray:
 
     def ptr_of(self, a) -> int:
         """The address of a contiguous array that `empty` made."""
+        if isinstance(a, GpuArray):
+            return a.ptr
         if self.kind == "torch":
             return a.data_ptr()
         return a.__cuda_array_interface__["data"][0]
@@ -76,6 +78,14 @@ class GpuArray:
             with cupy.cuda.Device(self.device_id):
                 return cupy.empty(tuple(shape), dtype=dtype)
         raise invalid("out: results for this array type need out= (pyfa creates torch and cupy arrays only)")
+
+    def zeros(self, shape, dtype):
+        """As :meth:`empty`, filled with zeros (queued on the producer's current stream)."""
+        a = self.empty(shape, dtype)
+        if self.kind == "torch":
+            return a.zero_()
+        a.fill(0)
+        return a
 
 
 _TORCH_DTYPES: dict = {}
@@ -249,7 +259,7 @@ def _c_strides(shape, itemsize):
 
 def _dtype_from_cai(x, cai, name):
     typestr = cai["typestr"]
-    if typestr[1:] in ("f4", "i4", "u1", "b1"):
+    if typestr[1:] in ("f8", "f4", "i4", "u1", "b1"):  # unambiguous: the dtype check names what it refuses
         return np.dtype(typestr)
     # 16-bit floats: ask DLPack, whose type codes tell f16 from bf16.
     info = _dlpack_info(x)

@@ -19,7 +19,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
 
     Parameters
     ----------
-    q : array ``[B, H, D]`` (or ``[H, D]`` for one sequence), float32 / float16 / bfloat16
+    q : array ``[B, H, D]`` (or ``[H, D]`` for one sequence), float32 / float16 / bfloat16; numpy, or a
+        torch CPU tensor (read in place; the result is then a torch tensor), or a GPU array (below)
     k_cache, v_cache : arrays ``[B, H_kv, capacity, D]`` (or ``[H_kv, capacity, D]``), one float
         dtype for both; ``H % H_kv == 0`` (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
     kv_len : int or ``[B]`` ints in ``1..capacity``: valid slots per sequence (slot ``s < kv_len``).
@@ -29,8 +30,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
-    out : optional array of the output's shape and dtype to write into (a GPU array when the
-        inputs are).
+    out : optional array of the output's shape and dtype to write into: numpy or a contiguous torch
+        CPU tensor (a GPU array when the inputs are); it is returned.
     out_dtype : None (q's dtype), float32, float16 or bfloat16: the output's dtype. Accumulation is
         float32 either way; the result is rounded once, to nearest even.
     return_lse : also return the float32 LSE ``[B, H]`` (``[H]`` for a 2-D ``q``): each row's natural
@@ -57,6 +58,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     (4, 64)
     """
     device = _args.device_arg(device)
+    q_arg, out_arg = q, out
     return_lse = return_lse if return_lse is False else _args.bool_arg(return_lse, "return_lse")
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
     out_dtype = q.dtype if out_dtype is None else _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES)
@@ -98,7 +100,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     if single:
         result = result[0]
         lse = None if lse is None else lse[0]
-    return (result, lse) if return_lse else result
+    result = _io.host_result(result, q_arg, out_arg)
+    return (result, _io.host_result(lse, q_arg)) if return_lse else result
 
 
 def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse):

@@ -1,18 +1,40 @@
 """Single-sequence KV caches for decode: a dense one (:class:`KVCache`) over
-flash_attn_vec, and the shared ring bookkeeping that
+kv_append and flash_attn_vec, and the shared ring bookkeeping that
 :class:`pyfa.TurboQuantKVCache` reuses.
 
-Both keep K and V in device buffers laid out ``[num_kv_heads, capacity, ...]``.
+Both keep K and V in device memory (private storage: on a GPU nothing of the
+cache travels to or from the host per call), laid out
+``[num_kv_heads, capacity, ...]``.
 Without ``sliding_window`` a cache holds at most ``capacity`` tokens and an
 append past that raises :class:`pyfa.PyfaError` without changing anything.
 With ``sliding_window`` (``capacity >= sliding_window``) it is a ring buffer:
 token ``t`` (counting every token ever appended) lives in slot
 ``t % capacity``, and attention sees the last ``sliding_window`` tokens.
 
+An append encodes K and V on the device, one dispatch each. Where rows come
+from:
+
+- host arrays (numpy, torch CPU tensors): read in place on host-visible
+  devices; on a GPU copied once into the cache's staging buffer (kept and
+  reused, grown only for a larger append). The call waits for its work.
+- GPU arrays (torch / cupy CUDA tensors, on a cuda device): read in place;
+  the work is queued on the caller's current stream and the call returns
+  without waiting. ``attend`` with a GPU ``q`` likewise returns an array of
+  the caller's framework, queued on its stream (temporaries come from that
+  framework's allocator, so attends on different streams never share one).
+
+Stream order is the caller's to keep between its own calls: calls with GPU
+arrays run in the order of the streams they are queued on, calls with host
+arrays on pyfa's own stream, which runs after work queued on CUDA's legacy
+default stream (torch's and cupy's default). After GPU-array calls on
+another stream, synchronise it before a host-array call or a read
+(``dequantize``, ``codes``).
+
 A cache may be shared between threads: appends, attends and reads of one
 cache are serialised by the cache's lock, so every append gets its own slots
 (none is lost or overwritten by another) and an attend sees the rows of the
-appends that finished before it, never a partly written one.
+appends that were issued before it (with GPU arrays: queued before it on the
+same stream), never a partly written one.
 """
 from __future__ import annotations
 
@@ -20,18 +42,14 @@ import threading
 
 import numpy as np
 
-from . import _args, _io, cuda_interop, dtypes
+from . import _args, _io, _plans, dtypes
 from ._native import ffi, lib
+from .cuda_interop import GpuArray
 from .device import Device
 from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
-
-
-def _host_only(x, name: str) -> None:
-    """Caches copy host rows into their own device buffers: GPU arrays are refused by name."""
-    if cuda_interop.is_gpu_array(x):
-        raise invalid(f"{name}: caches take host (numpy) arrays and copy them to their device; got a GPU array")
+K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 
 
 def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
@@ -39,7 +57,7 @@ def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
 
 
 class _RingCache:
-    """Shape checks and slot bookkeeping shared by the caches."""
+    """Shape checks, slot bookkeeping and row sources shared by the caches."""
 
     def __init__(self, num_kv_heads, head_dim, capacity, sliding_window, device):
         self.num_kv_heads = _positive_int(num_kv_heads, "num_kv_heads")
@@ -53,26 +71,38 @@ class _RingCache:
         self.sliding_window = sliding_window
         self.device = _args.device_arg(device)
         self._total = 0  # tokens ever appended; read and advanced under _lock
+        self._staged = {}  # device buffers for host queries and results on a GPU
         self._lock = threading.RLock()
+        self._staging = {}  # role -> device buffer for host rows (GPU devices); used under _lock
+        self._tmp = {}  # bytes -> attend workspace of host-array calls; used under _lock
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
         return min(self._total, self.capacity)
 
-    def _rows(self, x, name: str) -> np.ndarray:
-        """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1."""
-        _host_only(x, name)
-        a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,))
-        if a.shape[0] < 1 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
+    def _rows(self, x, name: str):
+        """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1: a numpy array, or a
+        GpuArray that this cache's device reads."""
+        a = _io.as_array(x, name, allowed=_ACCEPTED, ndims=(3,), gpu=True)
+        if isinstance(a, GpuArray):
+            _io.gpu_input(self.device, a, name)
+        if a.shape[0] < 1 or tuple(a.shape[1:]) != (self.num_kv_heads, self.head_dim):
             raise invalid(f"{name}: expected shape [n >= 1, num_kv_heads={self.num_kv_heads}, "
-                          f"head_dim={self.head_dim}], got {a.shape}")
+                          f"head_dim={self.head_dim}], got {tuple(a.shape)}")
         return a
 
     def _check_kv(self, k, v):
+        """(k, v, like): both host arrays (like None) or both GPU arrays of one framework (like = k)."""
         k, v = self._rows(k, "k"), self._rows(v, "v")
+        like = k if isinstance(k, GpuArray) else None
+        if isinstance(v, GpuArray) != (like is not None):
+            side = "a GPU array" if like is not None else "a host array"
+            raise invalid(f"v: must be {side} like k (k and v are read on one side)")
+        if like is not None and v.kind != k.kind:
+            raise invalid(f"v: a {v.kind} array, k is a {k.kind} array (pass both from one framework)")
         if k.shape[0] != v.shape[0]:
             raise invalid(f"v: {v.shape[0]} tokens, k has {k.shape[0]} (append needs one v row per k row)")
-        return k, v
+        return k, v, like
 
     def _plan_append(self, n: int):
         """(first source row, write slot, rows to write), or raises before anything changes."""
@@ -82,6 +112,30 @@ class _RingCache:
         skip = max(0, n - self.capacity)  # a ring keeps only the last `capacity` rows
         return skip, (self._total + skip) % self.capacity, n - skip
 
+    def _source(self, rows, first: int, role: int, name: str):
+        """A buffer holding ``rows[first:]`` for an append's kernel: GPU arrays wrapped in place;
+        host rows wrapped on host-visible devices, else copied into the staging buffer of
+        ``role`` (K or V)."""
+        if isinstance(rows, GpuArray):
+            return _io.wrap_rows(self.device, rows, first, name)
+        part = rows[first:]  # a leading-axis slice of a C-contiguous array: contiguous
+        if self.device.host_visible:
+            return self.device.wrap(part)
+        return self._stage(part, role)
+
+    def _stage(self, rows: np.ndarray, role: int):
+        """``rows`` copied into the device staging buffer of ``role``. It is reused by the next
+        host append (host appends wait for their work, so it is free again) and replaced only
+        by one of another dtype or with more rows (at least doubling, at most ``capacity``)."""
+        buf = self._staging.get(role)
+        n = rows.shape[0]
+        if buf is None or buf.dtype != rows.dtype or buf.shape[0] < n:
+            grown = n if buf is None or buf.dtype != rows.dtype else min(max(n, 2 * buf.shape[0]), self.capacity)
+            buf = self.device.buffer((grown,) + rows.shape[1:], rows.dtype, storage="private")
+            self._staging[role] = buf
+        check(lib.pyfa_buffer_write(buf.handle, 0, ffi.from_buffer(rows), rows.nbytes))
+        return buf
+
     def _ring(self):
         """(kv_len, ring_start) of the flash_attn_vec contract."""
         if self._total < self.capacity:
@@ -89,51 +143,106 @@ class _RingCache:
         return self.capacity, self._total % self.capacity
 
     def _check_query(self, q, scale, softcap, out_dtype, return_lse):
-        """(q, scale, softcap, output dtype, return_lse) of an attend; float64 q
-        becomes float32 first, so its default output dtype is float32."""
-        _host_only(q, "q")
-        q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,))
-        if q.dtype == np.float64:
+        """(q, like, scale, softcap, output dtype, return_lse) of an attend: q a numpy array (float64
+        becomes float32 first, so its default output dtype is float32) or a GpuArray (like = q)."""
+        q = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,), gpu=True)
+        like = None
+        if isinstance(q, GpuArray):
+            _io.gpu_input(self.device, q, "q")
+            like = q
+        elif q.dtype == np.float64:
             q = q.astype(np.float32)
         H, D = q.shape
         if D != self.head_dim or H == 0 or H % self.num_kv_heads:
             raise invalid(f"q: expected shape [H, head_dim={self.head_dim}] with H a multiple of "
-                          f"num_kv_heads ({self.num_kv_heads}), got {q.shape}")
-        return (q, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap"),
+                          f"num_kv_heads ({self.num_kv_heads}), got {tuple(q.shape)}")
+        return (q, like, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap"),
                 _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES), _args.bool_arg(return_lse, "return_lse"))
 
-    @staticmethod
-    def _empty_result(H, D, out_dtype, return_lse):
-        """What attending an empty cache gives: zeros, and LSE -inf (no visible key)."""
-        out = np.zeros((H, D), out_dtype)
-        return (out, np.full(H, -np.inf, np.float32)) if return_lse else out
+    def _attend_planned(self, kind, q, like, desc, constructor, runner, tensors, out_dtype, return_lse):
+        """One attend as a plan run: the plan (cached per thread by `desc`) checks
+        every option, so an empty cache rejects what a full one would; `tensors`
+        are (field, buffer) of the cache's memory. Returns (out, lse or None)."""
+        H, D = q.shape
+        kv_len, ring_start = self._ring()
+        bucket = _plans.length_bucket(kv_len)  # sizes the split; a growing cache keeps its plan within a bucket
+        key = (kind, self.device, repr(desc), q.dtype, out_dtype, return_lse, bucket)
+        plan = _plans.cached(key, lambda: _plans.new_plan(constructor, self.device, _args.params(
+            "pyfa_tq_decode_plan_desc *" if kind == "tq" else "pyfa_decode_plan_desc *",
+            dict(desc, q_dtype=dtypes.code(q.dtype), out_dtype=dtypes.code(out_dtype), return_lse=int(return_lse),
+                 max_kv_len=min(bucket, self.capacity)))))
+        if kv_len == 0:
+            out = self._zeros((H, D), like, out_dtype)
+            lse = self._zeros((H,), like, np.float32, -np.inf) if return_lse else None
+            return out, lse
+        args = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *")
+        for field, buffer in tensors:
+            t = getattr(args, field)
+            t.address, t.nbytes = lib.pyfa_buffer_address(buffer.handle), buffer.nbytes
+        _io.sequence_values(kv_len, "kv_len", 1, None).set(args.kv_len)
+        _io.sequence_values(ring_start, "ring_start", 1, None).set(args.ring_start)
+        staged = like is None and not self.device.host_visible
+        if staged:
+            # Host arrays on a GPU: q goes up and the results come back through
+            # device buffers this cache keeps (the call waits for them).
+            qb = self._query_buffer(("q", q.shape, q.dtype), q.shape, q.dtype)
+            qb.write(q)
+            outs = [self._query_buffer(("out", H, out_dtype), (H, D), out_dtype)]
+            outs += [self._query_buffer(("lse", H), (H,), np.float32)] if return_lse else []
+            for field, b in zip(("q", "out", "lse"), [qb] + outs):
+                t = getattr(args, field)
+                t.address, t.nbytes = lib.pyfa_buffer_address(b.handle), b.nbytes
+            _plans.run(self.device, runner, plan, _plans.encoder(self.device, 0), args)
+            results = [b.read() for b in outs]
+            return results[0], (results[1] if return_lse else None)
+        result, out_address = _io.result_array((H, D), out_dtype, None, like=like)
+        args.q.address, args.q.nbytes = _io.address(q), q.nbytes
+        args.out.address, args.out.nbytes = out_address, H * D * np.dtype(out_dtype).itemsize
+        lse = None
+        if return_lse:
+            lse, args.lse.address = _io.result_array((H,), np.float32, None, "lse", like=like)
+            args.lse.nbytes = H * 4
+        stream = like.stream if like is not None else 0
+        _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
+        return result, lse
 
-    def _decode(self, H, D, out_dtype, return_lse, call):
-        """Runs ``call(enc, out_handle, lse_handle)`` and returns out (and the LSE)."""
-        result, out = _io.output(self.device, (H, D), out_dtype, None)
-        lse, lse_buf = _io.output(self.device, (H,), np.float32, None, "lse") if return_lse else (None, None)
-        self._run(self.device, lambda enc: call(enc, out.handle, _io.handle(lse_buf)))
-        _io.finish(self.device, result, out)
-        if not return_lse:
-            return result
-        return result, _io.finish(self.device, lse, lse_buf)
+    def _query_buffer(self, key, shape, dtype):
+        """A private device buffer of this cache, kept per `key` while its shape holds."""
+        b = self._staged.get(key)
+        if b is None:
+            b = self._staged[key] = self.device.buffer(shape, dtype, storage="private")
+        return b
+
+    def _query(self, q, like: GpuArray | None):
+        """The query's buffer: a GPU array wrapped in place (a refusal names q), a host array as _io puts it."""
+        return _io.to_device(self.device, q) if like is None else _io.wrap_rows(self.device, q, 0, "q")
 
     def _index(self, value: int) -> np.ndarray:
         return np.array([value], dtype=np.int32)
 
+    def _lengths(self, kv_len: int, ring_start: int):
+        """kv_len and ring_start as device buffers of one int32 each."""
+        return tuple(_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
+
+    def _workspace(self, nbytes: int, like: GpuArray | None):
+        """f32 working memory of one attend (None for 0 bytes): from the caller's framework for
+        GPU arrays (its allocator orders reuse on the caller's stream); else this cache's own
+        buffer, kept while the size stays the same (host calls wait for their work)."""
+        if like is not None or nbytes == 0:
+            return _io.scratch(self.device, nbytes, like)
+        if nbytes not in self._tmp:
+            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
+        return self._tmp[nbytes]
+
     @staticmethod
-    def _write_rows(buffer, rows: np.ndarray, slot: int, capacity: int) -> None:
-        """rows ``[n, Hkv, X]`` into ``buffer [Hkv, capacity, X]`` at slots slot.. (wrapping)."""
-        n, Hkv = rows.shape[:2]
-        row_bytes = rows[0, 0].nbytes
-        per_head = np.ascontiguousarray(rows.transpose(1, 0, *range(2, rows.ndim)))
-        first = min(n, capacity - slot)
-        for h in range(Hkv):
-            for start, count, at in ((0, first, slot), (first, n - first, 0)):
-                if count:
-                    chunk = per_head[h, start:start + count]
-                    check(lib.pyfa_buffer_write(buffer.handle, (h * capacity + at) * row_bytes,
-                                                ffi.from_buffer(chunk), chunk.nbytes))
+    def _zeros(shape, like: GpuArray | None, dtype=np.float32, value=0.0):
+        """The result of an attend over an empty cache (zeros; the LSE is -inf)."""
+        if like is None:
+            return np.full(shape, value, dtype)
+        a = like.zeros(shape, dtype)
+        if value != 0.0:
+            a.fill_(value) if like.kind == "torch" else a.fill(value)
+        return a
 
     @staticmethod
     def _run(device: Device, record) -> None:
@@ -165,9 +274,8 @@ class KVCache(_RingCache):
         super().__init__(num_kv_heads, head_dim, capacity, sliding_window, device)
         self.dtype = _args.dtype_arg(dtype, "dtype", dtypes.FLOAT_TYPES)
         shape = (self.num_kv_heads, self.capacity, self.head_dim)
-        self._k = self.device.buffer(shape, self.dtype)
-        self._v = self.device.buffer(shape, self.dtype)
-        self._tmp = {}
+        self._k = self.device.buffer(shape, self.dtype, storage="private")
+        self._v = self.device.buffer(shape, self.dtype, storage="private")
 
     @property
     def nbytes(self) -> int:
@@ -175,46 +283,43 @@ class KVCache(_RingCache):
         return self._k.nbytes + self._v.nbytes
 
     def append(self, k, v) -> None:
-        """Appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` (float16/bfloat16/float32/float64).
-        Raises PyfaError, changing nothing, on bad shapes or (without a window) overflow."""
-        k, v = self._check_kv(k, v)
+        """Appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]``: host arrays (numpy or torch
+        CPU tensors, float16/bfloat16/float32/float64) or, on a cuda device, CUDA arrays
+        (float16/bfloat16/float32, read in place, queued on the caller's stream). One kv_append
+        dispatch each for K and V; rows are rounded to the cache dtype to nearest even. Raises
+        PyfaError, changing nothing, on bad input or (without a window) overflow."""
+        k, v, like = self._check_kv(k, v)
+        if like is None:  # float64 rounds once, on the host, straight to the cache dtype
+            k, v = (a.astype(self.dtype) if a.dtype == np.float64 else a for a in (k, v))
         with self._lock:
             skip, slot, count = self._plan_append(k.shape[0])
-            for buf, rows in ((self._k, k), (self._v, v)):
-                self._write_rows(buf, rows[skip:].astype(self.dtype), slot, self.capacity)
+            params = _args.params("pyfa_kv_append_params *", {
+                "num_tokens": count, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+                "kv_capacity": self.capacity, "write_pos": slot})
+            enc = _io.encoder(self.device, like)
+            for role, cache, rows, name in ((K, self._k, k, "k"), (V, self._v, v, "v")):
+                src = self._source(rows, skip, role, name)
+                check(lib.pyfa_kv_append(enc, params, src.handle, cache.handle))
+            _io.submit(enc, like)
             self._total += k.shape[0]
 
     def attend(self, q, *, scale=None, softcap=0.0, out_dtype=None, return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the cache;
         returns ``[H, head_dim]`` of ``out_dtype`` (None: q's dtype, float32 for a float64 q), zeros
-        for an empty cache. ``return_lse``: also the float32 LSE ``[H]`` (as
-        :func:`pyfa.decode_attention`'s; ``-inf`` for an empty cache), as ``(out, lse)``."""
-        q, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
-        with self._lock:
-            return self._attend(q, scale, softcap, out_dtype, return_lse)
-
-    def _attend(self, q, scale, softcap, out_dtype, return_lse):
+        for an empty cache, in q's array type: numpy, a torch CPU tensor, or (a CUDA ``q`` on a cuda
+        device) an array of q's framework, queued on its current stream without waiting.
+        ``return_lse``: also the float32 LSE ``[H]`` (as :func:`pyfa.decode_attention`'s; ``-inf``
+        for an empty cache), as ``(out, lse)``."""
+        q_arg = q
+        q, like, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         H, D = q.shape
-        kv_len, ring_start = self._ring()
-        params = _args.params("pyfa_flash_attn_vec_params *", {
-            "batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
-            "kv_capacity": self.capacity, "nwg": 0, "window": self.sliding_window or 0,
-            "scale": scale, "softcap": softcap})
-        tmp_bytes = ffi.new("uint64_t *")
-        # The plan checks every option, so an empty cache rejects what a full one would.
-        check(lib.pyfa_flash_attn_vec_plan(self.device.handle, params, dtypes.code(self.dtype), kv_len, tmp_bytes))
-        if kv_len == 0:
-            return self._empty_result(H, D, out_dtype, return_lse)
-        tmp = self._scratch(int(tmp_bytes[0]))
-        lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
-        qb = _io.to_device(self.device, q)
-        return self._decode(H, D, out_dtype, return_lse, lambda enc, out, lse: check(lib.pyfa_flash_attn_vec(
-            enc, params, qb.handle, self._k.handle, self._v.handle, lens.handle, rings.handle, _io.handle(tmp), out,
-            lse)))
+        desc = {"attn": {"batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
+                         "kv_capacity": self.capacity, "nwg": 0, "window": self.sliding_window or 0,
+                         "scale": scale, "softcap": softcap},
+                "kv_dtype": dtypes.code(self.dtype)}
+        with self._lock:
+            out, lse = self._attend_planned("dense", q, like, desc, lib.pyfa_decode_plan_new, lib.pyfa_decode_run,
+                                            (("k_cache", self._k), ("v_cache", self._v)), out_dtype, return_lse)
+        out = _io.host_result(out, q_arg)
+        return (out, _io.host_result(lse, q_arg)) if return_lse else out
 
-    def _scratch(self, nbytes: int):
-        if nbytes == 0:
-            return None
-        if nbytes not in self._tmp:
-            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
-        return self._tmp[nbytes]

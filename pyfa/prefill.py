@@ -40,13 +40,15 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     layout : "bhsd" or "bshd" (for q, k, v and the output).
     return_lse : also return the float32 LSE ``[B, H, q_len]`` (natural log; ``-inf`` for a row
         with no visible key).
-    out : optional C-contiguous array of q's shape and the output dtype to write into.
+    out : optional C-contiguous array of q's shape and the output dtype to write into (numpy or a torch CPU
+        tensor; a GPU array when the inputs are); it is returned.
     out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
         bfloat16 inputs skips the rounding to 16 bits).
 
     Returns
     -------
-    array of q's shape and ``out_dtype`` (rows with no visible key are zeros), or ``(out, lse)``.
+    array of q's shape and ``out_dtype`` (rows with no visible key are zeros), or ``(out, lse)``:
+    numpy, or torch tensors when q is a torch tensor (CPU tensors are read in place).
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((1, 2, 5, 64), np.float32)
@@ -91,7 +93,7 @@ def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, retu
         args.lse.nbytes = B * H * qL * 4
     stream = like.stream if like is not None else 0
     _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, stream), args)
-    return (result, lse) if return_lse else result
+    return result, lse
 
 
 def _mask_array(mask, io_dtype, B, H, qL, kL, like):
@@ -137,6 +139,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                use_blk, out_dtype=None):
     """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
     device = _args.device_arg(device)
+    q_arg, out_arg = q, out
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
@@ -170,7 +173,9 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
     }
     if like is not None or device.host_visible:
-        return _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk)
+        result, lse = _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk)
+        result = _io.host_result(result, q_arg, out_arg)
+        return (result, _io.host_result(lse, q_arg)) if return_lse else result
     mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
         _mask_buffer(device, mask, q.dtype, B, H, qL, kL, like)
     params = _args.params("pyfa_flash_attn_prefill_params *", dict(fields, mask_strides=mask_strides))
@@ -191,9 +196,10 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
+    result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)
-        return result, lse
+        return result, _io.host_result(lse, q_arg)
     return result
 
 
@@ -206,17 +212,20 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     o_a, o_b : arrays ``[B, H, L, D]`` ("bhsd") or ``[B, L, H, D]`` ("bshd"), one float dtype
         (float32 / float16 / bfloat16); ``D`` a multiple of 8, at most 512.
     lse_a, lse_b : float32 ``[B, H, L]``: their natural-log LSEs (``-inf``: that side saw no key).
-    out : optional C-contiguous array of o_a's shape and the output dtype to write into.
+    out : optional C-contiguous array of o_a's shape and the output dtype to write into (numpy or a torch CPU
+        tensor; a GPU array when the inputs are); it is returned.
     out_dtype : None (o_a's dtype) or float32.
 
     Returns
     -------
-    ``(o, lse)``: o in o_a's shape and ``out_dtype``, lse float32 ``[B, H, L]``. Rows with
+    ``(o, lse)``: o in o_a's shape and ``out_dtype``, lse float32 ``[B, H, L]``; torch tensors when
+    o_a is a torch tensor. Rows with
     ``-inf`` on both sides give zeros and ``-inf``. Decodes over disjoint parts of a cache merge
     too: pass their ``[B, H, D]`` outputs and ``[B, H]`` LSEs with a length-1 axis inserted
     (``o[:, :, None]``, ``lse[:, :, None]``).
     """
     device = _args.device_arg(device)
+    first, out_arg = o_a, out
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     o_a = _io.as_array(o_a, "o_a", ndims=(4,), gpu=True)
     o_b = _io.as_array(o_b, "o_b", allowed=(o_a.dtype,), ndims=(4,), gpu=True)
@@ -241,4 +250,4 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
     _io.finish(device, lse, lse_buf)
-    return result, lse
+    return _io.host_result(result, first, out_arg), _io.host_result(lse, first)

@@ -44,11 +44,11 @@ import math
 
 import numpy as np
 
-from . import _args, _io
+from . import _args, _io, cuda_interop
 from ._native import ffi, lib
 from .device import Device, supported
 from .errors import check, invalid
-from .kvcache import _RingCache, _host_only
+from .kvcache import _RingCache
 
 BIT_WIDTHS = supported("tq_bits")
 HEAD_DIMS = supported("tq_head_dims")
@@ -230,14 +230,17 @@ def fwht(x, transform: str = "fwht", *, seed: int = 0, stream: int = STREAM_K, d
 
 def quantize(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correction=DEFAULT_NORM_CORRECTION,
              device: Device | None = None):
-    """Encodes rows ``x [n, D]`` with hadamard_quantize_kv -> (codes uint8 ``[n, D*bits/8]``,
+    """Encodes host rows ``x [n, D]`` with hadamard_quantize_kv -> (codes uint8 ``[n, D*bits/8]``,
     scales float32 ``[n]``)."""
-    _host_only(x, "x")
+    if cuda_interop.is_gpu_array(x):
+        raise invalid("x: quantize takes host arrays (numpy, torch CPU tensors); got a GPU array")
     x = _io.as_array(x, "x", ndims=(2,))
     stream = _check_stream(stream)
-    cache = TurboQuantKVCache(1, x.shape[1], max(1, x.shape[0]), k_bits=bits, v_bits=bits, seed=seed,
+    n = x.shape[0]
+    cache = TurboQuantKVCache(1, x.shape[1], max(1, n), k_bits=bits, v_bits=bits, seed=seed,
                               norm_correction=norm_correction, device=device)
-    cache._encode(x[:, None, :], stream, slot=0)
+    src = cache._source(x[:, None, :], 0, stream, "x")
+    cache._run(cache.device, lambda enc: cache._encode(enc, src, n, stream, slot=0))
     codes, scales = cache._read(stream)
     return codes[0], scales[0]
 
@@ -275,9 +278,10 @@ class TurboQuantKVCache(_RingCache):
         self.seed = _check_seed(seed)
         self.norm_correction = norm_mode(norm_correction)
         Hkv, cap, D = self.num_kv_heads, self.capacity, self.head_dim
-        self._codes = [self.device.buffer((Hkv, cap, row_bytes(D, b)), np.uint8) for b in self.bits]
-        self._scales = [self.device.buffer((Hkv, cap), np.float32) for _ in self.bits]
-        self._tmp = {}
+        # Device memory: a shared buffer would travel to and from the host with every call on a GPU.
+        self._codes = [self.device.buffer((Hkv, cap, row_bytes(D, b)), np.uint8, storage="private")
+                       for b in self.bits]
+        self._scales = [self.device.buffer((Hkv, cap), np.float32, storage="private") for _ in self.bits]
 
     @staticmethod
     def _bits(bits, name):
@@ -291,72 +295,58 @@ class TurboQuantKVCache(_RingCache):
     def _seed_fields(self):
         return {"seed_lo": self.seed & 0xFFFFFFFF, "seed_hi": self.seed >> 32}
 
-    def _encode(self, rows: np.ndarray, stream: int, slot: int, enc=None) -> None:
+    def _encode(self, enc, src, count: int, stream: int, slot: int) -> None:
+        """Records hadamard_quantize_kv of ``count`` rows of the buffer ``src`` into slots slot.. of ``stream``."""
         params = _args.params("pyfa_tq_quantize_params *", {
-            "num_tokens": rows.shape[0], "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "num_tokens": count, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
             "kv_capacity": self.capacity, "write_pos": slot, "bits": self.bits[stream], "stream": stream,
             "norm_correction": self.norm_correction, **self._seed_fields()})
-        src = _io.to_device(self.device, rows)
-        call = lambda e: check(lib.pyfa_hadamard_quantize_kv(e, params, src.handle, self._codes[stream].handle,
-                                                             self._scales[stream].handle))
-        if enc is None:
-            self._run(self.device, call)
-        else:
-            call(enc)
+        check(lib.pyfa_hadamard_quantize_kv(enc, params, src.handle, self._codes[stream].handle,
+                                            self._scales[stream].handle))
 
     def append(self, k, v) -> None:
-        """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]``
-        (float16/bfloat16/float32/float64) in one dispatch each. Raises PyfaError, changing
-        nothing, on bad shapes or (without a window) overflow."""
-        k, v = self._check_kv(k, v)
-        # float64 rows enter the encoder as float32 (the kernels read f32/f16/bf16).
-        k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
+        """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` in one dispatch
+        each: host arrays (numpy or torch CPU tensors, float16/bfloat16/float32/float64) or, on a
+        cuda device, CUDA arrays (float16/bfloat16/float32, read in place, encoded on the caller's
+        stream without waiting). Raises PyfaError, changing nothing, on bad input or (without a
+        window) overflow."""
+        k, v, like = self._check_kv(k, v)
+        if like is None:  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)
+            k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
         with self._lock:
             skip, slot, count = self._plan_append(k.shape[0])
-            ks, vs = (np.ascontiguousarray(a[skip:]) for a in (k, v))
-
-            def record(enc):
-                self._encode(ks, STREAM_K, slot, enc)
-                self._encode(vs, STREAM_V, slot, enc)
-            self._run(self.device, record)
+            enc = _io.encoder(self.device, like)
+            for stream, rows, name in ((STREAM_K, k, "k"), (STREAM_V, v, "v")):
+                self._encode(enc, self._source(rows, skip, stream, name), count, stream, slot)
+            _io.submit(enc, like)
             self._total += skip + count
 
     def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None, out_dtype=None, return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the codes,
         in the rotated domain; returns ``[H, head_dim]`` in the original domain, of ``out_dtype``
-        (None: q's dtype, float32 for a float64 q), zeros for an empty cache. ``return_lse``: also
-        the float32 LSE ``[H]`` as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of
-        the original-domain scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce +
-        undo tail; both tails give identical bits. ``nwg`` overrides the backend plan's workgroups
-        per sequence (tests and tuning)."""
-        q, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
+        (None: q's dtype, float32 for a float64 q), zeros for an empty cache, in q's array type:
+        numpy, a torch CPU tensor, or (a CUDA ``q`` on a cuda device) an array of q's framework,
+        queued on its current stream without waiting. ``return_lse``: also the float32 LSE ``[H]``
+        as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of the original-domain
+        scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce + undo tail; both
+        tails give identical bits. ``nwg`` overrides the backend plan's workgroups per sequence
+        (tests and tuning)."""
+        q_arg = q
+        q, like, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         fused = _args.bool_arg(fused, "fused")
         nwg = self._nwg(nwg)
-        with self._lock:
-            return self._attend(q, scale, softcap, fused, nwg, out_dtype, return_lse)
-
-    def _attend(self, q, scale, softcap, fused, nwg, out_dtype, return_lse):
         H, D = q.shape
-        kv_len, ring_start = self._ring()
-        params = _args.params("pyfa_flash_attn_vec_tq_params *", {
-            "attn": {"batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
-                     "kv_capacity": self.capacity, "nwg": nwg, "window": self.sliding_window or 0,
-                     "scale": scale, "softcap": softcap},
-            "k_bits": self.k_bits, "v_bits": self.v_bits, "fused": int(fused), **self._seed_fields()})
-        tmp_bytes = ffi.new("uint64_t *")
-        # The plan checks every option, so an empty cache rejects what a full one would.
-        check(lib.pyfa_flash_attn_vec_tq_plan(self.device.handle, params, kv_len, tmp_bytes))
-        if kv_len == 0:
-            return self._empty_result(H, D, out_dtype, return_lse)
-        nbytes = int(tmp_bytes[0])
-        if nbytes not in self._tmp:
-            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
-        tmp = self._tmp[nbytes]
-        lens, rings = (_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
-        qb = _io.to_device(self.device, q)
-        return self._decode(H, D, out_dtype, return_lse, lambda enc, out, lse: check(lib.pyfa_flash_attn_vec_tq(
-            enc, params, qb.handle, self._codes[0].handle, self._scales[0].handle, self._codes[1].handle,
-            self._scales[1].handle, lens.handle, rings.handle, tmp.handle, out, lse)))
+        desc = {"tq": {"attn": {"batch": 1, "num_heads": H, "num_kv_heads": self.num_kv_heads, "head_dim": D,
+                                "kv_capacity": self.capacity, "nwg": nwg, "window": self.sliding_window or 0,
+                                "scale": scale, "softcap": softcap},
+                       "k_bits": self.k_bits, "v_bits": self.v_bits, "fused": int(fused), **self._seed_fields()}}
+        tensors = (("k_codes", self._codes[0]), ("k_scales", self._scales[0]), ("v_codes", self._codes[1]),
+                   ("v_scales", self._scales[1]))
+        with self._lock:
+            out, lse = self._attend_planned("tq", q, like, desc, lib.pyfa_tq_decode_plan_new, lib.pyfa_tq_decode_run,
+                                            tensors, out_dtype, return_lse)
+        out = _io.host_result(out, q_arg)
+        return (out, _io.host_result(lse, q_arg)) if return_lse else out
 
     @staticmethod
     def _nwg(nwg) -> int:

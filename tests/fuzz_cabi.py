@@ -287,6 +287,23 @@ class Fuzzer:
         self.check(status)
         self.finish(enc, status)
 
+    def call_kv_append(self):
+        r = self.rng
+        cap = self.small(1, 32)
+        fields = self.mutate("pyfa_kv_append_params", {
+            "num_tokens": self.small(1, cap), "num_kv_heads": self.small(1, 3), "head_dim": self.small(1, 130),
+            "kv_capacity": cap, "write_pos": r.randrange(cap), "sequence": r.choice([0, 0, 1])})
+        p = ffi.new("pyfa_kv_append_params *", fields)
+        F = [lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16]
+        seqs = p.sequence + 1 if p.sequence < 4 else 1
+        src = self.buffer(min(p.num_tokens * p.num_kv_heads * p.head_dim, 1 << 20), F)
+        cache = self.buffer(min(seqs * p.num_kv_heads * p.kv_capacity * p.head_dim, 1 << 20), F)
+        enc = self.encoder()
+        self.trace_call("kv_append", fields)
+        status = lib.pyfa_kv_append(enc, p, src[0], cache[0])
+        self.check(status)
+        self.finish(enc, status)
+
     def call_buffer_io(self):
         r = self.rng
         code = r.choice(list(DTYPES) + [0, 42, -1])
@@ -337,7 +354,8 @@ class Fuzzer:
         entries = [lambda: self.call_vec(False, False), lambda: self.call_vec(True, False),
                    lambda: self.call_vec(False, True), lambda: self.call_vec(True, True),
                    self.call_prefill, self.call_merge, lambda: self.call_tq_codec("quantize"),
-                   lambda: self.call_tq_codec("dequantize"), lambda: self.call_tq_codec("fwht"), self.call_buffer_io]
+                   lambda: self.call_tq_codec("dequantize"), lambda: self.call_tq_codec("fwht"), self.call_kv_append,
+                   self.call_buffer_io]
         for _ in range(calls):
             self.owned, self.encoders = [], []
             self.counts["calls"] += 1

@@ -99,17 +99,27 @@ def test_bad_input(device, rng):
 
 class _FakeGpuArray:
     """Looks like a GPU array to pyfa (it has a __cuda_array_interface__)."""
-    __cuda_array_interface__ = {"shape": (1, 2, 64), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    def __init__(self, shape=(1, 2, 64)):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (0, False), "version": 3}
 
 
-def test_caches_refuse_gpu_arrays(device):
+def test_caches_on_host_devices_refuse_gpu_arrays(device):
+    """A GPU array needs a cache on a GPU device: on the CPU (and the Metal executor) each
+    argument is refused by name, and the cache is unchanged."""
+    if not device.host_visible:
+        pytest.skip("a GPU device reads GPU arrays (tests/test_cuda_caches.py)")
+    rule = "a GPU array needs a GPU device; the device is"
+    host = np.zeros((1, 2, 64), np.float32)
     for cache in (pyfa.KVCache(2, 64, 8, device=device), pyfa.TurboQuantKVCache(2, 64, 8, device=device)):
-        with pytest.raises(pyfa.PyfaError, match="k: caches take host"):
-            cache.append(_FakeGpuArray(), np.zeros((1, 2, 64), np.float32))
-        with pytest.raises(pyfa.PyfaError, match="q: caches take host"):
-            cache.attend(_FakeGpuArray())
+        with pytest.raises(pyfa.InvalidArgumentError, match=f"k: {rule}"):
+            cache.append(_FakeGpuArray(), host)
+        with pytest.raises(pyfa.InvalidArgumentError, match=f"v: {rule}"):
+            cache.append(host, _FakeGpuArray())
+        with pytest.raises(pyfa.InvalidArgumentError, match=f"q: {rule}"):
+            cache.attend(_FakeGpuArray((4, 64)))
         assert len(cache) == 0
-    with pytest.raises(pyfa.PyfaError, match="x: caches take host"):
+    with pytest.raises(pyfa.InvalidArgumentError, match="x: quantize takes host arrays"):
         pyfa.turboquant.quantize(_FakeGpuArray(), 4, device=device)
 
 
@@ -165,3 +175,92 @@ def test_concurrent_appends_lose_no_row(dev, kind):
         g, w = got.reshape(n, -1), want.reshape(n, -1)
         nearest = np.argmin(((g[:, None, :] - w[None, :, :]) ** 2).sum(-1), axis=1)
         assert sorted(nearest.tolist()) == list(range(n))
+
+
+def _gpu_paths_on_cpu():
+    """A CPU device that takes the paths of a GPU device (cuda) for host arrays: rows copied into
+    device buffers, results read back. It runs the caches' staging code here, where no GPU is."""
+    d = pyfa.Device("cpu")
+    d._host_visible = False
+    return d
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """(shape, storage) of every buffer pyfa allocates."""
+    seen = []
+    original = pyfa.Device.buffer
+
+    def buffer(self, shape, dtype, storage="shared"):
+        seen.append((tuple(shape), storage))
+        return original(self, shape, dtype, storage)
+    monkeypatch.setattr(pyfa.Device, "buffer", buffer)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_host_appends_on_a_gpu_reuse_staging(rng, allocations, kind):
+    gpu, cpu = _gpu_paths_on_cpu(), pyfa.Device("cpu")
+    if kind == "dense":
+        made = [pyfa.KVCache(2, 64, 16, dtype=np.float16, sliding_window=16, device=d) for d in (gpu, cpu)]
+    else:
+        made = [pyfa.TurboQuantKVCache(2, 64, 16, sliding_window=16, device=d) for d in (gpu, cpu)]
+    c, ref = made
+    rows = rng.standard_normal((60, 2, 64)).astype(np.float32)
+    start = 0
+
+    def append(n, dtype=np.float32):
+        nonlocal start
+        part = rows[start:start + n].astype(dtype)
+        start += n
+        del allocations[:]
+        c.append(part, 2 * part)
+        ref.append(part, 2 * part)
+        return list(allocations)
+
+    assert [a[1] for a in append(5)] == ["private", "private"]  # one staging buffer each for K and V
+    k_stage, v_stage = c._staging[0], c._staging[1]
+    assert append(3) == [] and append(5) == []  # reused, no allocation at all
+    assert c._staging[0] is k_stage and c._staging[1] is v_stage
+    assert append(7) == [((10, 2, 64), "private")] * 2  # grown: at least doubled
+    assert append(20) == [((16, 2, 64), "private")] * 2  # 20 rows into 16 slots: the last 16; at most capacity
+    assert append(4) == []
+    # Another dtype replaces it (float64 rows are rounded on the host first, to the cache dtype for a
+    # dense cache, to float32 for TurboQuant's encoder).
+    assert [a[0] for a in append(2, np.float64 if kind == "dense" else np.float16)] == [(2, 2, 64)] * 2
+    assert len(c) == len(ref) == 16
+    if kind == "dense":
+        for mine, theirs in ((c._k, ref._k), (c._v, ref._v)):
+            np.testing.assert_array_equal(mine.read(), theirs.read())
+    else:
+        for mine, theirs in zip(c.codes(), ref.codes()):
+            np.testing.assert_array_equal(mine, theirs)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(c.attend(q), ref.attend(q))
+
+
+def test_attend_allocates_nothing_after_the_first(rng):
+    """Host-array attends on a GPU reuse the plan's workspace and the cache's staging buffers."""
+    c = pyfa.TurboQuantKVCache(2, 64, 4096, device=_gpu_paths_on_cpu())
+    c.append(rng.standard_normal((4096, 2, 64)), rng.standard_normal((4096, 2, 64)))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    first = c.attend(q)
+    before = pyfa.counters()
+    again = c.attend(q)
+    after = pyfa.counters()
+    assert all(after[k] == before[k] for k in ("host_allocations", "device_allocations", "plans_created"))
+    np.testing.assert_array_equal(first, again)
+
+
+def test_rejected_append_on_a_gpu_changes_nothing(rng):
+    c = pyfa.KVCache(2, 64, 10, dtype=np.float32, device=_gpu_paths_on_cpu())
+    c.append(rng.standard_normal((8, 2, 64)), rng.standard_normal((8, 2, 64)))
+    before = c._k.read(), c._v.read()
+    for k, v, match in [(rng.standard_normal((3, 2, 64)), rng.standard_normal((3, 2, 64)), "exceed capacity"),
+                        (rng.standard_normal((1, 2, 64)), rng.standard_normal((2, 2, 64)), "v: 2 tokens"),
+                        (rng.standard_normal((1, 2, 64)), rng.standard_normal((1, 2, 32)), "v: expected shape")]:
+        with pytest.raises(pyfa.InvalidArgumentError, match=match):
+            c.append(k, v)
+    assert len(c) == 8
+    np.testing.assert_array_equal(c._k.read(), before[0])
+    np.testing.assert_array_equal(c._v.read(), before[1])

@@ -28,6 +28,9 @@ static const char src_prelude[] = {
 static const char src_attn_vec[] = {
 #embed "../../shaders/cuda/attn_vec.cu"
 , 0};
+static const char src_kv_append[] = {
+#embed "../../shaders/cuda/kv_append.cu"
+, 0};
 static const char src_attn_prefill[] = {
 #embed "../../shaders/cuda/attn_prefill.cu"
 , 0};
@@ -62,6 +65,7 @@ static const struct {
     {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},
     {"attn_vec.cu", src_attn_vec, sizeof src_attn_vec - 1},
+    {"kv_append.cu", src_kv_append, sizeof src_kv_append - 1},
     {"attn_prefill.cu", src_attn_prefill, sizeof src_attn_prefill - 1},
     {"attn_vec_reduce.cuh", src_attn_vec_reduce, sizeof src_attn_vec_reduce - 1},
     {"vec_mma_tile.cuh", src_vec_mma_tile, sizeof src_vec_mma_tile - 1},

@@ -27,6 +27,9 @@ static const char src_flash_attn_vec[] = {
 static const char src_flash_attn_vec_reduce[] = {
 #embed "../../shaders/metal/flash_attn_vec_reduce.metal"
 , 0};
+static const char src_kv_append[] = {
+#embed "../../shaders/metal/kv_append.metal"
+, 0};
 static const char src_flash_attn_prefill[] = {
 #embed "../../shaders/metal/flash_attn_prefill.metal"
 , 0};
@@ -64,6 +67,7 @@ static const struct {
     {"pyfa_metal.h", src_pyfa_metal, sizeof src_pyfa_metal - 1},
     {"flash_attn_vec.metal", src_flash_attn_vec, sizeof src_flash_attn_vec - 1},
     {"flash_attn_vec_reduce.metal", src_flash_attn_vec_reduce, sizeof src_flash_attn_vec_reduce - 1},
+    {"kv_append.metal", src_kv_append, sizeof src_kv_append - 1},
     {"flash_attn_prefill.metal", src_flash_attn_prefill, sizeof src_flash_attn_prefill - 1},
     {"flash_attn_prefill_blk.metal", src_flash_attn_prefill_blk, sizeof src_flash_attn_prefill_blk - 1},
     {"merge_attention_states.metal", src_merge_attention_states, sizeof src_merge_attention_states - 1},

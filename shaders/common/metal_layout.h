@@ -29,6 +29,8 @@
 #define PYFA_METAL_VEC_ACC4 8
 /* Threads of the reduce kernel (lanes split a row's float4 columns). */
 #define PYFA_METAL_REDUCE_THREADS 32
+/* Threads of kv_append: one SIMD-group per cache row, lanes striding its elements. */
+#define PYFA_METAL_KV_APPEND_THREADS 32
 
 /* float4 columns of a head_dim-wide row one lane owns. */
 PYFA_METAL_FN uint32_t pyfa_metal_vec_cols_per_lane(uint32_t head_dim) {

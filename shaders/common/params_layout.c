@@ -6,6 +6,7 @@
 _Static_assert(sizeof(pyfa_flash_attn_vec_params) == 40, "pyfa_flash_attn_vec_params layout");
 _Static_assert(offsetof(pyfa_flash_attn_vec_params, scale) == 28, "pyfa_flash_attn_vec_params.scale");
 _Static_assert(sizeof(pyfa_attn_reduce_params) == 16, "pyfa_attn_reduce_params layout");
+_Static_assert(sizeof(pyfa_kv_append_params) == 24, "pyfa_kv_append_params layout");
 _Static_assert(sizeof(pyfa_flash_attn_prefill_params) == 184, "pyfa_flash_attn_prefill_params layout");
 _Static_assert(offsetof(pyfa_flash_attn_prefill_params, q_strides) == 64, "pyfa_flash_attn_prefill_params.q_strides");
 _Static_assert(offsetof(pyfa_flash_attn_prefill_params, mask_strides) == 160, "pyfa_flash_attn_prefill_params.mask_strides");

@@ -132,5 +132,35 @@ typedef struct pyfa_attn_reduce_params {
 #define PYFA_REDUCE_ARG_OUT 2
 #define PYFA_REDUCE_ARG_LSE 3 /**< without an lse the dispatcher binds out here (never written) */
 
+/* ---------------------------------------------------------------------------
+ * kv_append: writes num_tokens rows per KV head into a dense cache (K or V).
+ *   src   [num_tokens, num_kv_heads, head_dim]               f32 | f16 | bf16
+ *   cache [batch, num_kv_heads, kv_capacity, head_dim]       f32 | f16 | bf16 (written)
+ * Token i of KV head h lands in slot (write_pos + i) mod kv_capacity of
+ * sequence `sequence`; num_tokens <= kv_capacity so no two tokens share a
+ * slot, and nothing else of the cache is written. src and cache dtypes are
+ * independent: each element is widened to f32 (exact), then rounded to the
+ * cache dtype to nearest even (overflow becomes +-inf, NaN stays a NaN of
+ * unspecified payload); equal dtypes copy the bits. src must not overlap
+ * the cache. Any head_dim >= 1.
+ * Grid: (num_tokens, num_kv_heads, 1); one workgroup writes one row.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_kv_append_params {
+    uint32_t num_tokens;   /**< rows per KV head, 1..kv_capacity */
+    uint32_t num_kv_heads;
+    uint32_t head_dim;     /**< elements per row, >= 1 */
+    uint32_t kv_capacity;  /**< slots per (sequence, KV head): the cache's row stride */
+    uint32_t write_pos;    /**< slot of token 0, < kv_capacity */
+    uint32_t sequence;     /**< index into the cache's batch dimension */
+} pyfa_kv_append_params;
+
+#define PYFA_KV_APPEND_ARG_PARAMS 0
+#define PYFA_KV_APPEND_ARG_SRC 1
+#define PYFA_KV_APPEND_ARG_CACHE 2
+
+#define PYFA_KV_APPEND_FC_SRC_DTYPE 0   /**< dtype code of src */
+#define PYFA_KV_APPEND_FC_CACHE_DTYPE 1 /**< dtype code of the cache */
+#define PYFA_KV_APPEND_FC_COUNT 2
+
 #include "flash_attn_prefill_params.h"
 #include "turboquant_params.h"

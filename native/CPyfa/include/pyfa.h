@@ -101,6 +101,10 @@ void pyfa_buffer_free(pyfa_buffer *buffer);
 /* CPU-visible contents of shared storage; NULL for private storage. */
 void *pyfa_buffer_contents(pyfa_buffer *buffer);
 uint64_t pyfa_buffer_nbytes(pyfa_buffer *buffer);
+/* The address kernels use for the buffer's first byte (a device address on
+ * CUDA, a host address on the CPU and Metal backends): what a plan run takes
+ * as pyfa_tensor.address. 0 for a bad handle. */
+uint64_t pyfa_buffer_address(pyfa_buffer *buffer);
 pyfa_dtype pyfa_buffer_dtype(pyfa_buffer *buffer);
 /* Copies between host memory and a buffer (any storage). */
 int pyfa_buffer_write(pyfa_buffer *buffer, uint64_t offset, const void *src, uint64_t nbytes);
@@ -134,6 +138,14 @@ int pyfa_flash_attn_vec_plan(pyfa_device *device, pyfa_flash_attn_vec_params *pa
 int pyfa_flash_attn_vec(pyfa_encoder *encoder, const pyfa_flash_attn_vec_params *params,
                         pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v, pyfa_buffer *kv_len,
                         pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out, pyfa_buffer *lse);
+
+/* ---- dense KV cache: kv_append (contract in pyfa_params.h) ----
+ * Writes src [num_tokens, num_kv_heads, head_dim] into cache
+ * [batch, num_kv_heads, kv_capacity, head_dim] at slots (write_pos + i) mod
+ * kv_capacity of sequence params->sequence, converting to the cache's dtype,
+ * in one dispatch. Call it once for K and once for V. */
+int pyfa_kv_append(pyfa_encoder *encoder, const pyfa_kv_append_params *params, pyfa_buffer *src,
+                   pyfa_buffer *cache);
 
 /* ---- prefill: flash_attn_prefill (+ blk pre-pass), merge_attention_states ----
  * Contracts in flash_attn_prefill_params.h.

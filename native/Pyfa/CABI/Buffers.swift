@@ -48,6 +48,12 @@ public func pyfa_buffer_nbytes_impl(_ buffer: OpaquePointer?) -> UInt64 {
     return UInt64(b?.nbytes ?? 0)
 }
 
+@_cdecl("pyfa_buffer_address")
+public func pyfa_buffer_address_impl(_ buffer: OpaquePointer?) -> UInt64 {
+    let b: Buffer? = try? object(buffer, "buffer")
+    return b?.memory.deviceAddress ?? 0
+}
+
 @_cdecl("pyfa_buffer_dtype")
 public func pyfa_buffer_dtype_impl(_ buffer: OpaquePointer?) -> Int32 {
     let b: Buffer? = try? object(buffer, "buffer")

@@ -19,6 +19,7 @@ let structSizes: [String: Int] = [
     "pyfa_device_info": MemoryLayout<pyfa_device_info>.size,
     "pyfa_flash_attn_vec_params": MemoryLayout<pyfa_flash_attn_vec_params>.size,
     "pyfa_attn_reduce_params": MemoryLayout<pyfa_attn_reduce_params>.size,
+    "pyfa_kv_append_params": MemoryLayout<pyfa_kv_append_params>.size,
     "pyfa_flash_attn_prefill_params": MemoryLayout<pyfa_flash_attn_prefill_params>.size,
     "pyfa_merge_attn_params": MemoryLayout<pyfa_merge_attn_params>.size,
     "pyfa_tq_quantize_params": MemoryLayout<pyfa_tq_quantize_params>.size,

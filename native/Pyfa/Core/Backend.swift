@@ -64,6 +64,9 @@ public protocol BackendPlan {
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
     /// Threads and threadgroup memory of the decode reduce pass.
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
+    /// Threads of a kv_append workgroup (one cache row of headDim elements;
+    /// no threadgroup memory).
+    func kvAppend(headDim: UInt32) -> UInt32
     /// Prefill tile shape and threadgroup needs; depends on head_dim and the
     /// I/O dtype only, so a blk buffer built from it matches every dispatch.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry

@@ -7,7 +7,13 @@ import PyfaShaderCommon
 /// dispatcher uses; families whose tiles come from a backend plan take that plan.
 public enum KernelSpecialisations {
     public static func all(plan: BackendPlan) throws -> [(name: String, constants: [FunctionConstants])] {
-        try flashAttnVec() + prefill(plan: plan) + turboQuant()
+        try flashAttnVec() + kvAppend() + prefill(plan: plan) + turboQuant()
+    }
+
+    /// kv_append: every (src dtype, cache dtype) pair.
+    static func kvAppend() throws -> [(name: String, constants: [FunctionConstants])] {
+        let pairs = KVAppend.floatTypes.flatMap { s in KVAppend.floatTypes.map { (s, $0) } }
+        return [(KVAppend.kernel, try pairs.map { try KVAppend.constants(src: $0.0, cache: $0.1) })]
     }
 
     static let headDims: [UInt32] = supportedHeadDims.sorted()

@@ -307,6 +307,8 @@ struct CPUPlan: BackendPlan {
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
 
+    func kvAppend(headDim: UInt32) -> UInt32 { 1 }
+
     /// The CPU prefill kernel is built for one tile shape (pyfa_cpu_prefill_tile).
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         var bq: UInt32 = 0, bk: UInt32 = 0

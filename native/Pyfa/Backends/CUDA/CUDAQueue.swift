@@ -322,6 +322,10 @@ struct CUDAPlan: BackendPlan {
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
+    /// Whole warps covering a row, 32 to 128 (kv_append.cu's launch bound);
+    /// the kernel strides over longer rows.
+    func kvAppend(headDim: UInt32) -> UInt32 { min(128, max(32, (headDim + 31) / 32 * 32)) }
+
     /// One warp per row of the TurboQuant row kernels (turboquant.cu; static shared memory).
     func turboquantRows(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (32, 0) }
 

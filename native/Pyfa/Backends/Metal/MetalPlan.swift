@@ -39,6 +39,9 @@ struct MetalPlan: BackendPlan {
         (UInt32(PYFA_METAL_REDUCE_THREADS), 0)
     }
 
+    /// One SIMD-group per row (the kernel strides by PYFA_METAL_KV_APPEND_THREADS).
+    func kvAppend(headDim: UInt32) -> UInt32 { UInt32(PYFA_METAL_KV_APPEND_THREADS) }
+
     /// The tile of metal_layout.h for head_dim and the I/O element size.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         let bytes = UInt32(dtype.size)

@@ -1,0 +1,51 @@
+/*
+ * CPU body of kv_append (contract in pyfa_params.h). Included by
+ * kv_append_generic.c and kv_append_avx2.c.
+ */
+#include "cpu_simd.h"
+#include "pyfa_cpu.h"
+
+/* One row of D elements, SDT -> CDT, both compile-time constants at each call
+ * site (the switch below), so the loads and stores fold to one path. */
+PYFA_INLINE void kv_append_row(char *dst, const char *src, uint32_t D, int sdt, int cdt) {
+    uint32_t i = 0;
+    for (; i + 8 <= D; i += 8) vf8_store_as(dst, i, vf8_load_as(src, i, sdt), cdt);
+    if (i < D) { /* the last D % 8 elements, through an 8-lane staging row */
+        char in[32] = {0}, out[32];
+        memcpy(in, src + (size_t)i * dtype_size(sdt), (size_t)(D - i) * dtype_size(sdt));
+        vf8_store_as(out, 0, vf8_load_as(in, 0, sdt), cdt);
+        memcpy(dst + (size_t)i * dtype_size(cdt), out, (size_t)(D - i) * dtype_size(cdt));
+    }
+}
+
+#define KV_APPEND_CASE(S, C)                                                                       \
+    case (S) * 16 + (C): kv_append_row(dst, src, D, S, C); return;
+
+/* Token x of KV head y. */
+void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
+    (void)z, (void)scratch;
+    const pyfa_kv_append_params *p = (const pyfa_kv_append_params *)d->args[PYFA_KV_APPEND_ARG_PARAMS];
+    const int sdt = d->constants[PYFA_KV_APPEND_FC_SRC_DTYPE], cdt = d->constants[PYFA_KV_APPEND_FC_CACHE_DTYPE];
+    const uint32_t D = p->head_dim, cap = p->kv_capacity;
+    /* (write_pos + x) mod cap without forming a sum that may pass 2^32. */
+    const uint32_t slot = x >= cap - p->write_pos ? x - (cap - p->write_pos) : x + p->write_pos;
+    const char *src = (const char *)d->args[PYFA_KV_APPEND_ARG_SRC] +
+                      ((size_t)x * p->num_kv_heads + y) * D * dtype_size(sdt);
+    char *dst = (char *)d->args[PYFA_KV_APPEND_ARG_CACHE] +
+                (((size_t)p->sequence * p->num_kv_heads + y) * cap + slot) * D * dtype_size(cdt);
+    if (sdt == cdt && (sdt == PYFA_DTYPE_F32 || sdt == PYFA_DTYPE_F16 || sdt == PYFA_DTYPE_BF16)) {
+        memcpy(dst, src, (size_t)D * dtype_size(sdt));
+        return;
+    }
+    switch (sdt * 16 + cdt) {
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_F16)
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F16)
+    default: pyfa_cpu_fail(d, "unsupported src / cache dtype %d / %d", sdt, cdt); return;
+    }
+}
+
+#undef KV_APPEND_CASE

@@ -1,0 +1,2 @@
+/* Baseline-ISA build of kv_append. */
+#include "kv_append_body.h"

@@ -1,0 +1,43 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// Dense KV-cache append: num_tokens rows per KV head written (and converted
+/// to the cache's dtype) into ring slots of a cache, one dispatch per K or V.
+/// Contract: pyfa_params.h, `pyfa_kv_append_params`.
+public enum KVAppend {
+    static let kernel = "kv_append"
+    static let floatTypes: [DType] = attentionFloatTypes
+
+    static func constants(src: DType, cache: DType) throws -> FunctionConstants {
+        try FunctionConstants(count: PYFA_KV_APPEND_FC_COUNT, [
+            PYFA_KV_APPEND_FC_SRC_DTYPE: src.rawValue,
+            PYFA_KV_APPEND_FC_CACHE_DTYPE: cache.rawValue,
+        ])
+    }
+
+    public static func encode(_ encoder: CommandEncoder, _ p: pyfa_kv_append_params, src: Buffer?,
+                              cache: Buffer?) throws {
+        try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
+        try require(p.head_dim > 0, "head_dim: must be > 0")
+        try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
+                    "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
+        try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")
+        let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src")
+        let cacheElements = try checkedProduct([Int(p.sequence) + 1, Int(p.num_kv_heads), Int(p.kv_capacity),
+                                                Int(p.head_dim)], what: "cache")
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements)
+        let cache = try Check.buffer(cache, "cache", dtypes: floatTypes, elements: cacheElements)
+        try Check.sameDevice([src, cache], encoder.device)
+        try Check.noOverlap(cache, "cache", inputs: [("src", src)])
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants(src: src.dtype,
+                                                                                        cache: cache.dtype))
+        encoder.setOpKind(.other)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_KV_APPEND_ARG_PARAMS), .value(p)),
+            (Int(PYFA_KV_APPEND_ARG_SRC), .buffer(src)),
+            (Int(PYFA_KV_APPEND_ARG_CACHE), .buffer(cache)),
+        ], grid: (p.num_tokens, p.num_kv_heads, 1),
+           threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
+    }
+}

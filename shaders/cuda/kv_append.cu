@@ -1,0 +1,32 @@
+/*
+ * kv_append on CUDA (contract: pyfa_params.h): one block writes one cache
+ * row, threads striding over its elements (consecutive threads, consecutive
+ * elements: coalesced). Conversions widen to f32 (exact) and round to the
+ * cache dtype to nearest even (cvt.rn); equal dtypes copy the bits.
+ */
+#include "pyfa_cuda.cuh"
+
+constexpr int kv_append_max_threads = 128;
+
+template <int SDT, int CDT>
+__device__ void kv_append_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_float_dtype(CDT), "kv_append: src / cache dtype");
+    const pyfa_kv_append_params &p = pyfa_param<pyfa_kv_append_params>(a, PYFA_KV_APPEND_ARG_PARAMS);
+    constexpr int SSZ = SDT == PYFA_DTYPE_F32 ? 4 : 2, CSZ = CDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const uint32_t token = blockIdx.x, head = blockIdx.y, D = p.head_dim, cap = p.kv_capacity;
+    /* (write_pos + token) mod cap without forming a sum that may pass 2^32. */
+    const uint32_t slot = token >= cap - p.write_pos ? token - (cap - p.write_pos) : token + p.write_pos;
+    const char *src = pyfa_ptr<const char>(a, PYFA_KV_APPEND_ARG_SRC) +
+                      ((size_t)token * p.num_kv_heads + head) * D * SSZ;
+    char *dst = pyfa_ptr<char>(a, PYFA_KV_APPEND_ARG_CACHE) +
+                (((size_t)p.sequence * p.num_kv_heads + head) * cap + slot) * D * CSZ;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+        if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
+            reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
+        } else if constexpr (SDT == CDT) {
+            reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
+        } else {
+            pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
+        }
+    }
+}

@@ -1,0 +1,236 @@
+"""KVCache and TurboQuantKVCache on the cuda device with GPU arrays: torch /
+cupy tensors read in place, encoded (kv_append, hadamard_quantize_kv) and
+attended on the caller's stream without waiting, results in the caller's
+framework; host arrays beside them through the cache's staging buffer; every
+rule for device tensors. Each GPU case skips without a CUDA device, torch
+with CUDA or cupy."""
+import numpy as np
+import pytest
+
+import pyfa
+from pyfa import reference
+
+gpu = pytest.mark.skipif("cuda" not in pyfa.available_backends(), reason="no CUDA device here")
+FLOATS = {"float32": np.float32, "float16": np.float16, "bfloat16": pyfa.bfloat16}
+TOL = 2e-5  # decode against the float64 reference on the same rounded K/V (tests/test_cuda.py)
+SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU clock: long enough to see a call return before it
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+def _cuda(torch, a):
+    """A CUDA tensor holding the values of the numpy array ``a`` in its dtype."""
+    dtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+             pyfa.bfloat16: torch.bfloat16}[np.dtype(a.dtype)]
+    return torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))).to(dtype).cuda()
+
+
+def _pair(kind, dev, cache_dtype=np.float16, cap=48, window=40):
+    """Two equal caches: one fed GPU arrays, one host arrays."""
+    if kind == "dense":
+        return [pyfa.KVCache(2, 128, cap, dtype=cache_dtype, sliding_window=window, device=dev) for _ in range(2)]
+    return [pyfa.TurboQuantKVCache(2, 128, cap, k_bits=4, v_bits=3, sliding_window=window, device=dev)
+            for _ in range(2)]
+
+
+def _stored(c):
+    """The bytes a cache holds (slots never written hold whatever the allocation held)."""
+    return [b.view(np.uint8) for b in ([c._k.read(), c._v.read()] if isinstance(c, pyfa.KVCache) else c.codes())]
+
+
+@gpu
+@pytest.mark.parametrize("kind, cache_dtype", [("dense", d) for d in FLOATS] + [("tq", "float16")])
+@pytest.mark.parametrize("src", list(FLOATS))
+def test_device_appends_equal_host_appends(rng, kind, src, cache_dtype):
+    torch = _torch()
+    dev = pyfa.Device("cuda")
+    ours, twin = _pair(kind, dev, FLOATS[cache_dtype])
+    k = rng.standard_normal((90, 2, 128)).astype(FLOATS[src])
+    v = rng.standard_normal((90, 2, 128)).astype(FLOATS[src])
+    for part in (slice(0, 1), slice(1, 30), slice(30, 90)):  # the last append is longer than the ring
+        ours.append(_cuda(torch, k[part]), _cuda(torch, v[part]))
+        twin.append(k[part], v[part])
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    out = ours.attend(_cuda(torch, q))
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.float32 and out.shape == (8, 128)
+    torch.cuda.synchronize()
+    for mine, theirs in zip(_stored(ours), _stored(twin)):
+        np.testing.assert_array_equal(mine, theirs)
+    np.testing.assert_array_equal(out.cpu().numpy(), twin.attend(q))
+    if kind == "dense":
+        kk = k[-40:].astype(FLOATS[cache_dtype]).transpose(1, 0, 2)
+        vv = v[-40:].astype(FLOATS[cache_dtype]).transpose(1, 0, 2)
+        np.testing.assert_allclose(out.cpu().numpy(), reference.decode_attention(q, kk, vv, 40), atol=TOL, rtol=0)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_side_stream_append_returns_before_the_work(rng, kind):
+    """Work on a side stream: the append returns while the stream is still busy (pyfa did not
+    wait), and work queued after pyfa's on that stream sees its result."""
+    torch = _torch()
+    dev = pyfa.Device("cuda")
+    ours, twin = _pair(kind, dev)
+    k = rng.standard_normal((20, 2, 128)).astype(np.float16)
+    q = rng.standard_normal((8, 128)).astype(np.float16)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        tk, tq = _cuda(torch, k), _cuda(torch, q)
+        ours.append(tk[:1], tk[:1])  # compiles the kernels before the timed part
+        torch.cuda._sleep(SLEEP_CYCLES)
+        ours.append(tk[1:], 2 * tk[1:])
+        assert not s.query(), "append waited for the stream"
+        doubled = ours.attend(tq) * 2
+    s.synchronize()
+    twin.append(k[:1], k[:1])
+    twin.append(k[1:], 2 * k[1:])
+    np.testing.assert_array_equal(doubled.cpu().numpy(), 2 * twin.attend(q))
+
+
+@gpu
+def test_default_stream_append_returns_before_the_work(rng):
+    torch = _torch()
+    c = pyfa.KVCache(2, 128, 64, device=pyfa.Device("cuda"))
+    tk = _cuda(torch, rng.standard_normal((10, 2, 128)).astype(np.float16))
+    c.append(tk[:1], tk[:1])
+    torch.cuda._sleep(SLEEP_CYCLES)
+    c.append(tk[1:], tk[1:])
+    assert not torch.cuda.current_stream().query(), "append waited for the default stream"
+    torch.cuda.synchronize()
+    assert len(c) == 10
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_attend_returns_before_the_work(rng, kind):
+    torch = _torch()
+    c = _pair(kind, pyfa.Device("cuda"))[0]
+    tk = _cuda(torch, rng.standard_normal((10, 2, 128)).astype(np.float16))
+    tq = _cuda(torch, rng.standard_normal((8, 128)).astype(np.float16))
+    c.append(tk, tk)
+    c.attend(tq)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    c.attend(tq)
+    assert not torch.cuda.current_stream().query(), "attend waited for the stream"
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_host_and_device_inputs_mix(rng, kind):
+    """Host rows (staged) and device rows into one cache; host and device queries of it."""
+    torch = _torch()
+    ours, twin = _pair(kind, pyfa.Device("cuda"))
+    k = rng.standard_normal((30, 2, 128))
+    ours.append(k[:10], k[:10])  # float64 host rows
+    ours.append(_cuda(torch, k[10:].astype(np.float32)), _cuda(torch, k[10:].astype(np.float32)))
+    twin.append(k[:10], k[:10])
+    twin.append(k[10:].astype(np.float32), k[10:].astype(np.float32))
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    on_host = ours.attend(q)  # host q: pyfa's own stream, after the default stream's work; waits
+    assert isinstance(on_host, np.ndarray)
+    on_device = ours.attend(_cuda(torch, q))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(on_host, twin.attend(q))
+    np.testing.assert_array_equal(on_device.cpu().numpy(), on_host)
+
+
+@gpu
+def test_host_appends_reuse_the_staging_buffer(rng, monkeypatch):
+    allocated = []
+    original = pyfa.Device.buffer
+
+    def buffer(self, shape, dtype, storage="shared"):
+        allocated.append(storage)
+        return original(self, shape, dtype, storage)
+    monkeypatch.setattr(pyfa.Device, "buffer", buffer)
+    c = pyfa.KVCache(2, 128, 64, device=pyfa.Device("cuda"))
+    k = rng.standard_normal((40, 2, 128)).astype(np.float32)
+    c.append(k[:8], k[:8])
+    staging = dict(c._staging)
+    del allocated[:]
+    for i in range(8, 40, 4):
+        c.append(k[i:i + 4], k[i:i + 4])
+    assert allocated == [] and c._staging == staging  # no buffer, pinned or not, after the first append
+    np.testing.assert_array_equal(c._k.read()[:, :40], k.astype(np.float16).transpose(1, 0, 2))
+
+
+@gpu
+def test_empty_cache_attend_gives_device_zeros(rng):
+    torch = _torch()
+    for c in _pair("dense", pyfa.Device("cuda"))[:1] + _pair("tq", pyfa.Device("cuda"))[:1]:
+        out = c.attend(_cuda(torch, rng.standard_normal((4, 128)).astype(np.float32)))
+        assert out.is_cuda and out.shape == (4, 128) and not out.any()
+
+
+class _HostMemoryCai:
+    """A __cuda_array_interface__ that points at host memory."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": "<f4", "data": (a.ctypes.data, False),
+                                         "version": 3}
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_device_tensor_rules(rng, kind):
+    torch = _torch()
+    dev = pyfa.Device("cuda")
+    c = _pair(kind, dev)[0]
+    good = _cuda(torch, rng.standard_normal((3, 2, 128)).astype(np.float16))
+    c.append(good, good)
+    before = _stored(c)
+    host = good.cpu().numpy()
+    for k, v, match in [
+        (good.double(), good, "k: torch dtype torch.float64 not supported"),
+        (good, good.to(torch.int32), "v: dtype int32 not accepted"),
+        (good[:, :1], good[:, :1], "k: expected shape"),
+        (good, good[:2], "v: 2 tokens, k has 3"),
+        (good, host, "v: must be a GPU array like k"),
+        (host, good, "v: must be a host array like k"),
+        (_HostMemoryCai(np.zeros((3, 2, 128), np.float32)), _HostMemoryCai(np.zeros((3, 2, 128), np.float32)),
+         "k: data: .*not CUDA device memory"),
+    ]:
+        with pytest.raises(pyfa.InvalidArgumentError, match=match):
+            c.append(k, v)
+    for q, match in [(_cuda(torch, np.ones((8, 64), np.float32)), "q: expected shape"),
+                     (torch.ones(8, 128, dtype=torch.float64, device="cuda"), "q: torch dtype torch.float64")]:
+        with pytest.raises(pyfa.InvalidArgumentError, match=match):
+            c.attend(q)
+    if torch.cuda.device_count() > 1:
+        other = good.to("cuda:1")
+        with pytest.raises(pyfa.InvalidArgumentError, match="k: on CUDA device 1"):
+            c.append(other, other)
+    torch.cuda.synchronize()
+    assert len(c) == 3
+    for mine, theirs in zip(_stored(c), before):
+        np.testing.assert_array_equal(mine, theirs)
+    on_cpu = pyfa.KVCache(2, 128, 8, device="cpu")
+    with pytest.raises(pyfa.InvalidArgumentError, match="k: a GPU array needs a GPU device; the device is 'cpu'"):
+        on_cpu.append(good, good)
+    with pytest.raises(pyfa.InvalidArgumentError, match="x: quantize takes host arrays"):
+        pyfa.turboquant.quantize(good[:, 0], 4, device=dev)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_cupy_in_place(rng, kind):
+    cupy = pytest.importorskip("cupy")
+    ours, twin = _pair(kind, pyfa.Device("cuda"))
+    k = rng.standard_normal((50, 2, 128)).astype(np.float16)
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    ours.append(cupy.asarray(k), cupy.asarray(k))
+    twin.append(k, k)
+    out = ours.attend(cupy.asarray(q))
+    assert isinstance(out, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(out), twin.attend(q))
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        with pytest.raises(pyfa.InvalidArgumentError, match="v: a torch array, k is a cupy array"):
+            ours.append(cupy.asarray(k), _cuda(torch, k))
