@@ -129,19 +129,17 @@ def scratch(device: Device, nbytes: int, like: GpuArray | None = None) -> Buffer
     return temporary(device, (nbytes // 4,), np.float32, like) if nbytes else None
 
 
-# CUDA's handle of the legacy default stream (CU_STREAM_LEGACY). torch and
-# cupy report their default stream as 0, which pyfa_encoder_set_stream reads
-# as the encoder's own stream: work would then order with theirs only through
-# the legacy stream's implicit barriers, and freeing the encoder would wait
-# for its own stream. This handle queues it on the caller's stream itself.
-_CU_STREAM_LEGACY = 1
-
-
 def encoder(device: Device, like: GpuArray | None = None):
-    """An encoder; bound to `like`'s stream when given."""
-    enc = device.encoder()
-    if like is not None:
-        check(lib.pyfa_encoder_set_stream(enc, like.stream or _CU_STREAM_LEGACY))
+    """An encoder; for GPU arrays this thread's encoder, bound to `like`'s
+    stream (GpuArray.stream: the legacy default stream as CU_STREAM_LEGACY)
+    and emptied of anything a failed call left recorded, so no stream is
+    created or destroyed per call."""
+    if like is None:
+        return device.encoder()
+    from . import _plans
+
+    enc = _plans.encoder(device, like.stream)
+    check(lib.pyfa_encoder_reset(enc))
     return enc
 
 

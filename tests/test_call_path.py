@@ -203,12 +203,12 @@ def test_gpu_steady_state_call_allocates_and_waits_for_nothing(rng):
     q, k, v = _torch_inputs(torch, rng)
     lens = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
     dev = pyfa.Device("cuda")
-    out = pyfa.decode_attention(q, k, v, lens, device=dev)
+    out = pyfa.decode_attention(q, k, v, lens, device=dev, out_dtype=np.float32)
     for host_lens in ([1000, 333], 700):
-        pyfa.decode_attention(q, k, v, host_lens, device=dev)
+        pyfa.decode_attention(q, k, v, host_lens, device=dev, out_dtype=np.float32)
     before = pyfa.counters()
     for _ in range(50):
-        pyfa.decode_attention(q, k, v, lens, device=dev)
+        pyfa.decode_attention(q, k, v, lens, device=dev, out_dtype=np.float32)
         pyfa.decode_attention(q, k, v, [1000, 333], device=dev)
     d = _delta(before, pyfa.counters())
     assert d["device_allocations"] == 0 and d["pinned_allocations"] == 0 and d["plans_created"] == 0
@@ -225,7 +225,7 @@ def test_gpu_device_lengths_are_clamped_not_trusted(rng):
     q, k, v = _torch_inputs(torch, rng, cap=300)
     dev = pyfa.Device("cuda")
     lens = torch.tensor([5000, -7], dtype=torch.int32, device="cuda")
-    out = pyfa.decode_attention(q, k, v, lens, device=dev)
+    out = pyfa.decode_attention(q, k, v, lens, device=dev, out_dtype=np.float32)
     torch.cuda.synchronize()
     got = _host(torch, out)
     ref = _ref(_host(torch, q)[:1], _host(torch, k)[:1], _host(torch, v)[:1], [300])
@@ -258,7 +258,7 @@ def test_gpu_large_batch_of_host_lengths(rng):
     B = 600
     q, k, v = _torch_inputs(torch, rng, B=B, H=2, Hkv=1, D=64, cap=40, dtype="float16")
     lens = rng.integers(1, 41, B)
-    out = pyfa.decode_attention(q, k, v, lens.tolist(), device=pyfa.Device("cuda"))
+    out = pyfa.decode_attention(q, k, v, lens.tolist(), device=pyfa.Device("cuda"), out_dtype=np.float32)
     torch.cuda.synchronize()
     np.testing.assert_allclose(_host(torch, out), _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens),
                                atol=2e-5, rtol=0)
@@ -274,17 +274,17 @@ def test_cuda_graph_replay_sees_new_inputs_and_outlives_the_plan(rng):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm up (plans, compiles) outside the capture
-        pyfa.decode_attention(q, k, v, lens, device=dev, out=out)
+        pyfa.decode_attention(q, k, v, lens, device=dev, out=out, out_dtype=np.float32)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        pyfa.decode_attention(q, k, v, lens, device=dev, out=out)
+        pyfa.decode_attention(q, k, v, lens, device=dev, out=out, out_dtype=np.float32)
     for step in range(3):
         q.copy_(torch.randn_like(q))
         k[:, :, :100].copy_(torch.randn_like(k[:, :, :100]))
         lens.copy_(torch.tensor([2048 - 300 * step, 900 + step], dtype=torch.int32))
         g.replay()
-        eager = pyfa.decode_attention(q, k, v, lens, device=dev)
+        eager = pyfa.decode_attention(q, k, v, lens, device=dev, out_dtype=np.float32)
         torch.cuda.synchronize()
         np.testing.assert_array_equal(_host(torch, out), _host(torch, eager))
         ref = _ref(_host(torch, q), _host(torch, k), _host(torch, v), lens.cpu().numpy())

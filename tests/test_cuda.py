@@ -76,7 +76,7 @@ def test_torch_in_place_same_kind_out(rng, dtype):
     q, k, v = _inputs(rng, dtype=np_dtype)
     to = lambda a: torch.from_numpy(a.astype(np.float32)).to(getattr(torch, dtype)).cuda()
     tq, tk, tv = to(q), to(k), to(v)
-    out = pyfa.decode_attention(tq, tk, tv, [700, 333], device=dev)
+    out = pyfa.decode_attention(tq, tk, tv, [700, 333], device=dev, out_dtype=np.float32)
     assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.float32
     torch.cuda.synchronize()
     ref = reference.decode_attention(q, k, v, [700, 333])
@@ -92,7 +92,7 @@ def test_torch_on_side_stream_and_out(rng):
     with torch.cuda.stream(s):
         tq, tk, tv = (torch.from_numpy(a).cuda() for a in (q, k, v))
         out = torch.full((2, 8, 128), float("nan"), device="cuda")
-        res = pyfa.decode_attention(tq, tk, tv, 512, device=dev, out=out)
+        res = pyfa.decode_attention(tq, tk, tv, 512, device=dev, out=out, out_dtype=np.float32)
         # Work queued on s after pyfa's sees its result without a host sync.
         doubled = out * 2
     s.synchronize()
@@ -116,7 +116,7 @@ def test_torch_non_contiguous_is_made_contiguous(rng):
     tk = torch.from_numpy(np.ascontiguousarray(k.transpose(0, 1, 3, 2))).cuda().transpose(2, 3)
     assert not tk.is_contiguous()
     out = pyfa.decode_attention(torch.from_numpy(q).cuda(), tk, torch.from_numpy(v).cuda(), 600,
-                                device=pyfa.Device("cuda"))
+                                device=pyfa.Device("cuda"), out_dtype=np.float32)
     np.testing.assert_allclose(out.cpu().numpy(), reference.decode_attention(q, k, v, 600), atol=TOL, rtol=0)
 
 
@@ -126,7 +126,7 @@ def test_cupy_in_place(rng, dtype):
     cupy = pytest.importorskip("cupy")
     q, k, v = _inputs(rng, dtype=dtype)
     out = pyfa.decode_attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), [5, 700],
-                                device=pyfa.Device("cuda"))
+                                device=pyfa.Device("cuda"), out_dtype=np.float32)
     assert isinstance(out, cupy.ndarray)
     cupy.cuda.get_current_stream().synchronize()
     np.testing.assert_allclose(cupy.asnumpy(out), reference.decode_attention(q, k, v, [5, 700]), atol=TOL, rtol=0)

@@ -115,6 +115,9 @@ int pyfa_encoder_new(pyfa_encoder **out, pyfa_device *device);
 void pyfa_encoder_free(pyfa_encoder *encoder);
 /* Submits everything recorded so far. */
 int pyfa_encoder_commit(pyfa_encoder *encoder);
+/* Drops what was recorded and not committed (after a failed call), so a
+ * reused encoder starts empty. */
+int pyfa_encoder_reset(pyfa_encoder *encoder);
 /* Blocks until submitted work finishes; reports execution errors. */
 int pyfa_encoder_wait(pyfa_encoder *encoder);
 /* Seconds the device spent executing the submissions the last wait

@@ -20,6 +20,11 @@ public func pyfa_encoder_commit_impl(_ encoder: OpaquePointer?) -> Int32 {
     abiCall { try (object(encoder, "encoder") as CommandEncoder).commit() }
 }
 
+@_cdecl("pyfa_encoder_reset")
+public func pyfa_encoder_reset_impl(_ encoder: OpaquePointer?) -> Int32 {
+    abiCall { (try object(encoder, "encoder") as CommandEncoder).reset() }
+}
+
 @_cdecl("pyfa_encoder_device_seconds")
 public func pyfa_encoder_device_seconds_impl(_ encoder: OpaquePointer?, _ seconds: UnsafeMutablePointer<Double>?) -> Int32 {
     abiCall {

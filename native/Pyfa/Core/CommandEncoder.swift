@@ -62,6 +62,13 @@ public final class CommandEncoder {
 
     public func wait() throws { try queue.wait() }
 
+    /// Forgets what was recorded since the last commit.
+    public func reset() {
+        recorded.removeAll()
+        segmentRanges.removeAll()
+        pendingOpKind = .other
+    }
+
     /// Device execution seconds of what the last `wait` completed (nil: the
     /// backend has no device clock).
     public var lastDeviceSeconds: Double? { queue.lastDeviceSeconds }
