@@ -209,7 +209,7 @@ def test_gpu_steady_state_call_allocates_and_waits_for_nothing(rng):
     before = pyfa.counters()
     for _ in range(50):
         pyfa.decode_attention(q, k, v, lens, device=dev, out_dtype=np.float32)
-        pyfa.decode_attention(q, k, v, [1000, 333], device=dev)
+        pyfa.decode_attention(q, k, v, [1000, 333], device=dev, out_dtype=np.float32)
     d = _delta(before, pyfa.counters())
     assert d["device_allocations"] == 0 and d["pinned_allocations"] == 0 and d["plans_created"] == 0
     assert d["synchronizations"] == 0 and d["host_to_device_copies"] == 0 and d["device_to_host_copies"] == 0
