@@ -345,10 +345,12 @@ def test_fused_tail_is_bit_identical(device, D, bits):
     cache = pyfa.TurboQuantKVCache(2, D, 600, k_bits=bits, v_bits=bits, seed=bits, device=device)
     cache.append(rng.standard_normal((600, 2, D)), rng.standard_normal((600, 2, D)))
     q = rng.standard_normal((4, D)).astype(np.float32)
-    for nwg in (None, 1, 2, 5):
-        a = cache.attend(q, fused=True, nwg=nwg)
-        b = cache.attend(q, fused=False, nwg=nwg)
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    for nwg in (None, 1, 2, 5):  # every output dtype once: each tail stores out once, from the same f32 row
+        for dtype in (np.float32, np.float16, pyfa.bfloat16) if nwg == 2 else (np.float32,):
+            a, la = cache.attend(q, fused=True, nwg=nwg, out_dtype=dtype, return_lse=True)
+            b, lb = cache.attend(q, fused=False, nwg=nwg, out_dtype=dtype, return_lse=True)
+            assert a.dtype == dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+            assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
 
 
 def test_attention_accuracy_4bit():

@@ -55,16 +55,6 @@ def test_every_output_dtype_and_lse_on_every_tail(device, rng, nwg, fused, bits)
         check_lse(lse, ref_lse)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_fused_tail_is_bit_identical_in_every_dtype(device, rng, dtype):
-    cache = filled_cache(device, rng, 2, 64, 500, 500)
-    q = rng.standard_normal((4, 64)).astype(np.float32)
-    for nwg in (2, 5):
-        a, la = cache.attend(q, fused=True, nwg=nwg, out_dtype=dtype, return_lse=True)
-        b, lb = cache.attend(q, fused=False, nwg=nwg, out_dtype=dtype, return_lse=True)
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)) and np.array_equal(la, lb)
-
-
 @pytest.mark.parametrize("qdtype", [np.float16, pyfa.bfloat16, np.float64])
 def test_default_output_dtype_and_empty_cache(device, rng, qdtype):
     """Default out dtype: q's (float64 q is read as float32). An empty cache: zeros and LSE -inf."""

@@ -119,13 +119,14 @@ final class CPUQueueTests: XCTestCase {
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)),
             (Int(PYFA_VEC_ARG_K), .buffer(k)), (Int(PYFA_VEC_ARG_V), .buffer(v)),
             (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)), (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            (Int(PYFA_VEC_ARG_OUT), .buffer(out)), (Int(PYFA_VEC_ARG_LSE), .buffer(out)),
         ]
         let scratch = device.backend.plan.flashAttnVec(p, kvDType: .f32, maxKvLen: UInt32(cap)).threadgroupMemory
         func dispatch(headDim: Int32, kvDType: Int32) throws -> PyfaError? {
             let constants = try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
                 PYFA_VEC_FC_Q_DTYPE: DType.f32.rawValue, PYFA_VEC_FC_KV_DTYPE: kvDType, PYFA_VEC_FC_HEAD_DIM: headDim,
                 PYFA_VEC_FC_HAS_SOFTCAP: 0, PYFA_VEC_FC_DIRECT_OUT: 1, PYFA_VEC_FC_VARIANT: PYFA_VEC_VARIANT_PORTABLE,
+                PYFA_VEC_FC_OUT_DTYPE: DType.f32.rawValue, PYFA_VEC_FC_HAS_LSE: 0,
             ])
             let pipeline = try device.registry.pipeline("flash_attn_vec", constants: constants)
             let encoder = try device.makeEncoder()
