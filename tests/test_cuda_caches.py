@@ -82,8 +82,9 @@ def test_side_stream_append_returns_before_the_work(rng, kind):
     with torch.cuda.stream(s):
         tk, tq = _cuda(torch, k), _cuda(torch, q)
         ours.append(tk[:1], tk[:1])  # compiles the kernels before the timed part
+        tv = 2 * tk[1:]  # before the sleep: torch may allocate (and cudaMalloc may wait) for it
         torch.cuda._sleep(SLEEP_CYCLES)
-        ours.append(tk[1:], 2 * tk[1:])
+        ours.append(tk[1:], tv)
         assert not s.query(), "append waited for the stream"
         doubled = ours.attend(tq) * 2
     s.synchronize()
