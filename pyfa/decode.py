@@ -1,9 +1,11 @@
 """Decode attention over a dense KV cache (flash_attn_vec + reduce)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from . import _args, _io, _plans, dtypes
+from . import _args, _io, _plans, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Device
 from .errors import check, invalid
@@ -57,8 +59,13 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     >>> pyfa.decode_attention(q, k, k, kv_len=5).shape
     (4, 64)
     """
+    if (out is None and out_dtype is None and return_lse is False and scale is None and window is None
+            and type(softcap) is float and softcap == 0.0 and type(ring_start) is int and ring_start == 0):
+        result = _repeat_call(q, k_cache, v_cache, kv_len, device)
+        if result is not None:
+            return result
     device = _args.device_arg(device)
-    q_arg, out_arg = q, out
+    q_arg, out_arg, scale_arg = q, out, scale
     return_lse = return_lse if return_lse is False else _args.bool_arg(return_lse, "return_lse")
     q = _io.as_array(q, "q", ndims=(2, 3), gpu=True)
     out_dtype = q.dtype if out_dtype is None else _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES)
@@ -96,7 +103,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
                                      return_lse)
     else:
         result, lse = _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out,
-                                      out_dtype, return_lse)
+                                      out_dtype, return_lse, repeatable=scale_arg is None and not single)
     if single:
         result = result[0]
         lse = None if lse is None else lse[0]
@@ -104,8 +111,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     return (result, _io.host_result(lse, q_arg)) if return_lse else result
 
 
-def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse):
-    """Arrays the device reads in place: a cached plan, run on this thread's encoder."""
+def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse,
+                    repeatable=False):
+    """Arrays the device reads in place: a cached plan, run on this thread's encoder.
+    `repeatable`: the call used every default the repeat path assumes (scale too)."""
     B, H, D = q.shape
     Hkv, capacity = k.shape[1], k.shape[2]
     lens = _io.sequence_values(kv_len, "kv_len", B, like)
@@ -138,6 +147,9 @@ def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, so
     args.kv_capacity = capacity
     stream = like.stream if like is not None else 0
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, stream), args)
+    if repeatable and like is not None and like.kind == "torch" and out is None and not return_lse \
+            and out_dtype == q.dtype and type(ring_start) is int and ring_start == 0 and window == 0 and softcap == 0.0:
+        _remember(device, q, k, v, kv_len, lens, plan, args, capacity)
     return result, lse
 
 
@@ -169,3 +181,87 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
     if return_lse:
         _io.finish(device, lse, lse_buf)
     return result, lse
+
+
+# ---- the repeat path ---------------------------------------------------------------------------------
+# A model calls decode with the same shapes, dtypes and defaults every step. After one such call on
+# torch CUDA tensors has gone through every check above, its plan and its run-argument struct are
+# kept (per thread) under everything those checks looked at: the device, each tensor's shape, dtype
+# and GPU, and how kv_len came (an int, by power-of-two bucket, or an int32 tensor). A later call that
+# matches runs with only what changes checked here: contiguity, the kv_len value (or the tensor's
+# dtype, size and GPU), and the addresses. Anything else takes the full path above.
+_repeat = threading.local()
+_torch_tensor = None
+_torch_int32 = None
+
+
+def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
+    global _torch_tensor, _torch_int32
+    t = q.obj
+    if _torch_tensor is None:
+        import torch
+
+        _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
+    if type(t) is not _torch_tensor or type(k.obj) is not _torch_tensor or type(v.obj) is not _torch_tensor:
+        return
+    table = getattr(_repeat, "table", None)
+    if table is None:
+        table = _repeat.table = {}
+    B = q.shape[0]
+    if lens.gpu is None:
+        if type(kv_len) is not int:
+            return
+        kind = 1 << max(0, kv_len - 1).bit_length()
+        host = ffi.new("int32_t[]", B)
+    else:
+        if type(lens.gpu.obj) is not _torch_tensor:
+            return
+        kind, host = -1, None
+    key = (device, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, t.get_device(),
+           k.obj.get_device(), v.obj.get_device())
+    reused = ffi.new("pyfa_decode_run_args *", args[0])
+    reused.kv_len.host = host if host is not None else ffi.NULL
+    reused.ring_start.host = ffi.new("int32_t[]", B)  # zeros
+    table[key] = (plan, reused, host, B, capacity, t.shape, t.get_device(), reused.ring_start.host)
+    if len(table) > 64:
+        table.pop(next(iter(table)))
+
+
+def _repeat_call(q, k, v, kv_len, device):
+    """The result of a call matching a remembered one, or None (take the full path)."""
+    T = _torch_tensor
+    table = getattr(_repeat, "table", None)
+    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
+        return None
+    tl = type(kv_len)
+    if tl is int:
+        if kv_len < 1:
+            return None
+        kind = 1 << (kv_len - 1).bit_length()
+    elif tl is T:
+        kind = -1
+    else:
+        return None
+    if device is None:
+        device = _args.device_arg(None)
+    key = (device, kind, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+           v.get_device())
+    entry = table.get(key)
+    if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    plan, args, host, B, capacity, shape, gpu, _zeros = entry
+    if kind == -1:
+        if kv_len.dtype != _torch_int32 or kv_len.get_device() != gpu or kv_len.numel() != B or kv_len.dim() > 1 \
+                or not kv_len.is_contiguous():
+            return None
+        args.kv_len.device.address, args.kv_len.device.nbytes = kv_len.data_ptr(), 4 * B
+    else:
+        if kv_len > capacity:
+            return None
+        for i in range(B):
+            host[i] = kv_len
+    out = q.new_empty(shape)
+    args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
+    args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
+    _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop._torch_stream(gpu) or 1), args)
+    return out

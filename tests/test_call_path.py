@@ -364,3 +364,41 @@ def test_tq_decode_plan_rules(cpu):
     d.tq.k_bits = 5
     assert lib.pyfa_tq_decode_plan_new(out, cpu.handle, d) == lib.PYFA_ERR_INVALID_ARGUMENT
     assert "k_bits" in _last_error()
+
+
+@gpu
+def test_gpu_repeated_calls_keep_every_rule(rng):
+    """A call repeating an earlier one's shapes and defaults takes the short path; the results
+    and every rule stay those of the full path."""
+    torch = pytest.importorskip("torch")
+    from pyfa import decode
+
+    dev = pyfa.Device("cuda")
+    q, k, v = _torch_inputs(torch, rng, B=2, cap=512)
+    first = pyfa.decode_attention(q, k, v, 400, device=dev)
+    assert getattr(decode._repeat, "table", None), "the first call was not remembered"
+    host = lambda x: _host(torch, x)
+    for n in (400, 300, 512):  # 300 is another length bucket: full path, then remembered too
+        got = pyfa.decode_attention(q, k, v, n, device=dev)
+        assert got.dtype == q.dtype and got.shape == q.shape
+        ref = _ref(host(q), host(k), host(v), [n, n])
+        np.testing.assert_allclose(host(got), ref, atol=1e-2, rtol=0)  # bf16 output: half an ulp at |x| < 2
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(host(first), host(pyfa.decode_attention(q, k, v, 400, device=dev)))
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len\[0\]: 513 must be in 1...kv_capacity \(512\)"):
+        pyfa.decode_attention(q, k, v, 513, device=dev)
+    lens = torch.tensor([512, 100], dtype=torch.int32, device="cuda")
+    pyfa.decode_attention(q, k, v, lens, device=dev)
+    got = pyfa.decode_attention(q, k, v, lens, device=dev)
+    np.testing.assert_allclose(host(got), _ref(host(q), host(k), host(v), [512, 100]), atol=1e-2, rtol=0)
+    with pytest.raises(pyfa.InvalidArgumentError, match="kv_len: GPU values must be int32"):
+        pyfa.decode_attention(q, k, v, lens.long(), device=dev)
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len: expected 2 values"):
+        pyfa.decode_attention(q, k, v, lens[:1], device=dev)
+    # A non-contiguous cache of the same shape is made contiguous by the full path.
+    kt = k.transpose(2, 3).contiguous().transpose(2, 3)
+    got = pyfa.decode_attention(q, kt, v, 200, device=dev)
+    np.testing.assert_allclose(host(got), _ref(host(q), host(k), host(v), [200, 200]), atol=1e-2, rtol=0)
+    # Options the short path does not handle take the full path.
+    got = pyfa.decode_attention(q, k, v, 512, device=dev, window=64, out_dtype=np.float32)
+    np.testing.assert_allclose(host(got), _ref(host(q), host(k), host(v), [512, 512], window=64), atol=2e-5, rtol=0)
