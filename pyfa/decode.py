@@ -221,8 +221,9 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
            k.obj.get_device(), v.obj.get_device())
     reused = ffi.new("pyfa_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
-    reused.ring_start.host = ffi.new("int32_t[]", B)  # zeros
-    table[key] = (plan, reused, host, B, capacity, t.shape, t.get_device(), reused.ring_start.host)
+    zeros = ffi.new("int32_t[]", B)  # ring_start: kept alive with the entry that points at it
+    reused.ring_start.host = zeros
+    table[key] = (plan, reused, host, B, capacity, t.shape, t.get_device(), zeros)
     if len(table) > 64:
         table.pop(next(iter(table)))
 
