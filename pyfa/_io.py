@@ -153,66 +153,52 @@ def submit(enc, like: GpuArray | None = None) -> None:
 def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray | None = None):
     """(array, buffer) for a result: `out` if given (checked), else a new array
     (of `like`'s framework for GPU inputs)."""
-    dtype = np.dtype(dtype)
-    if like is not None:
-        a = like.empty(shape, dtype) if out is None else out
-        g = cuda_interop.describe(a, name) if cuda_interop.is_gpu_array(a) else None
-        if g is None:
-            raise invalid(f"{name}: must be a GPU array when the inputs are")
-        if g.shape != tuple(shape) or g.dtype != dtype:
-            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {g.shape} {g.dtype}")
-        if g.obj is not a:
-            raise invalid(f"{name}: must be C-contiguous")
+    a, g = _result(shape, dtype, out, name, like)
+    if g is not None:
         return a, to_device(device, g)
-    if out is None:
-        a = np.empty(shape, dtype=dtype)
-    else:
-        if torch_cpu.is_tensor(out):
-            out = torch_cpu.as_numpy(out, name, writable=True)
-        if not isinstance(out, np.ndarray):
-            raise invalid(f"{name}: must be a numpy array or a torch CPU tensor")
-        if out.shape != tuple(shape) or out.dtype != dtype:
-            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise invalid(f"{name}: must be C-contiguous and writable")
-        a = out
     if device.host_visible:
         return a, device.wrap(a)
     return a, device.buffer(a.shape, a.dtype, storage="private")
 
 
 def result_array(shape, dtype, out, name: str = "out", like: GpuArray | None = None):
-    """A result array for a plan run: `out` if given (checked), else a new
-    array (of `like`'s framework for GPU inputs). Host arrays only where the
-    device reads host memory (the caller checks)."""
+    """(array, address) of a result for a plan run: `out` if given (checked),
+    else a new array (of `like`'s framework for GPU inputs). Host arrays only
+    where the device reads host memory (the caller checks)."""
+    a, g = _result(shape, dtype, out, name, like)
+    if g is not None:
+        return a, g.ptr
+    return a, address(a)
+
+
+def _result(shape, dtype, out, name, like):
+    """(array, its GpuArray or None): the checked `out`, or a new array."""
     dtype = np.dtype(dtype)
     if like is not None:
-        a = like.empty(shape, dtype) if out is None else out
         if out is None:
-            return a, like.ptr_of(a)
-        g = cuda_interop.describe(a, name) if cuda_interop.is_gpu_array(a) else None
+            a = like.empty(shape, dtype)
+            return a, GpuArray(a, like.kind, like.ptr_of(a), shape, dtype, like._stream, like.device_id)
+        g = cuda_interop.describe(out, name) if cuda_interop.is_gpu_array(out) else None
         if g is None:
             raise invalid(f"{name}: must be a GPU array when the inputs are")
         if g.shape != tuple(shape) or g.dtype != dtype:
             raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {g.shape} {g.dtype}")
-        if g.obj is not a:
+        if g.obj is not out:
             raise invalid(f"{name}: must be C-contiguous")
         if g.device_id != like.device_id:
             raise invalid(f"{name}: on GPU {g.device_id}, the inputs are on GPU {like.device_id}")
-        return a, g.ptr
+        return out, g
     if out is None:
-        a = np.empty(shape, dtype=dtype)
-    else:
-        if torch_cpu.is_tensor(out):
-            out = torch_cpu.as_numpy(out, name, writable=True)
-        if not isinstance(out, np.ndarray):
-            raise invalid(f"{name}: must be a numpy array or a torch CPU tensor")
-        if out.shape != tuple(shape) or out.dtype != dtype:
-            raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise invalid(f"{name}: must be C-contiguous and writable")
-        a = out
-    return a, address(a)
+        return np.empty(shape, dtype=dtype), None
+    if torch_cpu.is_tensor(out):
+        out = torch_cpu.as_numpy(out, name, writable=True)
+    if not isinstance(out, np.ndarray):
+        raise invalid(f"{name}: must be a numpy array or a torch CPU tensor")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise invalid(f"{name}: expected shape {tuple(shape)} and dtype {dtype}, got {out.shape} {out.dtype}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise invalid(f"{name}: must be C-contiguous and writable")
+    return out, None
 
 
 def address(a) -> int:

@@ -11,38 +11,35 @@ private func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
     return .host(Array(UnsafeBufferPointer(start: host, count: Int(count))))
 }
 
-@_cdecl("pyfa_decode_plan_new")
-public func pyfa_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
-                                      _ desc: UnsafePointer<pyfa_decode_plan_desc>?) -> Int32 {
+/// The body of every pyfa_*_plan_new: a plan made from `desc` on `device`, or NULL and the error.
+private func newPlan<Desc>(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                           _ desc: UnsafePointer<Desc>?, _ make: (Device, Desc) throws -> OpPlan) -> Int32 {
     abiCall {
         guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
         out.pointee = nil
         let d: Device = try object(device, "device")
-        out.pointee = retainHandle(try DecodePlan(device: d, desc: try value(desc, "desc")))
+        out.pointee = retainHandle(try make(d, try value(desc, "desc")))
     }
+}
+
+@_cdecl("pyfa_decode_plan_new")
+public func pyfa_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                      _ desc: UnsafePointer<pyfa_decode_plan_desc>?) -> Int32 {
+    newPlan(out, device, desc) { try DecodePlan(device: $0, desc: $1) }
 }
 
 @_cdecl("pyfa_tq_decode_plan_new")
 public func pyfa_tq_decode_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
                                          _ desc: UnsafePointer<pyfa_tq_decode_plan_desc>?) -> Int32 {
-    abiCall {
-        guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
-        out.pointee = nil
-        let d: Device = try object(device, "device")
-        out.pointee = retainHandle(try TQDecodePlan(device: d, desc: try value(desc, "desc")))
-    }
+    newPlan(out, device, desc) { try TQDecodePlan(device: $0, desc: $1) }
 }
 
 @_cdecl("pyfa_prefill_plan_new")
 public func pyfa_prefill_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
                                        _ desc: UnsafePointer<pyfa_prefill_plan_desc>?) -> Int32 {
-    abiCall {
-        guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
-        out.pointee = nil
-        let d: Device = try object(device, "device")
-        let description = try value(desc, "desc")
+    newPlan(out, device, desc) { d, description in
         try require(description.reserved == 0, "reserved: must be 0")
-        out.pointee = retainHandle(try PrefillPlan(device: d, desc: description))
+        return try PrefillPlan(device: d, desc: description)
     }
 }
 
