@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from . import _args, cuda_interop, dtypes, torch_cpu
+from . import _args, _plans, cuda_interop, dtypes, torch_cpu
 from ._native import ffi, lib
 from .device import Buffer, Device
 from .errors import PyfaError, check, invalid
@@ -136,8 +136,6 @@ def encoder(device: Device, like: GpuArray | None = None):
     created or destroyed per call."""
     if like is None:
         return device.encoder()
-    from . import _plans
-
     enc = _plans.encoder(device, like.stream)
     check(lib.pyfa_encoder_reset(enc))
     return enc
@@ -206,12 +204,6 @@ def address(a) -> int:
     if isinstance(a, GpuArray):
         return a.ptr
     return int(ffi.cast("uintptr_t", ffi.from_buffer(a))) if a.size else 0
-
-
-def set_tensor(t, a, nbytes: int | None = None) -> None:
-    """Fills a pyfa_tensor with array `a` (numpy or GpuArray)."""
-    t.address = address(a)
-    t.nbytes = a.nbytes if nbytes is None else nbytes
 
 
 def host_result(a, first, out=None):

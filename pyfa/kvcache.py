@@ -213,27 +213,6 @@ class _RingCache:
             b = self._staged[key] = self.device.buffer(shape, dtype, storage="private")
         return b
 
-    def _query(self, q, like: GpuArray | None):
-        """The query's buffer: a GPU array wrapped in place (a refusal names q), a host array as _io puts it."""
-        return _io.to_device(self.device, q) if like is None else _io.wrap_rows(self.device, q, 0, "q")
-
-    def _index(self, value: int) -> np.ndarray:
-        return np.array([value], dtype=np.int32)
-
-    def _lengths(self, kv_len: int, ring_start: int):
-        """kv_len and ring_start as device buffers of one int32 each."""
-        return tuple(_io.to_device(self.device, self._index(x)) for x in (kv_len, ring_start))
-
-    def _workspace(self, nbytes: int, like: GpuArray | None):
-        """f32 working memory of one attend (None for 0 bytes): from the caller's framework for
-        GPU arrays (its allocator orders reuse on the caller's stream); else this cache's own
-        buffer, kept while the size stays the same (host calls wait for their work)."""
-        if like is not None or nbytes == 0:
-            return _io.scratch(self.device, nbytes, like)
-        if nbytes not in self._tmp:
-            self._tmp = {nbytes: self.device.buffer((nbytes // 4,), np.float32, storage="private")}
-        return self._tmp[nbytes]
-
     @staticmethod
     def _zeros(shape, like: GpuArray | None, dtype=np.float32, value=0.0):
         """The result of an attend over an empty cache (zeros; the LSE is -inf)."""

@@ -13,15 +13,7 @@ from pyfa import _plans, reference
 from pyfa._native import ffi, lib
 
 
-def _cuda_opens() -> bool:
-    try:
-        pyfa.Device("cuda")
-        return True
-    except pyfa.PyfaError:
-        return False
-
-
-HAS_GPU = _cuda_opens()
+HAS_GPU = "cuda" in pyfa.available_backends()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA device here")
 
 

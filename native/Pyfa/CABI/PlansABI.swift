@@ -46,14 +46,25 @@ public func pyfa_prefill_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer
 @_cdecl("pyfa_prefill_run")
 public func pyfa_prefill_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                   _ args: UnsafePointer<pyfa_prefill_run_args>?) -> Int32 {
-    abiCall {
-        let p: PrefillPlan = try object(plan, "plan")
-        let e: CommandEncoder = try object(encoder, "encoder")
-        let a = try value(args, "args")
-        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
+    runPlan(plan, encoder, args, flags: \.flags) { (p: PrefillPlan, e, a) in
         try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k), v: TensorRef(a.v), mask: TensorRef(a.mask),
                   out: TensorRef(a.out), lse: TensorRef(a.lse), workspace: TensorRef(a.workspace))
-        try finishIfAsked(e, a.flags)
+    }
+}
+
+/// The body of every pyfa_*_run: the plan, encoder and arguments checked, the
+/// flags checked before anything is recorded, the run, then PYFA_RUN_FINISH.
+private func runPlan<P: OpPlan, Args>(_ plan: OpaquePointer?, _ encoder: OpaquePointer?, _ args: UnsafePointer<Args>?,
+                                      flags: KeyPath<Args, UInt32>,
+                                      _ body: (P, CommandEncoder, Args) throws -> Void) -> Int32 {
+    abiCall {
+        let p: P = try object(plan, "plan")
+        let e: CommandEncoder = try object(encoder, "encoder")
+        let a = try value(args, "args")
+        let f = a[keyPath: flags]
+        try require(f & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(f, radix: 16))")
+        try body(p, e, a)
+        if f & UInt32(PYFA_RUN_FINISH) != 0 { try e.finish() }
     }
 }
 
@@ -73,38 +84,23 @@ public func pyfa_plan_workspace_bytes_impl(_ plan: OpaquePointer?, _ bytes: Unsa
 @_cdecl("pyfa_decode_run")
 public func pyfa_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                  _ args: UnsafePointer<pyfa_decode_run_args>?) -> Int32 {
-    abiCall {
-        let p: DecodePlan = try object(plan, "plan")
-        let e: CommandEncoder = try object(encoder, "encoder")
-        let a = try value(args, "args")
-        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
+    runPlan(plan, encoder, args, flags: \.flags) { (p: DecodePlan, e, a) in
         let B = p.params.batch
         try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k_cache), v: TensorRef(a.v_cache), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
                   ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
-        try finishIfAsked(e, a.flags)
     }
-}
-
-/// PYFA_RUN_FINISH finishes the encoder after the run (the caller checked the flags first).
-private func finishIfAsked(_ e: CommandEncoder, _ flags: UInt32) throws {
-    if flags & UInt32(PYFA_RUN_FINISH) != 0 { try e.finish() }
 }
 
 @_cdecl("pyfa_tq_decode_run")
 public func pyfa_tq_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                     _ args: UnsafePointer<pyfa_tq_decode_run_args>?) -> Int32 {
-    abiCall {
-        let p: TQDecodePlan = try object(plan, "plan")
-        let e: CommandEncoder = try object(encoder, "encoder")
-        let a = try value(args, "args")
-        try require(a.flags & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(a.flags, radix: 16))")
+    runPlan(plan, encoder, args, flags: \.flags) { (p: TQDecodePlan, e, a) in
         let B = p.params.attn.batch
         try p.run(e, q: TensorRef(a.q), kCodes: TensorRef(a.k_codes), kScales: TensorRef(a.k_scales),
                   vCodes: TensorRef(a.v_codes), vScales: TensorRef(a.v_scales), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
                   ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
-        try finishIfAsked(e, a.flags)
     }
 }
 
