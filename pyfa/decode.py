@@ -147,8 +147,8 @@ def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, so
     args.kv_capacity = capacity
     stream = like.stream if like is not None else 0
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, stream), args)
-    if repeatable and like is not None and like.kind == "torch" and out is None and not return_lse \
-            and out_dtype == q.dtype and type(ring_start) is int and ring_start == 0 and window == 0 and softcap == 0.0:
+    if repeatable and out is None and not return_lse and out_dtype == q.dtype and type(ring_start) is int \
+            and ring_start == 0 and window == 0 and softcap == 0.0 and (like is None or like.kind == "torch"):
         _remember(device, q, k, v, kv_len, lens, plan, args, capacity)
     return result, lse
 
@@ -185,54 +185,76 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
 
 # ---- the repeat path ---------------------------------------------------------------------------------
 # A model calls decode with the same shapes, dtypes and defaults every step. After one such call on
-# torch CUDA tensors has gone through every check above, its plan and its run-argument struct are
-# kept (per thread) under everything those checks looked at: the device, each tensor's shape, dtype
-# and GPU, and how kv_len came (an int, by power-of-two bucket, or an int32 tensor). A later call that
-# matches runs with only what changes checked here: contiguity, the kv_len value (or the tensor's
-# dtype, size and GPU), and the addresses. Anything else takes the full path above.
+# torch CUDA tensors, or on numpy arrays on a host-visible device, has gone through every check above,
+# its plan and its run-argument struct are kept (per thread) under everything those checks looked at:
+# the device, each array's shape and dtype (and GPU), and how kv_len came (an int, by power-of-two
+# bucket, or an int32 tensor). A later call that matches runs with only what changes checked here:
+# contiguity, the kv_len value (or the tensor's dtype, size and GPU), and the addresses. Anything else
+# takes the full path above.
 _repeat = threading.local()
 _torch_tensor = None
 _torch_int32 = None
 
 
-def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
-    global _torch_tensor, _torch_int32
-    t = q.obj
-    if _torch_tensor is None:
-        import torch
-
-        _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
-    if type(t) is not _torch_tensor or type(k.obj) is not _torch_tensor or type(v.obj) is not _torch_tensor:
-        return
+def _table():
     table = getattr(_repeat, "table", None)
     if table is None:
         table = _repeat.table = {}
+    elif len(table) >= 64:
+        table.pop(next(iter(table)))
+    return table
+
+
+def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
     B = q.shape[0]
-    if lens.gpu is None:
-        if type(kv_len) is not int:
+    if type(q) is np.ndarray:  # host arrays (numpy, or torch CPU tensors read as numpy)
+        if type(kv_len) is not int or ffi.sizeof("void *") != 8:  # slots below alias 64-bit addresses
             return
-        kind = 1 << max(0, kv_len - 1).bit_length()
         host = ffi.new("int32_t[]", B)
+        key = (device, 1 << max(0, kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+        gpu = None
     else:
-        if type(lens.gpu.obj) is not _torch_tensor:
+        global _torch_tensor, _torch_int32
+        t = q.obj
+        if _torch_tensor is None:
+            import torch
+
+            _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
+        if type(t) is not _torch_tensor or type(k.obj) is not _torch_tensor or type(v.obj) is not _torch_tensor:
             return
-        kind, host = -1, None
-    key = (device, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, t.get_device(),
-           k.obj.get_device(), v.obj.get_device())
+        if lens.gpu is None:
+            if type(kv_len) is not int:
+                return
+            kind = 1 << max(0, kv_len - 1).bit_length()
+            host = ffi.new("int32_t[]", B)
+        else:
+            if type(lens.gpu.obj) is not _torch_tensor:
+                return
+            kind, host = -1, None
+        gpu = t.get_device()
+        key = (device, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, gpu,
+               k.obj.get_device(), v.obj.get_device())
     reused = ffi.new("pyfa_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
     zeros = ffi.new("int32_t[]", B)  # ring_start: kept alive with the entry that points at it
     reused.ring_start.host = zeros
-    table[key] = (plan, reused, host, B, capacity, t.shape, t.get_device(), zeros)
-    if len(table) > 64:
-        table.pop(next(iter(table)))
+    reused.flags = lib.PYFA_RUN_FINISH
+    # Host arrays: the four address fields seen as pointers, so a call stores
+    # ffi.from_buffer(...) into them without converting it to an int.
+    slots = None if gpu is not None else tuple(
+        ffi.cast("void **", ffi.addressof(reused, name)) for name in ("q", "k_cache", "v_cache", "out"))
+    _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots)
 
 
 def _repeat_call(q, k, v, kv_len, device):
     """The result of a call matching a remembered one, or None (take the full path)."""
-    T = _torch_tensor
     table = getattr(_repeat, "table", None)
-    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
+    if table is None:
+        return None
+    if type(q) is np.ndarray:
+        return _repeat_host(table, q, k, v, kv_len, device)
+    T = _torch_tensor
+    if type(q) is not T or type(k) is not T or type(v) is not T:
         return None
     tl = type(kv_len)
     if tl is int:
@@ -250,7 +272,7 @@ def _repeat_call(q, k, v, kv_len, device):
     entry = table.get(key)
     if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
-    plan, args, host, B, capacity, shape, gpu, _zeros = entry
+    plan, args, host, B, capacity, shape, gpu, _zeros, _slots = entry
     if kind == -1:
         if kv_len.dtype != _torch_int32 or kv_len.get_device() != gpu or kv_len.numel() != B or kv_len.dim() > 1 \
                 or not kv_len.is_contiguous():
@@ -265,4 +287,32 @@ def _repeat_call(q, k, v, kv_len, device):
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop._torch_stream(gpu) or 1), args)
+    return out
+
+
+def _repeat_host(table, q, k, v, kv_len, device):
+    """The repeat path for numpy arrays on a host-visible device (the CPU backend's decode loop)."""
+    if type(k) is not np.ndarray or type(v) is not np.ndarray or type(kv_len) is not int or kv_len < 1:
+        return None
+    if device is None:
+        device = _args.device_arg(None)
+    entry = table.get((device, 1 << (kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
+                       v.dtype))
+    if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
+        return None
+    plan, args, host, B, capacity, shape, _gpu, _zeros, slots = entry
+    if kv_len > capacity:
+        return None
+    for i in range(B):
+        host[i] = kv_len
+    out = np.empty(shape, q.dtype)
+    from_buffer = ffi.from_buffer
+    slots[0][0] = from_buffer(q)
+    slots[1][0] = from_buffer(k)
+    slots[2][0] = from_buffer(v)
+    slots[3][0] = from_buffer(out)
+    status = lib.pyfa_decode_run(plan, _plans.encoder(device), args)
+    if status != 0:
+        _plans.discard_encoder(device)
+        check(status)
     return out

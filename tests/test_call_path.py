@@ -394,3 +394,60 @@ def test_gpu_repeated_calls_keep_every_rule(rng):
     # Options the short path does not handle take the full path.
     got = pyfa.decode_attention(q, k, v, 512, device=dev, window=64, out_dtype=np.float32)
     np.testing.assert_allclose(host(got), _ref(host(q), host(k), host(v), [512, 512], window=64), atol=2e-5, rtol=0)
+
+
+def test_host_repeated_calls_keep_every_rule(device, rng):
+    """numpy calls repeating an earlier one's shapes and defaults take the short path on a
+    host-visible device; results and rules stay those of the full path."""
+    if not device.host_visible:
+        pytest.skip(f"{device.backend}: numpy inputs are copied to this device")
+    from pyfa import decode
+
+    decode._repeat.table = {}
+    q = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    k = rng.standard_normal((2, 2, 512, 64), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((2, 2, 512, 64), dtype=np.float32).astype(np.float16)
+    first = pyfa.decode_attention(q, k, v, 400, device=device)
+    assert len(decode._repeat.table) == 1, "the first call was not remembered"
+    for n in (400, 200, 512, 1):  # 200 and 1 are other length buckets: full path, then remembered
+        got = pyfa.decode_attention(q, k, v, n, device=device)
+        assert got.dtype == q.dtype and got.shape == q.shape
+        np.testing.assert_allclose(got, _ref(q, k, v, [n, n]), atol=2e-6, rtol=1e-5)
+    assert len(decode._repeat.table) == 3
+    np.testing.assert_array_equal(first, pyfa.decode_attention(q, k, v, 400, device=device))
+    # New arrays of the same shapes are read at their own addresses.
+    q2, k2 = q[::-1].copy(), k[::-1].copy()
+    np.testing.assert_allclose(pyfa.decode_attention(q2, k2, v, 400, device=device), _ref(q2, k2, v, [400, 400]),
+                               atol=2e-6, rtol=1e-5)
+    for bad, match in ((513, r"kv_len\[0\]: 513 must be in 1...kv_capacity \(512\)"),
+                       (0, r"kv_len\[0\]: 0 must be in 1...kv_capacity")):
+        with pytest.raises(pyfa.InvalidArgumentError, match=match):
+            pyfa.decode_attention(q, k, v, bad, device=device)
+    # Non-contiguous arrays of the same shape are made contiguous by the full path.
+    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(pyfa.decode_attention(q, kt, v, 200, device=device), _ref(q, k, v, [200, 200]),
+                               atol=2e-6, rtol=1e-5)
+    # Another dtype, or options the short path does not handle, take the full path.
+    got = pyfa.decode_attention(q, k.astype(np.float32), v.astype(np.float32), 512, device=device)
+    np.testing.assert_allclose(got, _ref(q, k, v, [512, 512]), atol=2e-6, rtol=1e-5)
+    got = pyfa.decode_attention(q, k, v, 512, device=device, window=64, out_dtype=np.float16)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got, _ref(q, k, v, [512, 512], window=64), atol=2e-3, rtol=0)
+    # A cache of another shape goes the full path and is refused there; later calls still run.
+    with pytest.raises(pyfa.InvalidArgumentError, match="v_cache"):
+        pyfa.decode_attention(q, k, v[:, :, :256], 200, device=device)
+    np.testing.assert_array_equal(first, pyfa.decode_attention(q, k, v, 400, device=device))
+
+
+def test_host_repeat_path_allocates_nothing_in_the_library(device, rng):
+    if not device.host_visible:
+        pytest.skip(f"{device.backend}: numpy inputs are copied to this device")
+    q = rng.standard_normal((1, 4, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 64, 64), dtype=np.float32)
+    for _ in range(3):
+        pyfa.decode_attention(q, k, k, 50, device=device)
+    before = pyfa.counters()
+    for n in range(33, 64):
+        pyfa.decode_attention(q, k, k, n, device=device)
+    d = _delta(before, pyfa.counters())
+    assert d["plans_created"] == 0 and d["host_allocations"] == 0, d
