@@ -74,7 +74,6 @@ class _RingCache:
         self._staged = {}  # device buffers for host queries and results on a GPU
         self._lock = threading.RLock()
         self._staging = {}  # role -> device buffer for host rows (GPU devices); used under _lock
-        self._tmp = {}  # bytes -> attend workspace of host-array calls; used under _lock
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
