@@ -59,9 +59,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     >>> pyfa.decode_attention(q, k, k, kv_len=5).shape
     (4, 64)
     """
-    if (out is None and out_dtype is None and return_lse is False and scale is None and window is None
-            and type(softcap) is float and softcap == 0.0 and type(ring_start) is int and ring_start == 0):
-        result = _repeat_call(q, k_cache, v_cache, kv_len, device)
+    if (out is None and out_dtype is None and return_lse is False and (scale is None or type(scale) is float)
+            and window is None and type(softcap) is float and softcap == 0.0 and type(ring_start) is int
+            and ring_start == 0):
+        result = _repeat_call(q, k_cache, v_cache, kv_len, device, scale)
         if result is not None:
             return result
     device = _args.device_arg(device)
@@ -103,7 +104,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
                                      return_lse)
     else:
         result, lse = _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out,
-                                      out_dtype, return_lse, repeatable=scale_arg is None and not single)
+                                      out_dtype, return_lse, repeatable=not single and (scale_arg is None or type(
+                                          scale_arg) is float), scale_key=scale_arg)
     if single:
         result = result[0]
         lse = None if lse is None else lse[0]
@@ -112,9 +114,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
 
 
 def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse,
-                    repeatable=False):
+                    repeatable=False, scale_key=None):
     """Arrays the device reads in place: a cached plan, run on this thread's encoder.
-    `repeatable`: the call used every default the repeat path assumes (scale too)."""
+    `repeatable`: the call used every default the repeat path assumes, with the scale the
+    caller gave (`scale_key`: None or a float)."""
     B, H, D = q.shape
     Hkv, capacity = k.shape[1], k.shape[2]
     lens = _io.sequence_values(kv_len, "kv_len", B, like)
@@ -149,7 +152,7 @@ def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, so
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, stream), args)
     if repeatable and out is None and not return_lse and out_dtype == q.dtype and type(ring_start) is int \
             and ring_start == 0 and window == 0 and softcap == 0.0 and (like is None or like.kind == "torch"):
-        _remember(device, q, k, v, kv_len, lens, plan, args, capacity)
+        _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale_key)
     return result, lse
 
 
@@ -187,7 +190,7 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
 # A model calls decode with the same shapes, dtypes and defaults every step. After one such call on
 # torch CUDA tensors, or on numpy arrays on a host-visible device, has gone through every check above,
 # its plan and its run-argument struct are kept (per thread) under everything those checks looked at:
-# the device, each array's shape and dtype (and GPU), and how kv_len came (an int, by power-of-two
+# the device, the scale as given (None or a float), each array's shape and dtype (and GPU), and how kv_len came (an int, by power-of-two
 # bucket, or an int32 tensor). A later call that matches runs with only what changes checked here:
 # contiguity, the kv_len value (or the tensor's dtype, size and GPU), and the addresses. Anything else
 # takes the full path above.
@@ -205,13 +208,14 @@ def _table():
     return table
 
 
-def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
+def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     B = q.shape[0]
     if type(q) is np.ndarray:  # host arrays (numpy, or torch CPU tensors read as numpy)
         if type(kv_len) is not int or ffi.sizeof("void *") != 8:  # slots below alias 64-bit addresses
             return
         host = ffi.new("int32_t[]", B)
-        key = (device, 1 << max(0, kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+        key = (device, scale, 1 << max(0, kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
+               v.dtype)
         gpu = None
     else:
         global _torch_tensor, _torch_int32
@@ -232,7 +236,7 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
                 return
             kind, host = -1, None
         gpu = t.get_device()
-        key = (device, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, gpu,
+        key = (device, scale, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, gpu,
                k.obj.get_device(), v.obj.get_device())
     reused = ffi.new("pyfa_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
@@ -246,13 +250,13 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity):
     _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots)
 
 
-def _repeat_call(q, k, v, kv_len, device):
+def _repeat_call(q, k, v, kv_len, device, scale):
     """The result of a call matching a remembered one, or None (take the full path)."""
     table = getattr(_repeat, "table", None)
     if table is None:
         return None
     if type(q) is np.ndarray:
-        return _repeat_host(table, q, k, v, kv_len, device)
+        return _repeat_host(table, q, k, v, kv_len, device, scale)
     T = _torch_tensor
     if type(q) is not T or type(k) is not T or type(v) is not T:
         return None
@@ -265,9 +269,8 @@ def _repeat_call(q, k, v, kv_len, device):
         kind = -1
     else:
         return None
-    if device is None:
-        device = _args.device_arg(None)
-    key = (device, kind, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+    device = _args.device_arg(device)
+    key = (device, scale, kind, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
            v.get_device())
     entry = table.get(key)
     if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
@@ -290,13 +293,12 @@ def _repeat_call(q, k, v, kv_len, device):
     return out
 
 
-def _repeat_host(table, q, k, v, kv_len, device):
+def _repeat_host(table, q, k, v, kv_len, device, scale):
     """The repeat path for numpy arrays on a host-visible device (the CPU backend's decode loop)."""
     if type(k) is not np.ndarray or type(v) is not np.ndarray or type(kv_len) is not int or kv_len < 1:
         return None
-    if device is None:
-        device = _args.device_arg(None)
-    entry = table.get((device, 1 << (kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
+    device = _args.device_arg(device)
+    entry = table.get((device, scale, 1 << (kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
                        v.dtype))
     if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
         return None

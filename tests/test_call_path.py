@@ -451,3 +451,20 @@ def test_host_repeat_path_allocates_nothing_in_the_library(device, rng):
         pyfa.decode_attention(q, k, k, n, device=device)
     d = _delta(before, pyfa.counters())
     assert d["plans_created"] == 0 and d["host_allocations"] == 0, d
+
+
+def test_host_repeat_path_keys_on_the_scale_and_the_device_name(rng):
+    """The short path takes an explicit float scale (a model passes its own) and a backend name;
+    each scale is its own entry, so a call never runs with another call's scale."""
+    from pyfa import decode
+
+    decode._repeat.table = {}
+    q = rng.standard_normal((1, 4, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 128, 64), dtype=np.float32)
+    for scale in (0.125, 0.5, 0.125, None):
+        for _ in range(2):  # the second call of each takes the short path
+            got = pyfa.decode_attention(q, k, k, 100, scale=scale, device="cpu")
+            np.testing.assert_allclose(got, _ref(q, k, k, [100], scale=scale), atol=2e-6, rtol=1e-5)
+    assert len(decode._repeat.table) == 3
+    with pytest.raises(pyfa.InvalidArgumentError, match="unknown backend 'bogus'"):
+        pyfa.decode_attention(q, k, k, 100, scale=0.125, device="bogus")
