@@ -94,13 +94,14 @@ def copy_bandwidth():
     return 2 * x.numel() / (us * 1e-6) / 1e9
 
 
-def run_case(dev, Hq, Hkv, D, L, B, iters, reps):
+def run_case(dev, Hq, Hkv, D, L, B, iters, reps, dtype="f16"):
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn((B, Hq, D), generator=g, device="cuda", dtype=torch.float16)
-    k = torch.randn((B, Hkv, L, D), generator=g, device="cuda", dtype=torch.float16)
-    v = torch.randn((B, Hkv, L, D), generator=g, device="cuda", dtype=torch.float16)
+    t = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q = torch.randn((B, Hq, D), generator=g, device="cuda", dtype=torch.float16).to(t)
+    k = torch.randn((B, Hkv, L, D), generator=g, device="cuda", dtype=torch.float16).to(t)
+    v = torch.randn((B, Hkv, L, D), generator=g, device="cuda", dtype=torch.float16).to(t)
     nbytes = 2 * k.numel() * k.element_size()
-    row = {"Hq": Hq, "Hkv": Hkv, "D": D, "kv_len": L, "B": B, "dtype": "f16", "kv_bytes": nbytes}
+    row = {"Hq": Hq, "Hkv": Hkv, "D": D, "kv_len": L, "B": B, "dtype": dtype, "kv_bytes": nbytes}
 
     pd = PyfaDecode(dev, q, k, v, L)
     row["nwg"] = pd.nwg
@@ -118,7 +119,7 @@ def run_case(dev, Hq, Hkv, D, L, B, iters, reps):
                 row[f"{name}_us"] = timed(
                     lambda: [F.scaled_dot_product_attention(q4, k, v, enable_gqa=True) for _ in range(iters)],
                     iters, reps)
-            row[f"{name}_max_abs_diff"] = float((ref.view(B, Hq, D).float() - ours).abs().max())
+            row[f"{name}_max_abs_diff"] = float((ref.view(B, Hq, D).float() - ours.float()).abs().max())
         except RuntimeError as e:
             row[f"{name}_us"] = None
             row[f"{name}_error"] = str(e).splitlines()[0][:200]
@@ -130,7 +131,7 @@ def run_case(dev, Hq, Hkv, D, L, B, iters, reps):
 
 
 def markdown(rows, gpu, copy_gbps):
-    lines = [f"Decode f16 on {gpu} (torch {torch.__version__}); µs per call (GB/s of K+V read); "
+    lines = [f"Decode {rows[0]['dtype'] if rows else 'f16'} on {gpu} (torch {torch.__version__}); µs per call (GB/s of K+V read); "
              f"device-to-device copy {copy_gbps:.0f} GB/s (read + write).", "",
              "| Hq/Hkv | D | kv_len | B | nwg | pyfa kernel | pyfa api | torch flash | torch cuDNN |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -159,7 +160,7 @@ def plot(rows, gpu, copy_gbps, path):
     ax.axhline(copy_gbps, color="k", ls="--", lw=1, label=f"D2D copy {copy_gbps:.0f} GB/s")
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("GB/s of K+V read")
-    ax.set_title(f"Decode f16 on {gpu} (missing bars: no torch kernel)")
+    ax.set_title(f"Decode {rows[0]['dtype']} on {gpu} (missing bars: no torch kernel)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -174,20 +175,23 @@ def main():
     ap.add_argument("--label", default="default")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--cases", help="semicolon-separated Hq,Hkv,D,kv_len,B (instead of the built-in cases)")
+    ap.add_argument("--dtype", default="f16", choices=["f16", "bf16"], help="q, K and V dtype")
     args = ap.parse_args()
     dev = pyfa.Device("cuda")
     gpu = torch.cuda.get_device_name()
     copy_gbps = copy_bandwidth()
     rows = []
-    for case in (QUICK if args.quick else CASES):
-        r = run_case(dev, *case, args.iters, args.reps)
+    cases = [tuple(int(x) for x in c.split(",")) for c in args.cases.split(";")] if args.cases else None
+    for case in cases or (QUICK if args.quick else CASES):
+        r = run_case(dev, *case, args.iters, args.reps, args.dtype)
         r["label"] = args.label
         rows.append(r)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
                           if k.endswith("_us") or k in ("Hq", "Hkv", "D", "kv_len", "B", "nwg", "label", "pyfa_kernel_GBps")}), flush=True)
     result = {"gpu": gpu, "device": dev.name, "torch": torch.__version__, "copy_GBps": copy_gbps, "rows": rows}
-    with open(args.out, "a" if args.quick else "w") as f:
-        f.write(json.dumps(result, indent=None if args.quick else 1) + "\n")
+    with open(args.out, "a" if args.quick or cases else "w") as f:
+        f.write(json.dumps(result, indent=None if args.quick or cases else 1) + "\n")
     if args.md:
         with open(args.md, "w") as f:
             f.write(markdown(rows, gpu, copy_gbps))

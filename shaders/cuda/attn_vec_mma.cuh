@@ -25,9 +25,12 @@
 #include "vec_mma_tile.cuh"
 
 /* Ring depth in tiles (NVRTC -D options from the CUDA plan, which sizes shared
- * memory with the same values): 1 KB rows (D = 512) measured faster with 2. */
+ * memory with the same values): 1 KB rows (D = 512) measured faster with 2;
+ * D <= 256 with 4 (more bytes in flight; H100, bf16, D = 128, 32K positions:
+ * 3 to 4 stages took B = 1 from 61.9 to 58.6 us and B = 8 from 391 to 377 us;
+ * 5 measured alike, 6 slower). */
 #ifndef PYFA_VEC_MMA_STAGES
-#define PYFA_VEC_MMA_STAGES 3
+#define PYFA_VEC_MMA_STAGES 4
 #endif
 #ifndef PYFA_VEC_MMA_STAGES_WIDE
 #define PYFA_VEC_MMA_STAGES_WIDE 2

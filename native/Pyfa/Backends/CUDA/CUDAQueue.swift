@@ -203,7 +203,7 @@ struct CUDAPlan: BackendPlan {
     /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
     /// (vecVariant). Its ring depth in tiles (D <= 256, D = 512).
     static let vecMma: Int? = getenv("PYFA_CUDA_VEC_MMA").flatMap { Int(String(cString: $0)) }
-    static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 3))
+    static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 4))
     static let vecMmaStagesWide = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_WIDE", 2)) /* D = 512 */
     static let vecMmaWideSplit = envInt("PYFA_CUDA_VEC_MMA_WIDE_SPLIT", 2) == 4 ? 4 : 2 /* D = 512 */
 
