@@ -71,7 +71,9 @@ def output(op: str, row: str, out, ref, want_dtype, tol: float = F32_TOL, floor:
     out = np.asarray(out)
     if out.dtype != want:
         return Measure(op, row, math.inf, bound, f"output dtype {out.dtype}, expected {want}")
-    return Measure(op, row, _max_abs(out, ref), bound, _shape_note(out, ref))
+    error = _max_abs(out, ref)
+    note = _shape_note(out, ref) or ("NaN or inf in the output" if math.isinf(error) else "")
+    return Measure(op, row, error, bound, note)
 
 
 def lse(op: str, row: str, got, ref, tol: float = LSE_TOL, relative: bool = True) -> Measure:
