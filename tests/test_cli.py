@@ -44,7 +44,7 @@ def test_info_lists_backends_devices_and_ops(capsys):
     for name in pyfa.available_backends():
         block = _block(out, name)
         assert "  ops: decode yes, prefill + merge yes, KVCache yes, TurboQuantKVCache yes" in block
-        assert any(line.startswith("  plans: yes (") for line in block)
+        assert "  plans (pyfa_*_plan_new, prepared calls): yes" in block
     for name in set(pyfa.backends()) - set(pyfa.available_backends()):
         assert f"{name}:\n  not available here: " in out
 

@@ -83,6 +83,11 @@ def main(argv=None) -> int:
         return _error(str(e), 1)
     except KeyboardInterrupt:
         return _error("interrupted", 130)
+    except BrokenPipeError:
+        # The reader left (`| head`): quiet, with stdout pointed at devnull so the interpreter's final
+        # flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _error(message: str, status: int) -> int:

@@ -200,6 +200,9 @@ def run(args, out=None) -> int:
         print(f"torch SDPA: skipped, {torch.why}", file=out)
     elif device.is_gpu and not torch.cuda:
         print("torch SDPA: on the CPU (the device is not CUDA); compare with care", file=out)
+    if not device.host_visible and not torch.cuda:
+        print("pyfa inputs: numpy arrays, copied to the device and waited for in every call (torch CUDA "
+              "tensors, read in place, need torch)", file=out)
     todo = [(op, L) for op in args.op for L in contexts[op]]
     progress = Progress(len(todo), "bench")
     results = []

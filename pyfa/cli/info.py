@@ -5,7 +5,7 @@ Everything is asked of the library: the kernel lists (head dims, dtypes,
 TurboQuant widths) from pyfa.supported(), which reads the shader headers'
 X-macro lists; the device facts from pyfa_device_info; which ops run by
 running each once at a tiny shape (an op a backend lacks raises
-UnsupportedError, shown as its message); plans from pyfa.counters(); the
+UnsupportedError, shown as its message); plans by asking for one; the
 device clock from pyfa_encoder_device_seconds. The one rule kept in Python is
 pyfa._io.gpu_like's: GPU arrays (and so device kv_len tensors and CUDA graph
 capture) go only to devices that are not host-visible.
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 import pyfa
-from pyfa import dtypes
+from pyfa import _args, _plans, dtypes
 from pyfa._native import LIBRARY_PATH, ffi, lib
 from pyfa.errors import check
 
@@ -59,9 +59,8 @@ def open_devices() -> list[tuple[str, pyfa.Device | None, str]]:
     return found
 
 
-def probe_ops(device: pyfa.Device) -> tuple[dict, int]:
-    """Each op run once at the smallest head dim: {op: "yes" or the error's first line}, and how many
-    plans the calls made (pyfa.counters)."""
+def probe_ops(device: pyfa.Device) -> dict:
+    """Each op run once at the smallest TurboQuant head dim: {op: "yes" or "no (the error's first line)"}."""
     D = min(pyfa.supported("tq_head_dims"))
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, D)).astype(np.float32)
@@ -82,7 +81,6 @@ def probe_ops(device: pyfa.Device) -> tuple[dict, int]:
            "prefill + merge": prefill,
            "KVCache": lambda: cache(pyfa.KVCache),
            "TurboQuantKVCache": lambda: cache(pyfa.TurboQuantKVCache)}
-    before = pyfa.counters()["plans_created"]
     found = {}
     for name, fn in ops.items():
         try:
@@ -90,7 +88,22 @@ def probe_ops(device: pyfa.Device) -> tuple[dict, int]:
             found[name] = "yes"
         except pyfa.PyfaError as e:
             found[name] = f"no ({str(e).splitlines()[0]})"
-    return found, pyfa.counters()["plans_created"] - before
+    return found
+
+
+def plans(device: pyfa.Device) -> str:
+    """Whether the device makes the C ABI's plans (the prepared calls every op runs on where arrays are
+    read in place): a decode plan asked for directly, "yes" or "no (why)"."""
+    desc = _args.params("pyfa_decode_plan_desc *", {
+        "attn": {"batch": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64, "kv_capacity": 8, "nwg": 0,
+                 "window": 0, "scale": 0.125, "softcap": 0.0},
+        "q_dtype": lib.PYFA_DTYPE_F32, "kv_dtype": lib.PYFA_DTYPE_F16, "out_dtype": lib.PYFA_DTYPE_F32,
+        "max_kv_len": 8, "return_lse": 0})
+    try:
+        _plans.new_plan(lib.pyfa_decode_plan_new, device, desc)
+    except pyfa.PyfaError as e:
+        return f"no ({str(e).splitlines()[0]})"
+    return "yes"
 
 
 def device_clock(device: pyfa.Device) -> bool:
@@ -108,9 +121,8 @@ def device_lines(device: pyfa.Device, probe: bool) -> list[str]:
              f"  GPU: {'yes' if device.is_gpu else 'no'}; compute units {device.compute_units}; memory {memory}; "
              f"SIMD width {device.simd_width}"]
     if probe:
-        ops, plans = probe_ops(device)
-        lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in ops.items()))
-        lines.append(f"  plans: {'yes' if plans else 'no'} ({plans} made by those calls; a repeated call reuses one)")
+        lines.append("  ops: " + ", ".join(f"{k} {v}" for k, v in probe_ops(device).items()))
+    lines.append(f"  plans (pyfa_*_plan_new, prepared calls): {plans(device)}")
     if device.host_visible:
         lines.append("  arrays: numpy and torch CPU tensors read in place; no GPU arrays, so no device kv_len "
                      "tensors or CUDA graphs")
