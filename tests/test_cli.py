@@ -57,6 +57,25 @@ def _block(out: str, name: str) -> list[str]:
     return lines[start:end]
 
 
+def test_info_shows_an_op_that_fails(capsys, monkeypatch):
+    def refuse(*args, **kw):
+        raise pyfa.UnsupportedError("KVCache: refused for this test")
+    monkeypatch.setattr(pyfa, "KVCache", refuse)
+    assert main(["info", "--backend", "cpu"]) == 0
+    block = _block(capsys.readouterr().out, "cpu")
+    assert "  ops: decode yes, prefill + merge yes, KVCache no (KVCache: refused for this test), " \
+           "TurboQuantKVCache yes" in block
+
+
+def test_info_device_clock(capsys):
+    """Metal reports each submission's device time; the CPU backend has no such clock."""
+    assert main(["info", "--no-probe"]) == 0
+    out = capsys.readouterr().out
+    assert "  device clock (pyfa_encoder_device_seconds): no" in _block(out, "cpu")
+    if "metal" in pyfa.available_backends():
+        assert "  device clock (pyfa_encoder_device_seconds): yes" in _block(out, "metal")
+
+
 def test_info_one_backend_without_probe(capsys):
     assert main(["info", "--backend", "cpu", "--no-probe"]) == 0
     out = capsys.readouterr().out
