@@ -11,8 +11,9 @@
 # tests with each variant forced; "serving" runs benchmarks/test_serving_loop.py
 # into serving.json + serving.txt (pytest output) + serving.md (scripts/serving_report.py;
 # PYFA_SERVING_GATES=1 makes missed targets fail); "hf" runs scripts/hf_generate_bench.py
-# into hf.json + hf.md). The $OUT transfer takes at most 8 files: run "serving hf"
-# on their own (with env.txt, 6 files).
+# into hf.json + hf.md; "main" runs the main job on the GPU, `python -m pyfa info`,
+# `check --backend cuda --full` and `bench --backend cuda`, into main.txt + main_bench.png).
+# The $OUT transfer takes at most 8 files: run "serving hf" on their own (with env.txt, 6 files).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
@@ -98,6 +99,13 @@ if has hf; then
     echo "== transformers generation: pyfa vs sdpa"
     timeout ${PYFA_HF_TIMEOUT:-500} python3 scripts/hf_generate_bench.py --json "$out/hf.json" --md "$out/hf.md" \
         ${PYFA_HF_ARGS:-} 2>&1 | tail -25 || status=1
+fi
+if has main; then
+    echo "== python -m pyfa: info, check --full, bench on cuda"
+    { timeout 60 python3 -m pyfa info && timeout ${PYFA_MAIN_CHECK_TIMEOUT:-300} python3 -m pyfa check --backend cuda --full \
+        && timeout ${PYFA_MAIN_BENCH_TIMEOUT:-300} python3 -m pyfa bench --backend cuda --plot "$out/main_bench.png"; } \
+        > "$out/main.txt" 2>&1 || { echo "main: exit $?" >> "$out/main.txt"; status=1; }
+    grep -v '^check [0-9]\|^bench [0-9]' "$out/main.txt" | tail -70
 fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"

@@ -118,8 +118,3 @@ def test_threads_decoding_at_once_on_one_device(cpu):
     for t in threads:
         t.join()
     assert not errs, errs
-
-
-def test_main_job_runs_small():
-    from pyfa.__main__ import main
-    assert main(["--backend", "cpu", "--context", "2048", "--repeats", "2"]) == 0
