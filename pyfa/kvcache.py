@@ -242,6 +242,9 @@ class KVCache(_RingCache):
     sliding_window : None, or the number of latest tokens attention sees (ring buffer,
         ``capacity >= sliding_window``; flash-attn's ``window_size=(sliding_window - 1, 0)``).
 
+    Attributes: ``num_kv_heads``, ``head_dim``, ``capacity``, ``sliding_window``, ``dtype``,
+    ``device``; ``len(cache)`` is the number of tokens stored.
+
     ``attend`` follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE);
     against flash-attn's and torch's: README.md, "Conventions for flash-attn and torch users".
 

@@ -263,6 +263,10 @@ class TurboQuantKVCache(_RingCache):
     Storage per token and KV head: ``D*k_bits/8 + D*v_bits/8`` bytes of codes plus two float32
     scales (136 B at D=128, 4 bits, against 512 B of float16 K+V).
 
+    Attributes: ``num_kv_heads``, ``head_dim``, ``capacity``, ``sliding_window``, ``k_bits``,
+    ``v_bits``, ``seed``, ``device``; ``len(cache)`` is the number of tokens stored. ``attend``
+    follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE).
+
     >>> import numpy as np, pyfa
     >>> c = pyfa.TurboQuantKVCache(2, 64, 16)
     >>> c.append(np.ones((3, 2, 64), np.float32), np.ones((3, 2, 64), np.float32))
