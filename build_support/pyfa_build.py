@@ -6,6 +6,10 @@ not depend on the Python version (``py3-none``) but does on the platform
 (``linux_x86_64``, ``macosx_..._arm64``): a Linux .so must not install on a Mac.
 No third-party build tools are needed; wheels and sdists are plain zip / tar
 files written here.
+
+The build runs in the source tree (pip builds local directories in place), so
+an existing ``.build`` from ``scripts/build.sh`` or ``swift build -c release``
+is reused and a rebuild after an edit is incremental.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import base64
 import hashlib
 import io
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -53,34 +59,69 @@ def _metadata() -> str:
 
 
 def _platform_tag() -> str:
-    """The wheel's platform tag, honest about what was built: the machine's
-    own platform (not manylinux: nothing here audits the .so's symbol versions)."""
+    """The wheel's platform tag, honest about what was built: the machine's own
+    platform on Linux (not manylinux: nothing here audits the .so's symbol
+    versions against a manylinux policy); on macOS the machine's architecture
+    (SwiftPM builds for the host only, never universal2) and the deployment
+    target Package.swift declares (the oldest macOS the library loads on)."""
     plat = sysconfig.get_platform()
     if plat.startswith("macosx"):
-        _, version, arch = plat.split("-", 2)
-        major = version.split(".")[0]
-        return f"macosx_{max(int(major), 11)}_0_{arch}"
+        declared = re.search(r"\.macOS\(\.v(\d+)\)", (ROOT / "Package.swift").read_text())
+        major = max(int(declared.group(1)) if declared else 11, 11)
+        return f"macosx_{major}_0_{platform.machine()}"
     return plat.replace("-", "_").replace(".", "_")
+
+
+def _library_name() -> str:
+    return "libpyfa.dylib" if sys.platform == "darwin" else "libpyfa.so"
+
+
+class ToolchainError(SystemExit):
+    """Building needs what is missing; raised as SystemExit so that pip shows
+    this message as the build's last line instead of a traceback."""
+
+
+_SWIFT_HINT = ("pyfa builds its native library (libpyfa) with the Swift toolchain, Swift 6 or newer "
+               "(https://www.swift.org/install); put its bin directory on PATH")
+
+
+def _check_toolchain() -> None:
+    """Fails with a message naming the toolchain when `swift` is missing or older than 6."""
+    swift = shutil.which("swift")
+    if swift is None:
+        raise ToolchainError(f"pyfa: `swift` was not found on PATH. {_SWIFT_HINT}.")
+    try:
+        banner = subprocess.run([swift, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolchainError(f"pyfa: `{swift} --version` failed ({e}). {_SWIFT_HINT}.") from None
+    version = re.search(r"Swift version (\d+)\.", banner)
+    if version is None or int(version.group(1)) < 6:
+        found = banner.strip().splitlines()[0] if banner.strip() else "no version banner"
+        raise ToolchainError(f"pyfa: {swift} is not Swift 6 or newer ({found}). {_SWIFT_HINT}.")
 
 
 def _build_library() -> Path:
     """Runs scripts/build.sh (SwiftPM) and returns pyfa/_lib."""
-    if shutil.which("swift") is None:
-        raise RuntimeError(
-            "pyfa: building needs the Swift toolchain (`swift` on PATH, Swift 6 or newer; "
-            "https://www.swift.org/install), which builds the native library libpyfa")
+    _check_toolchain()
     subprocess.run(["bash", str(ROOT / "scripts" / "build.sh")], cwd=ROOT, check=True)
     lib = ROOT / "pyfa" / "_lib"
-    if not any(lib.glob("libpyfa.*")):
-        raise RuntimeError(f"pyfa: scripts/build.sh left no libpyfa in {lib}")
+    if not (lib / _library_name()).is_file():
+        raise RuntimeError(f"pyfa: scripts/build.sh left no {_library_name()} in {lib}")
     return lib
 
 
 def _package_files() -> list[Path]:
+    """The package's Python files, the library built for this platform and the
+    headers scripts/build.sh installs beside it (the cffi binding reads them at
+    import); nothing else that may lie in pyfa/_lib."""
     pkg = ROOT / "pyfa"
-    files = [p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts]
-    lib = pkg / "_lib"
-    files += sorted(lib.glob("libpyfa.*")) + sorted((lib / "include").glob("*.h"))
+    files = [p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts and "_lib" not in p.relative_to(pkg).parts]
+    include = pkg / "_lib" / "include"
+    headers = [p.name for p in (ROOT / "shaders" / "common").glob("*.h")] + ["pyfa.h"]
+    missing = [h for h in headers if not (include / h).is_file()]
+    if missing:
+        raise RuntimeError(f"pyfa: scripts/build.sh left no {', '.join(missing)} in {include}")
+    files += [pkg / "_lib" / _library_name()] + [include / h for h in headers]
     return sorted(set(files))
 
 
@@ -89,17 +130,22 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
+def _dist_info_files() -> list[tuple[str, bytes]]:
+    """(path, bytes) of the .dist-info files other than RECORD."""
+    name, version = _dist_name(), _project()["version"]
+    dist_info = f"{name}-{version}.dist-info"
+    wheel = f"Wheel-Version: 1.0\nGenerator: pyfa_build\nRoot-Is-Purelib: false\nTag: py3-none-{_platform_tag()}\n"
+    return [(f"{dist_info}/METADATA", _metadata().encode()), (f"{dist_info}/WHEEL", wheel.encode())]
+
+
 def _write_wheel(directory: str, files: list[tuple[str, bytes]]) -> str:
     name, version = _dist_name(), _project()["version"]
-    tag = f"py3-none-{_platform_tag()}"
-    wheel_name = f"{name}-{version}-{tag}.whl"
+    wheel_name = f"{name}-{version}-py3-none-{_platform_tag()}.whl"
     dist_info = f"{name}-{version}.dist-info"
-    meta = [(f"{dist_info}/METADATA", _metadata().encode()),
-            (f"{dist_info}/WHEEL", f"Wheel-Version: 1.0\nGenerator: pyfa_build\nRoot-Is-Purelib: false\nTag: {tag}\n".encode())]
     records = []
     path = Path(directory) / wheel_name
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for arcname, data in files + meta:
+        for arcname, data in files + _dist_info_files():
             info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
             info.external_attr = (0o755 if arcname.endswith((".so", ".dylib")) else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -118,6 +164,16 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def get_requires_for_build_sdist(config_settings=None):
     return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    """The wheel's metadata without building it, so a frontend resolves the
+    dependencies before the (minutes-long when cold) Swift build starts."""
+    for arcname, data in _dist_info_files():
+        target = Path(metadata_directory) / arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return _dist_info_files()[0][0].split("/")[0]
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

@@ -25,10 +25,13 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         torch CPU tensor (read in place; the result is then a torch tensor), or a GPU array (below)
     k_cache, v_cache : arrays ``[B, H_kv, capacity, D]`` (or ``[H_kv, capacity, D]``), one float
         dtype for both; ``H % H_kv == 0`` (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
+        Head-major: flash-attn's ``[B, capacity, H_kv, D]`` cache is ``k_cache.transpose(1, 2)``,
+        copied per call when not contiguous.
     kv_len : int or ``[B]`` ints in ``1..capacity``: valid slots per sequence (slot ``s < kv_len``).
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores; 0 disables.
-    window : None, or a positive int: only the last ``window`` positions are visible.
+    window : None, or a positive int: only the last ``window`` positions are visible
+        (flash-attn's ``window_size=(window - 1, 0)``).
     ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
         slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
         full ring (``kv_len == capacity``).
@@ -53,6 +56,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     Non-contiguous inputs are copied. With GPU arrays (torch / cupy) on the cuda device the inputs
     are read in place, the results are arrays of the same framework, and the work is queued on the
     caller's current stream without waiting.
+
+    How these conventions map to flash-attn's and torch's: README.md, "Conventions for flash-attn and torch users".
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((4, 64), np.float32); k = np.ones((2, 8, 64), np.float16)

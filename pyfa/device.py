@@ -24,7 +24,10 @@ class Buffer:
 
     ``shared`` storage is CPU-visible and :meth:`numpy` returns a zero-copy
     view; ``private`` storage lives on the device and is reached through
-    :meth:`read` / :meth:`write` copies.
+    :meth:`read` / :meth:`write` copies. Made by :meth:`Device.buffer`,
+    :meth:`Device.wrap` and :meth:`Device.wrap_device`; attributes ``device``,
+    ``dtype`` (numpy), ``shape`` (tuple) and ``storage`` (``"shared"`` or
+    ``"private"``).
     """
 
     def __init__(self, device: "Device", handle, dtype: np.dtype, shape: tuple, storage: str, keepalive=None):
@@ -37,10 +40,12 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
+        """Size in bytes, as the library allocated it."""
         return int(lib.pyfa_buffer_nbytes(self._h))
 
     @property
     def handle(self):
+        """The ``pyfa_buffer *`` of the C ABI (a cffi pointer), for calls into ``pyfa._native.lib``."""
         return self._h
 
     def numpy(self) -> np.ndarray:
@@ -53,6 +58,8 @@ class Buffer:
         return view.reshape(self.shape)
 
     def write(self, array) -> None:
+        """Copies ``array`` (converted to the buffer's dtype, C order) into the buffer; its byte
+        size must equal :attr:`nbytes`."""
         try:
             a = np.ascontiguousarray(array, dtype=self.dtype)
         except Exception as e:
@@ -62,6 +69,7 @@ class Buffer:
         check(lib.pyfa_buffer_write(self._h, 0, ffi.from_buffer(a), a.nbytes))
 
     def read(self) -> np.ndarray:
+        """A new numpy array of the buffer's shape and dtype holding a copy of its contents."""
         a = np.empty(self.shape, dtype=self.dtype)
         check(lib.pyfa_buffer_read(self._h, 0, ffi.from_buffer(a, require_writable=True), a.nbytes))
         return a
@@ -84,7 +92,18 @@ class _Owned(np.ndarray):
 
 class Device:
     """A pyfa device: ``Device("auto")`` takes the best backend that opens
-    (CUDA, Metal), else the CPU."""
+    (CUDA, Metal), else the CPU; ``"cpu"``, ``"cuda"`` or ``"metal"`` names one,
+    and raises :class:`pyfa.BackendUnavailableError` saying why when it does
+    not open.
+
+    Attributes (from the library): ``backend``, ``name``, ``compute_units``,
+    ``memory_bytes``, ``max_threads_per_threadgroup``,
+    ``max_threadgroup_memory``, ``simd_width``, ``is_gpu``.
+
+    >>> import pyfa
+    >>> pyfa.Device("cpu").backend
+    'cpu'
+    """
 
     def __init__(self, backend: str = "auto"):
         out = ffi.new("pyfa_device **")
@@ -105,6 +124,7 @@ class Device:
 
     @property
     def handle(self):
+        """The ``pyfa_device *`` of the C ABI (a cffi pointer), for calls into ``pyfa._native.lib``."""
         return self._h
 
     @property

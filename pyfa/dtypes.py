@@ -7,6 +7,8 @@ import numpy as np
 from ._native import lib
 from .errors import invalid
 
+#: numpy's bfloat16 dtype (``ml_dtypes.bfloat16``): ``x.astype(pyfa.bfloat16)`` makes bfloat16
+#: inputs, and bfloat16 outputs come back in it.
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
 _TO_CODE = {

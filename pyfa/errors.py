@@ -30,6 +30,8 @@ class UnsupportedError(PyfaError):
 
 
 class OutOfMemoryError(PyfaError, MemoryError):
+    """A device or host allocation failed."""
+
     status = lib.PYFA_ERR_OUT_OF_MEMORY
 
 
@@ -40,14 +42,21 @@ class BackendUnavailableError(PyfaError):
 
 
 class CompileError(PyfaError):
+    """A kernel failed to compile at run time (NVRTC on CUDA; Metal's compiler, on Linux the
+    executor's clang); the message carries the compiler's log."""
+
     status = lib.PYFA_ERR_COMPILE
 
 
 class ExecutionError(PyfaError):
+    """Submitted work failed on the device (a kernel fault, a failed launch or copy)."""
+
     status = lib.PYFA_ERR_EXECUTION
 
 
 class InternalError(PyfaError):
+    """A broken invariant inside pyfa: a bug to report, not a usage error."""
+
     status = lib.PYFA_ERR_INTERNAL
 
 

@@ -239,7 +239,13 @@ class KVCache(_RingCache):
         ``[num_kv_heads, capacity, head_dim]`` of ``dtype`` on ``device``.
     dtype : float16 (default), bfloat16 or float32: the storage type.
     sliding_window : None, or the number of latest tokens attention sees (ring buffer,
-        ``capacity >= sliding_window``).
+        ``capacity >= sliding_window``; flash-attn's ``window_size=(sliding_window - 1, 0)``).
+
+    Attributes: ``num_kv_heads``, ``head_dim``, ``capacity``, ``sliding_window``, ``dtype``,
+    ``device``; ``len(cache)`` is the number of tokens stored.
+
+    ``attend`` follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE);
+    against flash-attn's and torch's: README.md, "Conventions for flash-attn and torch users".
 
     >>> import numpy as np, pyfa
     >>> c = pyfa.KVCache(2, 64, 16)

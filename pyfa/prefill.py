@@ -24,22 +24,26 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
 
     Parameters
     ----------
-    q : array ``[B, H, q_len, D]`` ("bhsd") or ``[B, q_len, H, D]`` ("bshd"), float32 / float16 / bfloat16;
+    q : array ``[B, H, q_len, D]`` ("bhsd", torch SDPA's layout) or ``[B, q_len, H, D]`` ("bshd",
+        flash-attn's), float32 / float16 / bfloat16;
         ``D`` in {64, 80, 96, 128, 192, 256, 512}.
     k, v : arrays ``[B, H_kv, kv_len, D]`` / ``[B, kv_len, H_kv, D]``, q's dtype; ``H % H_kv == 0``
         (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     causal : query row ``i`` (absolute position ``q_offset + i``) sees keys ``j <= q_offset + i``.
-    q_offset : int, default ``kv_len - q_len`` (bottom-right alignment). Set it for chunked prefill
+    q_offset : int, default ``kv_len - q_len`` (bottom-right alignment, as flash-attn 2.1 and later;
+        torch SDPA's ``is_causal`` is top-left aligned: ``q_offset=0``). Set it for chunked prefill
         into an existing cache; it may be negative (rows before position 0 see no key under causal).
     mask : optional ``[q_len, kv_len]`` (shared by every batch and head) or ``[B, H, q_len, kv_len]``;
         bool (True = attend) or q's dtype (additive: ``-inf`` blocks, finite values are biases).
         Combines with ``causal`` and ``window``.
-    window : None or a positive int: a query at position ``p`` sees keys with ``p - j < window``.
+    window : None or a positive int: a query at position ``p`` sees keys with ``p - j < window``
+        (with ``causal``, flash-attn's ``window_size=(window - 1, 0)``; without, ``(window - 1, -1)``).
     softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores before the mask.
     layout : "bhsd" or "bshd" (for q, k, v and the output).
-    return_lse : also return the float32 LSE ``[B, H, q_len]`` (natural log; ``-inf`` for a row
-        with no visible key).
+    return_lse : also return the float32 LSE ``[B, H, q_len]``: the natural log of ``sum_j exp(s_j)``
+        over the visible keys, ``s`` the scores after scale, softcap and an additive mask (``-inf``
+        for a row with no visible key).
     out : optional C-contiguous array of q's shape and the output dtype to write into (numpy or a torch CPU
         tensor; a GPU array when the inputs are); it is returned.
     out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
@@ -49,6 +53,8 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     -------
     array of q's shape and ``out_dtype`` (rows with no visible key are zeros), or ``(out, lse)``:
     numpy, or torch tensors when q is a torch tensor (CPU tensors are read in place).
+
+    How these conventions map to flash-attn's and torch's: README.md, "Conventions for flash-attn and torch users".
 
     >>> import numpy as np, pyfa
     >>> q = np.ones((1, 2, 5, 64), np.float32)

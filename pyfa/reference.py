@@ -1,6 +1,8 @@
-"""float64 numpy reference of pyfa's attention semantics (ARCHITECTURE.md,
-"Numerical contracts"). Slow and simple on purpose: tests and the main job
-compare the kernels against it."""
+"""float64 numpy reference of pyfa's attention semantics: what each op
+computes, written as plainly as possible. Slow and simple on purpose: tests
+and the main job compare the kernels against it. How these semantics map to
+flash-attn's and torch's: README.md, "Conventions for flash-attn and torch
+users"."""
 from __future__ import annotations
 
 import math
@@ -26,6 +28,7 @@ def softmax_rows(scores: np.ndarray, visible: np.ndarray):
 
 
 def capped(scores: np.ndarray, softcap: float) -> np.ndarray:
+    """Soft-capped scores ``softcap * tanh(scores / softcap)``; ``softcap <= 0`` leaves them as they are."""
     return softcap * np.tanh(scores / softcap) if softcap > 0 else scores
 
 

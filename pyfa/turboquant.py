@@ -257,10 +257,15 @@ class TurboQuantKVCache(_RingCache):
     norm_correction : True (default): store the norm-preserving scale
         ``|x| sqrt(D) / |c[idx]|``, which measured best (module docstring); False: ``|x|``;
         or one of 'none', 'norm_preserving', 'unbiased'.
-    sliding_window : None, or the latest tokens attention sees (ring buffer).
+    sliding_window : None, or the number of latest tokens attention sees (ring buffer;
+        flash-attn's ``window_size=(sliding_window - 1, 0)``).
 
     Storage per token and KV head: ``D*k_bits/8 + D*v_bits/8`` bytes of codes plus two float32
     scales (136 B at D=128, 4 bits, against 512 B of float16 K+V).
+
+    Attributes: ``num_kv_heads``, ``head_dim``, ``capacity``, ``sliding_window``, ``k_bits``,
+    ``v_bits``, ``seed``, ``device``; ``len(cache)`` is the number of tokens stored. ``attend``
+    follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE).
 
     >>> import numpy as np, pyfa
     >>> c = pyfa.TurboQuantKVCache(2, 64, 16)

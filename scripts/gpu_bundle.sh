@@ -2,7 +2,7 @@
 # Builds a self-contained bundle for a Linux GPU machine that has the NVIDIA
 # driver, NVRTC and Python 3.12 but no Swift toolchain:
 #   <dest>/pyfa/            the package, with _lib/libpyfa.so (Swift runtime linked in) and headers
-#   <dest>/tests/, benchmarks/, scripts/gpu_run.sh
+#   <dest>/tests/, benchmarks/, scripts/gpu_run.sh, README.md and docs/API.md (their tests)
 #   <dest>/wheels/          cffi + pycparser for CPython 3.12 (numpy, ml_dtypes, torch are expected there)
 # Usage: bash scripts/gpu_bundle.sh [dest (default: bundle/)] ; wheels are taken from
 # $PYFA_WHEELS_DIR if set, else downloaded from PyPI.
@@ -15,6 +15,8 @@ rm -rf "$dest"
 mkdir -p "$dest/scripts" "$dest/wheels"
 cp -r pyfa tests benchmarks "$dest/"
 mkdir -p "$dest/shaders" && cp -r shaders/common "$dest/shaders/"  # tests read the param headers
+# tests/test_readme.py runs the README's CUDA snippets there; test_api_docs.py checks the API page.
+mkdir -p "$dest/docs" && cp README.md "$dest/" && cp docs/API.md "$dest/docs/" && cp scripts/gen_api_docs.py "$dest/scripts/"
 cp scripts/gpu_run.sh scripts/gpu_*_check.py scripts/gpu_tq_profile.py scripts/gpu_tq_sweep.sh scripts/serving_report.py \
     scripts/hf_generate_bench.py "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +

@@ -1,6 +1,7 @@
 import os
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +9,20 @@ import pytest
 import pyfa
 
 
+def _check_package_origin() -> None:
+    """$PYFA_EXPECT_PREFIX (set by scripts/wheel_check.sh, which runs this suite
+    against an installed wheel) names the environment pyfa must be imported
+    from: a source tree that shadows the installed package stops the run."""
+    prefix = os.environ.get("PYFA_EXPECT_PREFIX")
+    if not prefix:
+        return
+    origin = Path(pyfa.__file__).resolve()
+    if not origin.is_relative_to(Path(prefix).resolve()):
+        raise pytest.UsageError(f"pyfa was imported from {origin}, not from the environment {prefix} "
+                                "($PYFA_EXPECT_PREFIX): the run would not test the installed package")
+
+
+_check_package_origin()
 AVAILABLE = pyfa.available_backends()
 _NAMED = os.environ.get("PYFA_BACKEND") or os.environ.get("PYFA_TEST_BACKENDS")
 

@@ -1,16 +1,17 @@
 """Library, device, buffer and error surface; thread safety."""
 import re
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import pyfa
-from pyfa import errors
+from pyfa import _native, errors
 from pyfa._native import ffi, lib
 
-HEADERS = Path(__file__).resolve().parents[1] / "shaders" / "common"
+# The parameter-struct headers the binding reads: installed beside the library
+# (pyfa/_lib/include), or shaders/common in a source tree without a build.
+HEADERS = _native._find_header("pyfa_params.h").parent
 
 
 def test_backends_and_default_device():

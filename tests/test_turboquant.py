@@ -14,15 +14,14 @@ from pyfa import _io, reference
 from pyfa import turboquant as tq
 from pyfa._native import ffi, lib
 
-# Positive halves of the N(0,1) Lloyd-Max codebooks, turboquant.md section 3 (7 s.f.),
-# and the seed kernel's CODEBOOK_4BIT.
+# Positive halves of the N(0,1) Lloyd-Max codebooks (7 s.f.), and the 4-bit one to 8 s.f.
 REFERENCE_CODEBOOKS = {
     2: [0.4527800, 1.510418],
     3: [0.2450942, 0.7560053, 1.343909, 2.151946],
     4: [0.1283950, 0.3880483, 0.6567591, 0.9423405, 1.256231, 1.618046, 2.069017, 2.732590],
 }
 SEED_CODEBOOK_4BIT = [0.1283950, 0.3880483, 0.6567591, 0.9423405, 1.2562312, 1.6180464, 2.0690172, 2.7325896]
-# Gaussian-limit MSE of each codebook (sigma^2 = 1), turboquant.md section 3.
+# Gaussian-limit MSE of each codebook (sigma^2 = 1): the Lloyd-Max distortions of N(0, 1).
 GAUSSIAN_MSE = {2: 0.1174818, 3: 0.03454776, 4: 0.009501008}
 
 
@@ -216,7 +215,7 @@ def _roundtrip(x, bits, seed=0, nc=False, device=None):
     return cache.dequantize()[0][:, 0].astype(np.float64)
 
 
-# D_mse with the Gaussian codebook at finite d (turboquant.md section 5 item 3). The
+# D_mse with the Gaussian codebook at finite d. The
 # Gaussian-limit values (0.1174818 / 0.03454776 / 0.009501008) are NOT the target at finite d:
 # the rotated coordinate is Beta-distributed and bounded, so the achieved D_mse runs lower,
 # by up to 3.5% at d=64, 4 bits (0.0091712 vs 0.0095010). Tolerance: 8192 rows, per-row
@@ -242,8 +241,8 @@ def test_structured_rows():
     D = 128
     c = {b: tq.codebook(b).astype(np.float64) for b in (2, 3, 4)}
     # One-hot: one rotation maps it to +-1/sqrt(D) in every coordinate (t = +-1), so every
-    # coordinate lands in the cell of 1.0: D_mse = (1 - c_near)^2 exactly (turboquant.md 1.2:
-    # 0.2605 / 0.0595 / 0.0033), and the norm-preserving scale reconstructs it exactly.
+    # coordinate lands in the cell of 1.0: D_mse = (1 - c_near)^2 exactly (0.2605 / 0.0595 /
+    # 0.0033 at 2 / 3 / 4 bits), and the norm-preserving scale reconstructs it exactly.
     e = np.zeros((1, D))
     e[0, 5] = 1.0
     for b in (2, 3, 4):
@@ -252,8 +251,8 @@ def test_structured_rows():
         assert err == pytest.approx((1 - near) ** 2, rel=1e-5)
         assert np.sum((_roundtrip(e, b, nc=True) - e) ** 2) < 1e-10
     # Constant rows over 64 seeds, and rows with 99% of their energy in one channel: the signs
-    # spread them, so distortion stays near the Gaussian-direction value (measured in
-    # turboquant.md 1.2: constant ~1.0x, 99% one-channel up to 1.8x at 2 bits).
+    # spread them, so distortion stays near the Gaussian-direction value (constant rows about
+    # 1.0x, rows with 99% in one channel up to 1.8x at 2 bits).
     rng = np.random.default_rng(0)
     spiky = rng.standard_normal((512, D))
     spiky[np.arange(512), rng.integers(0, D, 512)] = 0
@@ -355,7 +354,7 @@ def test_fused_tail_is_bit_identical(device, D, bits):
 
 def test_attention_accuracy_4bit():
     """d=128, 2048 Gaussian keys/values, 4-bit K and V: output cosine >= 0.985 on average
-    (turboquant.md 5.7 measures 0.990 mean, 0.985 minimum over trials for |x|-scaled codes)."""
+    (|x|-scaled codes reach about 0.990 on average and 0.985 at worst over trials)."""
     rng = np.random.default_rng(7)
     cos = []
     for trial in range(4):
