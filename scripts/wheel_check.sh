@@ -2,7 +2,7 @@
 # The package as a user gets it: builds the wheel (the PEP 517 backend runs the
 # SwiftPM build; incremental after scripts/build.sh), checks its tag and
 # contents, installs it with the test extra into a fresh virtual environment
-# and, from a directory outside the source tree, runs `python -m pyfa` and the
+# and, from a directory outside the source tree, runs `python -m pyfa check` and the
 # test suite against the installed package (tests/conftest.py stops the run
 # if pyfa is imported from anywhere but that environment).
 #
@@ -79,8 +79,8 @@ if not origin.is_relative_to(Path(sys.argv[1]).resolve()):
 print(f"wheel check: pyfa imported from {origin.parent}")
 EOF
 
-step "python -m pyfa (from $run)"
-timeout "$limit" "$py" -m pyfa || fail "python -m pyfa failed"
+step "python -m pyfa check (from $run)"
+timeout "$limit" "$py" -m pyfa check || fail "python -m pyfa check failed"
 
 step "the test suite against the installed package"
 PYFA_EXPECT_PREFIX="$work/venv" timeout "$limit" "$py" -m pytest -q -p no:cacheprovider tests \
