@@ -48,11 +48,18 @@ Conventions, mapped exactly:
 - ``softcap``: both apply ``softcap * tanh(s / softcap)`` to the scaled scores, before the mask.
 - float masks are additive (transformers' eager masks: 0 or ``finfo.min``); they are passed
   in the query's dtype.
+- ``s_aux`` (attention sinks, gpt-oss: one logit per query head that joins the softmax's
+  denominator only): pyfa runs with a float32 output and its LSE, and :func:`with_sinks`
+  rescales each row by ``sigmoid(lse - sink)``.
 
-Refused with NotImplementedError naming the feature: attention sinks (``s_aux``), position
-biases, dropout > 0, gradients (pyfa is inference-only), key and value head dims that
-differ, a sliding window on a non-causal layer without a mask, tensors on devices other
-than the CPU and CUDA GPU 0.
+:class:`PyfaCache` (``pyfa/integrations/_hf_cache.py``) is a transformers ``Cache`` that
+keeps the model's K and V in pyfa caches; with it, decode steps attend the caches in place
+(``attend``) instead of transformers' concatenated tensors.
+
+Refused with NotImplementedError naming the feature: position biases, dropout > 0,
+gradients (pyfa is inference-only), key and value head dims that differ, sinks of another
+shape than ``[H]``, a sliding window on a non-causal layer without a mask, tensors on
+devices other than the CPU and CUDA GPU 0.
 
 Tensors: CUDA tensors go to pyfa's ``cuda`` backend and are read in place on torch's
 current stream; CPU tensors are read in place as numpy arrays by the ``cpu`` backend.
