@@ -132,7 +132,7 @@ class PyfaCacheLayer(CacheLayerMixin):
         lse = call.sinks is not None
         outs, lses = [], []
         for b, cache in enumerate(self.caches):
-            res = cache.attend(hf._arg(query[b, :, 0, :]), scale=call.scale, softcap=call.softcap,
+            res = cache.attend(hf._arg(query[b, :, 0, :].contiguous()), scale=call.scale, softcap=call.softcap,
                                out_dtype=np.float32 if lse else None, return_lse=lse)
             out, l = (res if lse else (res, None))
             outs.append(hf._tensor(out))
@@ -143,6 +143,8 @@ class PyfaCacheLayer(CacheLayerMixin):
     def _read(self, count: int):
         """The last ``count`` stored rows in order, as K and V tensors ``[B, H_kv, count, D]``
         on the cache's device in its dtype (dense: copies; TurboQuant: dequantised)."""
+        if self.device.type == "cuda":  # appends were queued on torch's stream; reads run on pyfa's
+            torch.cuda.current_stream(self.device).synchronize()
         ks, vs = [], []
         for cache in self.caches:
             with cache._lock:
