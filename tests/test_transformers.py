@@ -512,5 +512,12 @@ def test_pyfa_cache_refusals(torch_device):
         _generate(model, "eager", ids, **{_cache_kwarg(model): pyfa_hf.PyfaCache(cfg, max_cache_len=40)})
     with pytest.raises(pyfa.PyfaError, match="capacity"):  # 16 prompt tokens + 12 new > 20
         _generate(model, NAME, ids, **{_cache_kwarg(model): pyfa_hf.PyfaCache(cfg, max_cache_len=20)})
+    cache, (k, v) = pyfa_hf.PyfaCache(cfg, max_cache_len=8), _qkv(torch_device, B=1)[1:]
+    cache.update(k, v, 0)
+    with pytest.raises(pyfa.InvalidArgumentError, match="did not receive the rows"):  # no attention call between
+        cache.update(k, v, 1)
+    assert pyfa_hf._take_pending(k, v) is cache.layers[0]
+    with pytest.raises(pyfa.InvalidArgumentError, match="key_states"):  # the layer holds one sequence
+        cache.update(torch.cat([k, k]), torch.cat([v, v]), 0)
     with pytest.raises(NotImplementedError, match="beam"):
         _generate(model, NAME, ids, num_beams=2, **{_cache_kwarg(model): pyfa_hf.PyfaCache(cfg, max_cache_len=40)})

@@ -60,17 +60,19 @@ class PyfaCacheLayer(CacheLayerMixin):
         self.dtype = key_states.dtype
         self.shape = (B, Hkv, D)
         device = hf._pyfa_device(key_states)
-        capacity = self.sliding_window or self.owner.max_cache_len
-        o = self.owner
-        if o.kind == "dense":
-            make = lambda: pyfa.KVCache(Hkv, D, capacity, dtype=_NUMPY_DTYPES[key_states.dtype],  # noqa: E731
-                                        sliding_window=self.sliding_window, device=device)
-        else:
-            make = lambda: pyfa.TurboQuantKVCache(Hkv, D, capacity, k_bits=o.k_bits, v_bits=o.v_bits,  # noqa: E731
-                                                  seed=o.seed, norm_correction=o.norm_correction,
-                                                  sliding_window=self.sliding_window, device=device)
-        self.caches = [make() for _ in range(B)]
+        self.caches = [self._new_cache(Hkv, D, key_states.dtype, device) for _ in range(B)]
         self.is_initialized = True
+
+    def _new_cache(self, num_kv_heads: int, head_dim: int, dtype, device: str):
+        """One sequence's pyfa cache: a ring of ``sliding_window`` rows, or ``max_cache_len`` rows."""
+        o = self.owner
+        capacity = self.sliding_window or o.max_cache_len
+        if o.kind == "dense":
+            return pyfa.KVCache(num_kv_heads, head_dim, capacity, dtype=_NUMPY_DTYPES[dtype],
+                                sliding_window=self.sliding_window, device=device)
+        return pyfa.TurboQuantKVCache(num_kv_heads, head_dim, capacity, k_bits=o.k_bits, v_bits=o.v_bits, seed=o.seed,
+                                      norm_correction=o.norm_correction, sliding_window=self.sliding_window,
+                                      device=device)
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Records ``key_states``/``value_states [B, H_kv, n, D]`` for the attention call that follows
