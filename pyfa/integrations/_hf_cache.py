@@ -26,7 +26,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 import transformers
-from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+except ImportError as e:  # the per-layer cache API of transformers 5
+    raise ImportError(f"PyfaCache needs transformers >= 5 (its cache-layer API); found {transformers.__version__}") from e
 
 import pyfa
 from pyfa.errors import invalid
