@@ -30,7 +30,8 @@ import transformers
 try:
     from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 except ImportError as e:  # the per-layer cache API of transformers 5
-    raise ImportError(f"PyfaCache needs transformers >= 5 (its cache-layer API); found {transformers.__version__}") from e
+    raise ImportError(f"PyfaCache needs the cache-layer API of transformers 5.x (tested with 5.24); "
+                      f"found {transformers.__version__}") from e
 
 import pyfa
 from pyfa.errors import invalid
