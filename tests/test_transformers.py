@@ -453,9 +453,11 @@ def test_pyfa_cache_decode_logits(torch_device, dtype):
     """gpt-oss (sinks, a sliding layer whose window the 16-token prompt outgrows) decoding
     over a dense PyfaCache in the model's dtype against pyfa attention over transformers'
     DynamicCache (checked against eager above): the cache stores the model's rows exactly,
-    so the two differ by summation order and, in half precision, one rounding of each
-    layer's output (bf16 steps are 2**-8 relative, logits are of order 1: 2e-2; f16 2e-3)."""
-    tol = {"float32": F32_TOL, "bfloat16": dict(rtol=2e-2, atol=2e-2), "float16": dict(rtol=2e-3, atol=2e-3)}[dtype]
+    so the two differ by summation order only (the CPU gives identical bits; a GPU may split
+    the keys differently) and, in half precision, by the rounding of each layer's attention
+    output: a few of its ulps (bf16 2**-8, f16 2**-11 relative) on logits of order 1,
+    bounded by 2e-2 and 4e-3."""
+    tol = {"float32": F32_TOL, "bfloat16": dict(rtol=2e-2, atol=2e-2), "float16": dict(rtol=4e-3, atol=4e-3)}[dtype]
     model, ids = _model("gpt_oss", torch_device, getattr(torch, dtype)), _ids(torch_device)
     _use(model, NAME)
     with torch.no_grad():
