@@ -7,6 +7,11 @@ Default model: a Llama of 16 layers, hidden 4096, 32 query / 8 KV heads (head_di
 random prompts of 2K and 32K tokens, batch 1 and 8, 64 new tokens; a case that
 runs out of GPU memory is reported as OOM and the others go on.
 
+Implementations (``--impls``, the first is the baseline): any attn_implementation
+name ("sdpa", "eager", "pyfa": transformers' DynamicCache), "pyfa-cache" (pyfa
+attention over a dense PyfaCache: the KV in pyfa.KVCache per sequence, decode
+reads it in place) and "pyfa-tq4" (the same over 4-bit TurboQuantKVCache).
+
 Per case and implementation: prefill ms (generate's start to the first token's
 logits), decode tok/s (batch x (new tokens - 1) over the time from the first to
 the last token's logits, the GPU synchronised at each), end-to-end tok/s, and how
@@ -16,11 +21,12 @@ case warms both implementations up at its own batch size first (pyfa compiles
 its kernels on first use).
 
     python3 scripts/hf_generate_bench.py [--json hf.json] [--md hf.md]
-    python3 scripts/hf_generate_bench.py --quick     # tiny model, CPU or GPU, seconds
+    python3 scripts/hf_generate_bench.py --quick     # (or --tiny) tiny model, CPU or GPU, seconds
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -40,15 +46,17 @@ def parse(argv=None):
     ap.add_argument("--prompts", type=int, nargs="+", default=[2048, 32768], help="prompt lengths")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--impls", nargs="+", default=["sdpa", "pyfa"], help="first is the baseline of the ratio")
+    ap.add_argument("--impls", nargs="+", default=["sdpa", "pyfa", "pyfa-cache"],
+                    help="first is the baseline of the ratio; attn_implementation names, pyfa-cache, pyfa-tq4")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--quick", action="store_true", help="tiny model and prompts: a smoke run")
+    ap.add_argument("--quick", "--tiny", action="store_true", help="tiny model and prompts: a smoke run")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--md", help="write the markdown table here")
     args = ap.parse_args(argv)
     if args.quick:
         args.layers, args.hidden, args.heads, args.kv_heads, args.intermediate, args.vocab = 2, 256, 4, 2, 512, 1000
+        args.impls = args.impls + [i for i in ("pyfa-tq4",) if i not in args.impls]
         args.prompts, args.batches, args.new_tokens = [64], [1, 2], 8
     return args
 
@@ -87,15 +95,27 @@ def make_stamps(torch, transformers, device):
     return Stamps()
 
 
+# Implementations that run pyfa attention over a PyfaCache: name -> PyfaCache options.
+CACHED = {"pyfa-cache": dict(kind="dense"), "pyfa-tq4": dict(kind="turboquant", k_bits=4, v_bits=4)}
+
+
 def generate(torch, transformers, model, impl, ids, n, device):
     """(output tokens [B, n], prefill s, decode s, total s)."""
+    kw = {}
+    if impl in CACHED:
+        from pyfa.integrations import transformers as pyfa_hf
+
+        cache = pyfa_hf.PyfaCache(model.config, max_cache_len=ids.shape[1] + n, **CACHED[impl])
+        kw["cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"] = cache
+        impl = pyfa_hf.NAME
     use(model, impl)
     stamps = make_stamps(torch, transformers, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, pad_token_id=0, logits_processor=transformers.LogitsProcessorList([stamps]))
+                         do_sample=False, pad_token_id=0, logits_processor=transformers.LogitsProcessorList([stamps]),
+                         **kw)
     if device.type == "cuda":
         torch.cuda.synchronize()
     t1 = time.perf_counter()

@@ -48,11 +48,18 @@ Conventions, mapped exactly:
 - ``softcap``: both apply ``softcap * tanh(s / softcap)`` to the scaled scores, before the mask.
 - float masks are additive (transformers' eager masks: 0 or ``finfo.min``); they are passed
   in the query's dtype.
+- ``s_aux`` (attention sinks, gpt-oss: one logit per query head that joins the softmax's
+  denominator only): pyfa runs with a float32 output and its LSE, and :func:`with_sinks`
+  rescales each row by ``sigmoid(lse - sink)``.
 
-Refused with NotImplementedError naming the feature: attention sinks (``s_aux``), position
-biases, dropout > 0, gradients (pyfa is inference-only), key and value head dims that
-differ, a sliding window on a non-causal layer without a mask, tensors on devices other
-than the CPU and CUDA GPU 0.
+:class:`PyfaCache` (``pyfa/integrations/_hf_cache.py``) is a transformers ``Cache`` that
+keeps the model's K and V in pyfa caches; with it, decode steps attend the caches in place
+(``attend``) instead of transformers' concatenated tensors.
+
+Refused with NotImplementedError naming the feature: position biases, dropout > 0,
+gradients (pyfa is inference-only), key and value head dims that differ, sinks of another
+shape than ``[H]``, a sliding window on a non-causal layer without a mask, tensors on
+devices other than the CPU and CUDA GPU 0.
 
 Tensors: CUDA tensors go to pyfa's ``cuda`` backend and are read in place on torch's
 current stream; CPU tensors are read in place as numpy arrays by the ``cpu`` backend.
@@ -66,9 +73,23 @@ import numpy as np
 
 import pyfa
 
-__all__ = ["register", "attention_forward", "attention_mask", "NAME"]
+__all__ = ["register", "attention_forward", "attention_mask", "with_sinks", "PyfaCache", "NAME"]
 
 NAME = "pyfa"
+_NAMES: set[str] = set()  # the names register() gave pyfa
+
+
+def __getattr__(name):
+    if name in ("PyfaCache", "PyfaCacheLayer"):  # imported on first use: it subclasses transformers' Cache
+        from . import _hf_cache
+
+        return getattr(_hf_cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def registered_names() -> frozenset:
+    """The names pyfa is registered under (attn_implementation values that run it)."""
+    return frozenset(_NAMES)
 
 # A [B, 1, q, kv] mask is expanded to one call's [B, H, q, kv] up to this many
 # bytes; larger masks run one pyfa.attention call per sequence instead.
@@ -96,6 +117,7 @@ def register(name: str = NAME) -> str:
             masks = None
     if masks is not None:
         masks.register(name, attention_mask)
+    _NAMES.add(name)
     return name
 
 
@@ -281,17 +303,20 @@ def _layout(q, k, v):
     return "bhsd", q.contiguous(), k.contiguous(), v.contiguous()
 
 
-def _prefill(q, k, v, *, mask, causal, window, scale, softcap, device):
-    """pyfa.attention on [B, H, L, D] tensors; returns [B, q_len, H, D] (not necessarily contiguous)."""
+def _prefill(q, k, v, *, mask, causal, window, scale, softcap, device, lse):
+    """pyfa.attention on [B, H, L, D] tensors; returns (out [B, q_len, H, D], not necessarily
+    contiguous, and with ``lse`` True the float32 output and LSE [B, H, q_len]; else q's dtype and None)."""
     layout, qa, ka, va = _layout(q, k, v)
-    out = _tensor(pyfa.attention(_arg(qa), _arg(ka), _arg(va), scale=scale, causal=causal, mask=mask,
-                                 window=window, softcap=softcap, layout=layout, device=device))
-    return out if layout == "bshd" else out.transpose(1, 2)
+    extra = dict(out_dtype=np.float32, return_lse=True) if lse else {}
+    res = pyfa.attention(_arg(qa), _arg(ka), _arg(va), scale=scale, causal=causal, mask=mask, window=window,
+                         softcap=softcap, layout=layout, device=device, **extra)
+    out, l = (_tensor(res[0]), _tensor(res[1])) if lse else (_tensor(res), None)
+    return (out if layout == "bshd" else out.transpose(1, 2)), l
 
 
-def _prefill_masked(q, k, v, mask, *, scale, softcap, device):
+def _prefill_masked(q, k, v, mask, *, scale, softcap, device, lse):
     """pyfa.attention under a transformers mask ``[B or 1, H or 1, q_len, >= kv_len]``
-    (bool or additive); the mask alone decides what is visible."""
+    (bool or additive); the mask alone decides what is visible. Returns as :func:`_prefill`."""
     import torch
 
     B, H, q_len, _ = q.shape
@@ -305,35 +330,49 @@ def _prefill_masked(q, k, v, mask, *, scale, softcap, device):
     mask = mask[..., :kv_len]  # transformers' eager and sdpa paths cut longer masks the same way
     if mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # pyfa's additive masks are in q's dtype (finfo.min stays a block)
-    run = dict(causal=False, window=None, scale=scale, softcap=softcap, device=device)
+    run = dict(causal=False, window=None, scale=scale, softcap=softcap, device=device, lse=lse)
     Bm, Hm = mask.shape[:2]
     if Bm == 1 and Hm == 1:  # one [q_len, kv_len] mask for every sequence and head
         return _prefill(q, k, v, mask=_arg(mask[0, 0]), **run)
     if (Bm, Hm) == (B, H) or B * H * q_len * kv_len * mask.element_size() <= _EXPAND_BYTES:
         return _prefill(q, k, v, mask=_arg(mask.expand(B, H, q_len, kv_len).contiguous()), **run)
-    outs = []
+    parts = []
     for b in range(B):  # large masks: one call per sequence, its mask shared by the heads
         m = mask[b if Bm > 1 else 0]
         m = m[0] if Hm == 1 else m.expand(H, q_len, kv_len)[None]
-        outs.append(_prefill(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask=_arg(m.contiguous()), **run))
-    return torch.cat(outs, 0)
+        parts.append(_prefill(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask=_arg(m.contiguous()), **run))
+    return torch.cat([o for o, _ in parts], 0), (torch.cat([l for _, l in parts], 0) if lse else None)
 
 
-def _decode(q, k, v, *, window, scale, softcap, device):
-    """pyfa.decode_attention of one query row per head over [B, H_kv, kv_len, D]
-    keys taken as a full cache; returns [B, 1, H, D] in q's dtype."""
+def _decode(q, k, v, *, window, scale, softcap, device, lse):
+    """pyfa.decode_attention of one query row per head over [B, H_kv, kv_len, D] keys taken
+    as a full cache; returns as :func:`_prefill` ([B, 1, H, D], LSE [B, H, 1])."""
     k = k if k.is_contiguous() else k.contiguous()  # DynamicCache concatenates: normally contiguous
     v = v if v.is_contiguous() else v.contiguous()
-    out = pyfa.decode_attention(_arg(q[:, :, 0, :]), _arg(k), _arg(v), k.shape[2], scale=scale, softcap=softcap,
-                                window=window, device=device)
-    return _tensor(out).to(q.dtype)[:, None]
+    extra = dict(out_dtype=np.float32, return_lse=True) if lse else {}
+    res = pyfa.decode_attention(_arg(q[:, :, 0, :]), _arg(k), _arg(v), k.shape[2], scale=scale, softcap=softcap,
+                                window=window, device=device, **extra)
+    if lse:
+        return _tensor(res[0])[:, None], _tensor(res[1])[:, :, None]
+    return _tensor(res).to(q.dtype)[:, None], None
+
+
+def with_sinks(out, lse, sinks):
+    """Attention with sinks from attention without them. gpt-oss's eager attention takes the
+    softmax over ``[scores, sink_h]`` and drops the sink's column, so with ``Z = sum_j exp(s_j)
+    = exp(lse)`` each row is ``sum_j exp(s_j) v_j / (Z + exp(sink)) = out * Z / (Z + exp(sink))
+    = out * sigmoid(lse - sink)``. sigmoid is stable for every lse, -inf included (a row that
+    sees no key stays 0). ``out [B, q_len, H, D]`` and ``lse [B, H, q_len]`` float32,
+    ``sinks [H]``; returns float32 ``[B, q_len, H, D]``."""
+    import torch
+
+    factor = torch.sigmoid(lse - sinks.detach().to(device=lse.device, dtype=torch.float32)[None, :, None])
+    return out * factor.transpose(1, 2)[..., None]
 
 
 def _refuse_unsupported(module, query, key, value, dropout, kwargs) -> None:
     import torch
 
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("pyfa attention: attention sinks (s_aux) are not supported yet")
     if kwargs.get("position_bias") is not None:
         raise NotImplementedError("pyfa attention: position_bias is not supported")
     if dropout and getattr(module, "training", False):
@@ -347,6 +386,83 @@ def _refuse_unsupported(module, query, key, value, dropout, kwargs) -> None:
     if key.shape[0] != query.shape[0]:
         raise NotImplementedError(f"pyfa attention: key batch {key.shape[0]} differs from query batch "
                                   f"{query.shape[0]}")
+    sinks = kwargs.get("s_aux")
+    if sinks is not None and tuple(sinks.shape) != (query.shape[1],):
+        raise NotImplementedError(f"pyfa attention: s_aux (attention sinks) must hold one logit per query head, "
+                                  f"shape ({query.shape[1]},), got {tuple(sinks.shape)}")
+
+
+class _Call:
+    """One attention call's options, mapped to pyfa's (see the module docstring)."""
+
+    def __init__(self, module, query, scaling, sliding_window, softcap, kwargs):
+        causal = kwargs.get("is_causal")
+        if causal is None:
+            causal = getattr(module, "is_causal", True)
+        self.causal = bool(causal)
+        self.window = int(sliding_window) if sliding_window else None
+        self.scale = None if scaling is None else float(scaling)
+        self.softcap = float(softcap) if softcap else 0.0
+        self.sinks = kwargs.get("s_aux")
+        self.device = _pyfa_device(query)
+
+    def unmasked(self, mask, q_len: int, kv_len: int):
+        """(mask to apply or None, window): a mask that is exactly bottom-right causal
+        (with a window) becomes None and that window."""
+        if mask is not None and self.causal:
+            unmasked, w = _unmasked_window(mask, q_len, kv_len, self.window)
+            if unmasked:
+                return None, w
+        return mask, self.window
+
+    def finish(self, out, lse, dtype):
+        """The call's result from pyfa's: sinks applied (from the float32 output and LSE), in ``dtype``."""
+        if self.sinks is not None:
+            out = with_sinks(out, lse, self.sinks)
+        return out.to(dtype)
+
+    def attend(self, query, key, value, mask):
+        """Attention of ``query [B, H, q_len, D]`` over ``key``/``value [B, H_kv, kv_len, D]``
+        under ``mask`` (see attention_forward); returns ``[B, q_len, H, D]`` in query's dtype."""
+        if key.dtype != query.dtype:
+            key, value = key.to(query.dtype), value.to(query.dtype)
+        q_len, kv_len = query.shape[2], key.shape[2]
+        mask, window = self.unmasked(mask, q_len, kv_len)
+        lse = self.sinks is not None
+        run = dict(scale=self.scale, softcap=self.softcap, device=self.device, lse=lse)
+        if mask is None:
+            if window is not None and not self.causal:
+                raise NotImplementedError("pyfa attention: a sliding window on a non-causal layer needs a mask "
+                                          "(transformers' bidirectional windows are two-sided)")
+            if q_len == 1:
+                out, l = _decode(query, key, value, window=window, **run)
+            else:
+                out, l = _prefill(query, key, value, mask=None, causal=self.causal, window=window, **run)
+        else:
+            out, l = _prefill_masked(query, key, value, mask, **run)
+        return self.finish(out, l, query.dtype)
+
+
+_PENDING = threading.local()  # .layer, .key, .value: a PyfaCache layer's update awaiting its attention call
+
+
+def pending_cache_layer(layer, key, value) -> None:
+    """Called by :class:`PyfaCache` layers' ``update``: the next attention call of this thread
+    whose key and value are exactly these tensors reads ``layer`` instead (see attention_forward)."""
+    _PENDING.layer, _PENDING.key, _PENDING.value = layer, key, value
+
+
+def pending_layer():
+    """The cache layer whose update still awaits its attention call on this thread, or None."""
+    return getattr(_PENDING, "layer", None)
+
+
+def _take_pending(key, value):
+    layer = getattr(_PENDING, "layer", None)
+    if layer is None or _PENDING.key is not key or _PENDING.value is not value:
+        return None
+    _PENDING.layer = _PENDING.key = _PENDING.value = None
+    return layer
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -355,34 +471,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
     ``query [B, H, q_len, D]``, ``key``/``value [B, H_kv, kv_len, D]`` (``H % H_kv == 0``),
     ``attention_mask``: None, or ``[B or 1, 1 or H, q_len, >= kv_len]`` bool (True = attend)
-    or additive float. Returns ``(out [B, q_len, H, D] contiguous in query's dtype, None)``."""
+    or additive float; ``s_aux``: None or per-head sink logits ``[H]``. With a
+    :class:`PyfaCache`, ``key``/``value`` are this step's new rows only and the cache layer
+    supplies the rest. Returns ``(out [B, q_len, H, D] contiguous in query's dtype, None)``."""
     _refuse_unsupported(module, query, key, value, dropout, kwargs)
-    device = _pyfa_device(query)
-    if key.dtype != query.dtype:
-        key, value = key.to(query.dtype), value.to(query.dtype)
-    q_len, kv_len = query.shape[2], key.shape[2]
-    causal = kwargs.get("is_causal")
-    if causal is None:
-        causal = getattr(module, "is_causal", True)
-    causal = bool(causal)
-    window = int(sliding_window) if sliding_window else None
-    scale = None if scaling is None else float(scaling)
-    softcap = float(softcap) if softcap else 0.0
-
-    mask = attention_mask
-    if mask is not None and causal:
-        unmasked, w = _unmasked_window(mask, q_len, kv_len, window)
-        if unmasked:
-            mask, window = None, w
-    if mask is None:
-        if window is not None and not causal:
-            raise NotImplementedError("pyfa attention: a sliding window on a non-causal layer needs a mask "
-                                      "(transformers' bidirectional windows are two-sided)")
-        if q_len == 1:
-            out = _decode(query, key, value, window=window, scale=scale, softcap=softcap, device=device)
-        else:
-            out = _prefill(query, key, value, mask=None, causal=causal, window=window, scale=scale,
-                           softcap=softcap, device=device)
+    call = _Call(module, query, scaling, sliding_window, softcap, kwargs)
+    layer = _take_pending(key, value)
+    if layer is not None:
+        out = layer.attention(call, query, key, value, attention_mask)
     else:
-        out = _prefill_masked(query, key, value, mask, scale=scale, softcap=softcap, device=device)
+        out = call.attend(query, key, value, attention_mask)
     return out.contiguous(), None
