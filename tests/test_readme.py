@@ -48,7 +48,7 @@ def missing_requirement(code: str) -> str | None:
     """Why this snippet cannot run here, or None."""
     imports = set(re.findall(r"^\s*(?:import|from)\s+([\w.]+)", code, re.M))
     imports |= {m for line in re.findall(r"^\s*import\s+(.+)$", code, re.M) for m in re.findall(r"[\w.]+", line)}
-    if "from_pretrained(" in code:
+    if "from_pretrained(" in re.sub(r"#.*", "", code):  # a call, not a comment mentioning one
         return "loads a pretrained model checkpoint (tests do not download models)"
     needs_transformers = any(m.split(".")[0] == "transformers" or m == "pyfa.integrations.transformers"
                              for m in imports)
