@@ -74,5 +74,6 @@ let package = Package(
                           swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "PyfaTests", dependencies: ["Pyfa", "CPyfa", "PyfaShaderCommon"], path: "native/Tests/PyfaTests",
                     swiftSettings: [.swiftLanguageMode(.v5)]),
+        .testTarget(name: "PyfaKitTests", dependencies: ["PyfaKit"], path: "native/Tests/PyfaKitTests"),
     ] + metalTargets
 )
