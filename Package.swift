@@ -70,8 +70,9 @@ let package = Package(
         // names (Device, Buffer, PyfaError) for its own tests. It links the
         // implementation in (the `Pyfa` dependency) but calls only pyfa.h.
         .target(name: "PyfaKit", dependencies: ["CPyfa", "PyfaShaderCommon", "Pyfa"], path: "native/PyfaKit"),
-        .executableTarget(name: "PyfaExample", dependencies: ["Pyfa", "CPyfa"], path: "native/Example",
-                          swiftSettings: [.swiftLanguageMode(.v5)]),
+        // The example app is the standalone package's (examples/swift-app),
+        // so the program CI runs by version is the one `swift run pyfa-example` runs.
+        .executableTarget(name: "PyfaExample", dependencies: ["PyfaKit"], path: "examples/swift-app/Sources/PyfaApp"),
         .testTarget(name: "PyfaTests", dependencies: ["Pyfa", "CPyfa", "PyfaShaderCommon"], path: "native/Tests/PyfaTests",
                     swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "PyfaKitTests", dependencies: ["PyfaKit"], path: "native/Tests/PyfaKitTests"),
