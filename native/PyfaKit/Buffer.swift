@@ -7,7 +7,11 @@ import CPyfa
 /// Host access: `withUnsafeMutableBytes` / `withUnsafeBytes` give the memory
 /// itself for shared storage; `write(_:)` and `floats()` convert to and from
 /// `[Float]` on any storage; `write(bytes:)` and `bytes()` copy raw bytes.
-public final class Buffer {
+///
+/// Sendable: its properties never change and the library's buffer calls are
+/// thread-safe; ordering writes of the contents against other threads' reads
+/// and ops is the caller's to do.
+public final class Buffer: @unchecked Sendable {
     /// Where a buffer's bytes live.
     public enum Storage: Int32, Sendable {
         /// CPU-visible memory: host access needs no copy.

@@ -4,12 +4,19 @@ import PyfaShaderCommon
 /// The attention ops read and write `.float32`, `.float16` and `.bfloat16`;
 /// the integer types serve masks (`.uint8`) and indices.
 public enum DType: Int32, CaseIterable, Sendable, CustomStringConvertible {
+    /// IEEE binary32.
     case float32 = 0
+    /// IEEE binary16.
     case float16 = 1
+    /// bfloat16: the top 16 bits of a binary32.
     case bfloat16 = 2
+    /// Unsigned bytes (boolean masks: non-zero attends; TurboQuant codes).
     case uint8 = 3
+    /// Unsigned 16-bit integers.
     case uint16 = 4
+    /// Unsigned 32-bit integers.
     case uint32 = 5
+    /// Signed 32-bit integers (per-sequence lengths and ring starts).
     case int32 = 6
 
     /// Bytes per element.

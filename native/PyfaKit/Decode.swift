@@ -31,6 +31,7 @@ public struct DecodeOptions: Sendable {
     /// Also return the f32 LSE, shaped [B, H] ([H] for a 2-D q).
     public var returnLSE: Bool
 
+    /// Options with the defaults above: every argument is the property of its name.
     public init(scale: Float? = nil, window: Int? = nil, softcap: Float = 0, ringStart: [Int]? = nil,
                 outDType: DType? = nil, returnLSE: Bool = false) {
         self.scale = scale

@@ -12,6 +12,7 @@ public struct CacheAttendOptions: Sendable {
     /// Also return the f32 LSE [H] (-inf for an empty cache).
     public var returnLSE: Bool
 
+    /// Options with the defaults above: every argument is the property of its name.
     public init(scale: Float? = nil, softcap: Float = 0, outDType: DType? = nil, returnLSE: Bool = false) {
         self.scale = scale
         self.softcap = softcap
@@ -111,7 +112,7 @@ func emptyAttention(_ device: Device, heads: Int, headDim: Int, dtype: DType, re
 /// kv_append dispatch each for K and V; `attend` runs decode attention over
 /// the stored tokens. Appends and attends of one cache are serialised by its
 /// lock, so a cache may be shared between threads.
-public final class KVCache {
+public final class KVCache: @unchecked Sendable {
     /// The device holding the cache.
     public let device: Device
     /// The storage dtype (f32, f16 or bf16).

@@ -45,6 +45,7 @@ public struct AttentionOptions {
     /// Also return the f32 LSE [B, H, q_len].
     public var returnLSE: Bool
 
+    /// Options with the defaults above: every argument is the property of its name.
     public init(scale: Float? = nil, causal: Bool = false, qOffset: Int? = nil, mask: Buffer? = nil,
                 window: Int? = nil, softcap: Float = 0, layout: Layout = .bhsd, outDType: DType? = nil,
                 returnLSE: Bool = false) {

@@ -46,6 +46,7 @@ public struct PyfaError: Error, Equatable, CustomStringConvertible, Sendable {
         self.message = pyfa_last_error().map { String(cString: $0) } ?? ""
     }
 
+    /// "PyfaError.<code> (status <n>): <message>".
     public var description: String { "PyfaError.\(code) (status \(status)): \(message)" }
 }
 

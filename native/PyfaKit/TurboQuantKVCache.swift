@@ -9,7 +9,7 @@ import PyfaShaderCommon
 /// headDim·(kBits + vBits)/8 bytes of codes plus two f32 scales (136 B at
 /// headDim 128 and 4 bits, against 512 B of f16 K and V).
 /// Ring, window and thread rules are `KVCache`'s.
-public final class TurboQuantKVCache {
+public final class TurboQuantKVCache: @unchecked Sendable {
     /// How a row's scale is chosen (turboquant_params.h).
     public enum NormCorrection: UInt32, Sendable {
         /// scale = |x|.
