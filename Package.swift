@@ -75,6 +75,6 @@ let package = Package(
         .executableTarget(name: "PyfaExample", dependencies: ["PyfaKit"], path: "examples/swift-app/Sources/PyfaApp"),
         .testTarget(name: "PyfaTests", dependencies: ["Pyfa", "CPyfa", "PyfaShaderCommon"], path: "native/Tests/PyfaTests",
                     swiftSettings: [.swiftLanguageMode(.v5)]),
-        .testTarget(name: "PyfaKitTests", dependencies: ["PyfaKit"], path: "native/Tests/PyfaKitTests"),
+        .testTarget(name: "PyfaKitTests", dependencies: ["PyfaKit", "CPyfa"], path: "native/Tests/PyfaKitTests"),
     ] + metalTargets
 )
