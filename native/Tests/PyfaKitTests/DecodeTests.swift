@@ -53,6 +53,24 @@ final class DecodeTests: XCTestCase {
         assertClose(try result.lse!.floats(), lse, tol: 2e-5, "lse")
     }
 
+    /// The same API on a second backend: Metal (a GPU on a Mac, the MSL
+    /// executor on Linux), where it opens.
+    func testDecodeOnTheMetalBackendMatchesReference() throws {
+        let metal: Device
+        do {
+            metal = try Device(backend: "metal")
+        } catch let error as PyfaError where error.code == .backendUnavailable {
+            throw XCTSkip("no Metal device: \(error.message)")
+        }
+        XCTAssertEqual(metal.backend, "metal")
+        let q = try filled(metal, [2, 2, 64], seed: 1)
+        let k = try filled(metal, [2, 1, 16, 64], .float16, seed: 2), v = try filled(metal, [2, 1, 16, 64], .float16, seed: 3)
+        let result = try decodeAttention(q: q, k: k, v: v, kvLen: [16, 9], options: DecodeOptions(returnLSE: true))
+        let (out, lse) = try reference(q: q, k: k, v: v, kvLen: [16, 9], ringStart: [0, 0], scale: 1 / 8)
+        assertClose(try result.out.floats(), out, tol: 1e-4, "out")
+        assertClose(try result.lse!.floats(), lse, tol: 1e-4, "lse")
+    }
+
     func testHalfCachesAndOutputDType() throws {
         let (H, cap, D) = (4, 32, 64)
         let q = try filled(device, [H, D], .bfloat16, seed: 7)
