@@ -17,6 +17,13 @@ enum Arg {
         return v
     }
 
+    /// A sequence length: the prefill fields are u32, but positions are
+    /// int32 there (q_offset may be negative), so lengths stay below 2^31.
+    static func length(_ value: Int, _ name: String) throws -> UInt32 {
+        try require(value >= 0 && value <= Int(Int32.max), "\(name): \(value) must be in 0...\(Int32.max)")
+        return UInt32(value)
+    }
+
     /// An optional window: nil is none (0); else >= 1, and a window wider
     /// than any cache is no window, so large values clamp to UInt32.max.
     static func window(_ value: Int?) throws -> UInt32 {
