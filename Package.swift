@@ -33,6 +33,8 @@ let package = Package(
     platforms: [.macOS(.v13), .iOS(.v16)],
     products: [
         .library(name: "pyfa", type: .dynamic, targets: ["Pyfa"]),
+        // The Swift API over the C ABI: what Swift apps depend on (README, Swift).
+        .library(name: "PyfaKit", targets: ["PyfaKit"]),
         .executable(name: "pyfa-example", targets: ["PyfaExample"]),
     ],
     targets: [
@@ -63,9 +65,16 @@ let package = Package(
             swiftSettings: [.swiftLanguageMode(.v5)],
             linkerSettings: metalLinker
         ),
-        .executableTarget(name: "PyfaExample", dependencies: ["Pyfa", "CPyfa"], path: "native/Example",
-                          swiftSettings: [.swiftLanguageMode(.v5)]),
+        // Typed Swift API over the C ABI. Its module is named PyfaKit, not
+        // Pyfa: the implementation module `Pyfa` exports classes of the same
+        // names (Device, Buffer, PyfaError) for its own tests. It links the
+        // implementation in (the `Pyfa` dependency) but calls only pyfa.h.
+        .target(name: "PyfaKit", dependencies: ["CPyfa", "PyfaShaderCommon", "Pyfa"], path: "native/PyfaKit"),
+        // The example app is the standalone package's (examples/swift-app),
+        // so the program CI runs by version is the one `swift run pyfa-example` runs.
+        .executableTarget(name: "PyfaExample", dependencies: ["PyfaKit"], path: "examples/swift-app/Sources/PyfaApp"),
         .testTarget(name: "PyfaTests", dependencies: ["Pyfa", "CPyfa", "PyfaShaderCommon"], path: "native/Tests/PyfaTests",
                     swiftSettings: [.swiftLanguageMode(.v5)]),
+        .testTarget(name: "PyfaKitTests", dependencies: ["PyfaKit", "CPyfa"], path: "native/Tests/PyfaKitTests"),
     ] + metalTargets
 )
