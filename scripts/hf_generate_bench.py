@@ -17,8 +17,10 @@ logits), decode tok/s (batch x (new tokens - 1) over the time from the first to
 the last token's logits, the GPU synchronised at each), end-to-end tok/s, and how
 many leading tokens agree with sdpa's (random weights make near-ties, so bf16
 implementations may part ways; the count is information, not a check). Every
-case warms both implementations up at its own batch size first (pyfa compiles
-its kernels on first use).
+case runs each implementation once untimed at its own prompt length, batch and
+number of new tokens before the timed run: every shape the timed run meets has
+been seen (pyfa compiles its kernels on first use; torch's cuDNN attention, which
+sdpa picks on Hopper, builds a plan per new sequence length, about 50 ms each).
 
     python3 scripts/hf_generate_bench.py [--json hf.json] [--md hf.md]
     python3 scripts/hf_generate_bench.py --quick     # (or --tiny) tiny model, CPU or GPU, seconds
@@ -178,13 +180,12 @@ def main(argv=None) -> int:
     for prompt in args.prompts:
         for batch in args.batches:
             ids = torch.randint(3, args.vocab, (batch, prompt), generator=g).to(device)
-            warm = ids[:, :min(prompt, 64)]
             tokens = {}
             for impl in args.impls:
                 row = {"prompt": prompt, "batch": batch, "impl": impl}
                 try:
                     with torch.inference_mode():
-                        generate(torch, transformers, model, impl, warm, 2, device)
+                        generate(torch, transformers, model, impl, ids, args.new_tokens, device)
                         out, prefill, decode, total = generate(torch, transformers, model, impl, ids,
                                                                args.new_tokens, device)
                     tokens[impl] = out

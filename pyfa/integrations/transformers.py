@@ -258,8 +258,8 @@ def _unmasked_window(mask, q_len: int, kv_len: int, window):
 # --------------------------------------------------------------------------- tensors <-> pyfa
 
 def _pyfa_device(t) -> str:
-    if t.device.type == "cuda":
-        if t.device.index not in (None, 0):
+    if t.is_cuda:
+        if t.get_device() != 0:
             raise NotImplementedError(f"pyfa attention: tensors on {t.device}: pyfa's cuda backend runs on GPU 0")
         return "cuda"
     if t.device.type == "cpu":
@@ -272,7 +272,7 @@ def _arg(t):
     tensors as numpy arrays over the same memory (bfloat16 through ml_dtypes)."""
     import torch
 
-    if t.device.type == "cuda":
+    if t.is_cuda:
         return t
     t = t.detach()
     if not t.is_contiguous():
@@ -350,11 +350,11 @@ def _decode(q, k, v, *, window, scale, softcap, device, lse):
     k = k if k.is_contiguous() else k.contiguous()  # DynamicCache concatenates: normally contiguous
     v = v if v.is_contiguous() else v.contiguous()
     extra = dict(out_dtype=np.float32, return_lse=True) if lse else {}
-    res = pyfa.decode_attention(_arg(q[:, :, 0, :]), _arg(k), _arg(v), k.shape[2], scale=scale, softcap=softcap,
+    res = pyfa.decode_attention(_arg(q.select(2, 0)), _arg(k), _arg(v), k.shape[2], scale=scale, softcap=softcap,
                                 window=window, device=device, **extra)
     if lse:
-        return _tensor(res[0])[:, None], _tensor(res[1])[:, :, None]
-    return _tensor(res).to(q.dtype)[:, None], None
+        return _tensor(res[0]).unsqueeze(1), _tensor(res[1]).unsqueeze(2)
+    return _tensor(res).unsqueeze(1), None  # q's dtype: decode_attention's default
 
 
 def with_sinks(out, lse, sinks):
@@ -419,7 +419,7 @@ class _Call:
         """The call's result from pyfa's: sinks applied (from the float32 output and LSE), in ``dtype``."""
         if self.sinks is not None:
             out = with_sinks(out, lse, self.sinks)
-        return out.to(dtype)
+        return out if out.dtype == dtype else out.to(dtype)
 
     def attend(self, query, key, value, mask):
         """Attention of ``query [B, H, q_len, D]`` over ``key``/``value [B, H_kv, kv_len, D]``
