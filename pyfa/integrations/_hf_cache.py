@@ -224,9 +224,11 @@ class PyfaCache(Cache):
             pyfa.TurboQuantKVCache(1, 64, 1, k_bits=k_bits, v_bits=v_bits, seed=seed,
                                    norm_correction=norm_correction, device="cpu")
         self.config = config.get_text_config(decoder=True)
-        self.max_cache_len, self.kind = max_cache_len, kind
+        self._max_cache_len, self.kind = max_cache_len, kind
         self.k_bits, self.v_bits, self.seed, self.norm_correction = k_bits, v_bits, seed, norm_correction
         layer_types, layer_kwargs = get_layer_types_and_kwargs(self.config)
+        if isinstance(layer_kwargs, dict):  # some transformers 5 releases (5.17): one dict for all layers
+            layer_kwargs = [layer_kwargs] * len(layer_types)
         layers = []
         for i, (kind_i, kw) in enumerate(zip(layer_types, layer_kwargs)):
             if kind_i not in _LAYER_TYPES:
@@ -236,6 +238,12 @@ class PyfaCache(Cache):
                 window = None  # the window cannot bind within max_cache_len tokens: a plain cache is exact
             layers.append(PyfaCacheLayer(self, window))
         super().__init__(layers=layers)
+
+    @property
+    def max_cache_len(self) -> int:
+        """Tokens a full-attention layer holds. (A property: some transformers versions define
+        one on Cache, which a plain attribute could not replace.)"""
+        return self._max_cache_len
 
     def _check_ready(self) -> None:
         """Refuses an update that another attention implementation would read: it would see

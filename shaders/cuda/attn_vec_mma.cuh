@@ -25,12 +25,16 @@
 #include "vec_mma_tile.cuh"
 
 /* Ring depth in tiles (NVRTC -D options from the CUDA plan, which sizes shared
- * memory with the same values): 1 KB rows (D = 512) measured faster with 2;
- * D <= 256 with 4 (more bytes in flight; H100, bf16, D = 128, 32K positions:
- * 3 to 4 stages took B = 1 from 61.9 to 58.6 us and B = 8 from 391 to 377 us;
- * 5 measured alike, 6 slower). */
+ * memory with the same values), by row size: D <= 128 with 4 (more bytes in
+ * flight; H100, bf16, D = 128, 32K positions: 3 to 4 stages took B = 1 from
+ * 61.9 to 58.6 us and B = 8 from 391 to 377 us; 5 measured alike, 6 slower);
+ * 128 < D <= 256 with 3 (4 would need 280 KB of shared memory at D = 256);
+ * 1 KB rows (D = 512) measured faster with 2. */
 #ifndef PYFA_VEC_MMA_STAGES
 #define PYFA_VEC_MMA_STAGES 4
+#endif
+#ifndef PYFA_VEC_MMA_STAGES_MID
+#define PYFA_VEC_MMA_STAGES_MID 3
 #endif
 #ifndef PYFA_VEC_MMA_STAGES_WIDE
 #define PYFA_VEC_MMA_STAGES_WIDE 2
@@ -45,7 +49,8 @@ namespace vec_mma {
 template <int D>
 struct shape {
     static constexpr int KSTEPS = D / 16;          /* 16-dim blocks: k-steps of K Qᵀ, m-blocks of Vᵀ Pᵀ */
-    static constexpr int STAGES = D > 256 ? PYFA_VEC_MMA_STAGES_WIDE : PYFA_VEC_MMA_STAGES;
+    static constexpr int STAGES = D > 256 ? PYFA_VEC_MMA_STAGES_WIDE
+                                : D > 128 ? PYFA_VEC_MMA_STAGES_MID : PYFA_VEC_MMA_STAGES;
     static constexpr int KS = D > 256 ? PYFA_VEC_MMA_WIDE_SPLIT : 1; /* warps sharing a position block's dims in phase A */
     static constexpr int PB = NW / KS;             /* 16-position blocks per tile */
     static constexpr int TP = 16 * PB;             /* positions per tile */

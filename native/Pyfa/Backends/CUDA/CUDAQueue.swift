@@ -203,7 +203,8 @@ struct CUDAPlan: BackendPlan {
     /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
     /// (vecVariant). Its ring depth in tiles (D <= 256, D = 512).
     static let vecMma: Int? = getenv("PYFA_CUDA_VEC_MMA").flatMap { Int(String(cString: $0)) }
-    static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 4))
+    static let vecMmaStages = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES", 4))          /* D <= 128 */
+    static let vecMmaStagesMid = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_MID", 3))   /* D = 192, 256 */
     static let vecMmaStagesWide = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_WIDE", 2)) /* D = 512 */
     static let vecMmaWideSplit = envInt("PYFA_CUDA_VEC_MMA_WIDE_SPLIT", 2) == 4 ? 4 : 2 /* D = 512 */
 
@@ -225,7 +226,8 @@ struct CUDAPlan: BackendPlan {
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
-         "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_WIDE=\(vecMmaStagesWide)",
+         "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_MID=\(vecMmaStagesMid)",
+         "-DPYFA_VEC_MMA_STAGES_WIDE=\(vecMmaStagesWide)",
          "-DPYFA_VEC_MMA_WIDE_SPLIT=\(vecMmaWideSplit)",
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
@@ -257,7 +259,8 @@ struct CUDAPlan: BackendPlan {
 
     /// Shared bytes of one attn_vec_mma.cuh block (cuda_layout.h).
     static func vecMmaSharedBytes(headDim D: Int) -> Int {
-        Int(pyfa_cuda_vec_mma_smem_bytes(Int32(D), Int32(D > 256 ? vecMmaStagesWide : vecMmaStages),
+        Int(pyfa_cuda_vec_mma_smem_bytes(Int32(D), Int32(D > 256 ? vecMmaStagesWide
+                                                         : D > 128 ? vecMmaStagesMid : vecMmaStages),
                                          Int32(D > 256 ? vecMmaWideSplit : 1)))
     }
 
