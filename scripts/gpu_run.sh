@@ -11,8 +11,12 @@
 # tests with each variant forced; "serving" runs benchmarks/test_serving_loop.py
 # into serving.json + serving.txt (pytest output) + serving.md (scripts/serving_report.py;
 # PYFA_SERVING_GATES=1 makes missed targets fail); "hf" runs scripts/hf_generate_bench.py
-# into hf.json + hf.md). The $OUT transfer takes at most 8 files: run "serving hf"
-# on their own (with env.txt, 6 files).
+# into hf.json + hf.md; "gates" runs the GPU perf gates, ratios against torch SDPA and
+# FlashAttention-4 timed in the same run (benchmarks/test_cuda_decode.py, test_cuda_prefill.py,
+# test_cuda_fa4.py, test_serving_loop.py with --serving-gates), into gates.txt (pytest output)
+# + gates.json, and prints each gate's pass / FAIL with its value and bound, and each skip
+# with its reason (FA4 not installed, ...)). The $OUT transfer takes at most 8 files: run
+# "serving hf" or "gates" on their own (with env.txt, 6 and 3 files).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
@@ -98,6 +102,20 @@ if has hf; then
     echo "== transformers generation: pyfa vs sdpa"
     timeout ${PYFA_HF_TIMEOUT:-500} python3 scripts/hf_generate_bench.py --json "$out/hf.json" --md "$out/hf.md" \
         ${PYFA_HF_ARGS:-} 2>&1 | tail -25 || status=1
+fi
+if has gates; then
+    echo "== perf gates (against torch SDPA / FlashAttention-4, same run)"
+    timeout ${PYFA_GATES_TIMEOUT:-900} python3 -m pytest -v -rs -p no:cacheprovider benchmarks/test_cuda_decode.py \
+        benchmarks/test_cuda_prefill.py benchmarks/test_cuda_fa4.py benchmarks/test_serving_loop.py \
+        --benchmark-enable --serving-gates --benchmark-columns=median --gate-json="$out/gates.json" \
+        > "$out/gates.txt" 2>&1 || status=1
+    # The summary: one line per gate (pass / FAIL, value, bound) and per skipped gate test.
+    if grep -q "^perf gates: " "$out/gates.txt"; then
+        sed -n '/=\+ perf gates =\+/,/^perf gates: /p' "$out/gates.txt"
+    else
+        echo "gates: no gate summary (pytest did not finish?)"; status=1
+    fi
+    tail -3 "$out/gates.txt"
 fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"
