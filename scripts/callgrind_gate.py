@@ -160,7 +160,7 @@ def parse_dump(path: Path) -> tuple[str, dict[str, int], int]:
             fn = line[3:]
         elif line.startswith("calls="):
             after_calls = True
-        elif line[:1].isdigit() or line[:1] in "+-*":
+        elif line and (line[0].isdigit() or line[0] in "+-*"):
             if after_calls:
                 after_calls = False
                 continue
