@@ -19,6 +19,7 @@ import pyfa  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cuda_decode_bench as bench  # noqa: E402
+from gate_record import record_gate  # noqa: E402
 
 try:
     DEVICE = pyfa.Device("cuda")
@@ -41,7 +42,7 @@ def copy_gbps():
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,L,B,gate", CASES, ids=lambda v: str(v))
-def test_decode_vs_torch(benchmark, copy_gbps, Hq, Hkv, D, L, B, gate):
+def test_decode_vs_torch(request, benchmark, copy_gbps, Hq, Hkv, D, L, B, gate):
     row = bench.run_case(DEVICE, Hq, Hkv, D, L, B, iters=20, reps=7)
     benchmark.extra_info.update({k: v for k, v in row.items() if not k.endswith("_error")})
     benchmark.extra_info["copy_GBps"] = copy_gbps
@@ -58,7 +59,13 @@ def test_decode_vs_torch(benchmark, copy_gbps, Hq, Hkv, D, L, B, gate):
         torch.cuda.synchronize()
 
     benchmark.pedantic(launch, rounds=5, warmup_rounds=1)
+    case = f"cuda decode B{B} H{Hq}x{Hkv} D{D} L{L} f16"
     if row.get("flash_us") is not None:
-        assert row["pyfa_kernel_us"] <= gate * row["flash_us"], row
+        ratio = row["pyfa_kernel_us"] / row["flash_us"]
+        ok = record_gate(request, case, ratio, "<=", gate, f"pyfa {row['pyfa_kernel_us']:.1f} us / torch flash "
+                         f"{row['flash_us']:.1f} us")
     else:
-        assert row["pyfa_kernel_GBps"] >= gate * copy_gbps, row
+        ratio = row["pyfa_kernel_GBps"] / copy_gbps
+        ok = record_gate(request, case, ratio, ">=", gate, f"pyfa {row['pyfa_kernel_GBps']:.0f} GB/s / copy "
+                         f"{copy_gbps:.0f} GB/s")
+    assert ok, row

@@ -18,6 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import pyfa  # noqa: E402
+from gate_record import record_gate  # noqa: E402
 
 try:
     DEVICE = pyfa.Device("cuda")
@@ -46,7 +47,7 @@ def event_ms(fn, iters=5):
 
 
 @pytest.mark.parametrize("D,L,gate", CASES, ids=lambda v: str(v))
-def test_prefill_vs_torch(benchmark, D, L, gate):
+def test_prefill_vs_torch(request, benchmark, D, L, gate):
     H, Hkv = 16, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn((1, H, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
@@ -66,4 +67,6 @@ def test_prefill_vs_torch(benchmark, D, L, gate):
     benchmark.extra_info.update({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
     benchmark.pedantic(lambda: (run(), torch.cuda.synchronize()), rounds=3, warmup_rounds=1)
     if gate is not None and row["flash_TFLOPs"]:
-        assert row["pyfa_TFLOPs"] >= gate * row["flash_TFLOPs"], row
+        ratio = row["pyfa_TFLOPs"] / row["flash_TFLOPs"]
+        assert record_gate(request, f"cuda prefill causal H{H}x{Hkv} D{D} L{L} bf16 vs torch flash", ratio, ">=",
+                           gate, f"pyfa {row['pyfa_TFLOPs']:.0f} / flash {row['flash_TFLOPs']:.0f} TFLOP/s"), row

@@ -44,6 +44,7 @@ import numpy as np
 import pytest
 
 import pyfa
+from gate_record import record_gate
 
 try:
     import torch
@@ -100,9 +101,11 @@ def _target(request, benchmark, *, peer, peer_us, us, target, limit, strict=Fals
     value = us if absolute else ratio
     if value is None:
         return
-    met = value < limit if strict else value <= limit
+    enforced = request.config.getoption("--serving-gates", default=False)
+    met = record_gate(request, f"{info['case']} {info['shape']} {info['impl']}", value, "<" if strict else "<=",
+                      limit, f"{target} ({'us' if absolute else 'ratio to ' + peer})", enforced=enforced)
     info["met"] = met
-    if not met and request.config.getoption("--serving-gates", default=False):
+    if not met and enforced:
         pytest.fail(f"{info['case']} {info['shape']}: {target} missed "
                     f"({us:.2f} us{'' if ratio is None else f', {ratio:.3f}x {peer}'})")
 

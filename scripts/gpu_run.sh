@@ -12,8 +12,13 @@
 # into serving.json + serving.txt (pytest output) + serving.md (scripts/serving_report.py;
 # PYFA_SERVING_GATES=1 makes missed targets fail); "hf" runs scripts/hf_generate_bench.py
 # into hf.json + hf.md; "main" runs the main job on the GPU, `python -m pyfa info`,
-# `check --backend cuda --full` and `bench --backend cuda`, into main.txt + main_bench.png).
-# The $OUT transfer takes at most 8 files: run "serving hf" on their own (with env.txt, 6 files).
+# `check --backend cuda --full` and `bench --backend cuda`, into main.txt + main_bench.png;
+# "gates" runs the GPU perf gates, ratios against torch SDPA and
+# FlashAttention-4 timed in the same run (benchmarks/test_cuda_decode.py, test_cuda_prefill.py,
+# test_cuda_fa4.py, test_serving_loop.py with --serving-gates), into gates.txt (pytest output)
+# + gates.json, and prints each gate's pass / FAIL with its value and bound, and each skip
+# with its reason (FA4 not installed, ...)). The $OUT transfer takes at most 8 files: run
+# "serving hf" or "gates" on their own (with env.txt, 6 and 3 files).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/results}
@@ -106,6 +111,20 @@ if has main; then
         && timeout ${PYFA_MAIN_BENCH_TIMEOUT:-300} python3 -m pyfa bench --backend cuda --plot "$out/main_bench.png"; } \
         > "$out/main.txt" 2>&1 || { echo "main: exit $?" >> "$out/main.txt"; status=1; }
     grep -v '^check [0-9]\|^bench [0-9]' "$out/main.txt" | tail -70
+fi
+if has gates; then
+    echo "== perf gates (against torch SDPA / FlashAttention-4, same run)"
+    timeout ${PYFA_GATES_TIMEOUT:-900} python3 -m pytest -v -rs -p no:cacheprovider benchmarks/test_cuda_decode.py \
+        benchmarks/test_cuda_prefill.py benchmarks/test_cuda_fa4.py benchmarks/test_serving_loop.py \
+        --benchmark-enable --serving-gates --benchmark-columns=median --gate-json="$out/gates.json" \
+        > "$out/gates.txt" 2>&1 || status=1
+    # The summary: one line per gate (pass / FAIL, value, bound) and per skipped gate test.
+    if grep -q "^perf gates: " "$out/gates.txt"; then
+        sed -n '/=\+ perf gates =\+/,/^perf gates: /p' "$out/gates.txt"
+    else
+        echo "gates: no gate summary (pytest did not finish?)"; status=1
+    fi
+    tail -3 "$out/gates.txt"
 fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"
