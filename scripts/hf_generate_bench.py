@@ -18,9 +18,12 @@ the last token's logits, the GPU synchronised at each), end-to-end tok/s, and ho
 many leading tokens agree with sdpa's (random weights make near-ties, so bf16
 implementations may part ways; the count is information, not a check). Every
 case runs each implementation once untimed at its own prompt length, batch and
-number of new tokens before the timed run: every shape the timed run meets has
+number of new tokens before the timed runs: every shape a timed run meets has
 been seen (pyfa compiles its kernels on first use; torch's cuDNN attention, which
 sdpa picks on Hopper, builds a plan per new sequence length, about 50 ms each).
+Then ``--repeats`` timed runs (default 3), the implementations taking turns; each
+figure is the median of its runs (batch-1 generation is bound by the host, whose
+speed drifts by 10% and more between runs on a shared machine).
 
     python3 scripts/hf_generate_bench.py [--json hf.json] [--md hf.md]
     python3 scripts/hf_generate_bench.py --quick     # (or --tiny) tiny model, CPU or GPU, seconds
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,6 +52,7 @@ def parse(argv=None):
     ap.add_argument("--prompts", type=int, nargs="+", default=[2048, 32768], help="prompt lengths")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median reported)")
     ap.add_argument("--impls", nargs="+", default=["sdpa", "pyfa", "pyfa-cache"],
                     help="first is the baseline of the ratio; attn_implementation names, pyfa-cache, pyfa-tq4")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -59,7 +64,7 @@ def parse(argv=None):
     if args.quick:
         args.layers, args.hidden, args.heads, args.kv_heads, args.intermediate, args.vocab = 2, 256, 4, 2, 512, 1000
         args.impls = args.impls + [i for i in ("pyfa-tq4",) if i not in args.impls]
-        args.prompts, args.batches, args.new_tokens = [64], [1, 2], 8
+        args.prompts, args.batches, args.new_tokens, args.repeats = [64], [1, 2], 8, 1
     return args
 
 
@@ -137,7 +142,8 @@ def fmt(x, digits=1):
 def markdown(rows, meta) -> str:
     base = meta["impls"][0]
     lines = [f"Greedy generation, {meta['model']}, {meta['dtype']}, {meta['new_tokens']} new tokens; "
-             f"{meta['device_name']}, torch {meta['torch']}, transformers {meta['transformers']}.", "",
+             f"{meta['device_name']}, torch {meta['torch']}, transformers {meta['transformers']}; "
+             f"each figure the median of {meta.get('repeats', 1)} timed runs.", "",
              f"| prompt | B | impl | prefill ms | decode tok/s | e2e tok/s | decode vs {base} | tokens equal to {base} |",
              "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -170,6 +176,7 @@ def main(argv=None) -> int:
                  f"(D {args.hidden // args.heads}), intermediate {args.intermediate}, vocab {args.vocab}, "
                  f"{n_params / 1e9:.2f} B parameters",
         "dtype": args.dtype, "new_tokens": args.new_tokens, "impls": args.impls, "device": device.type,
+        "repeats": args.repeats,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "torch": torch.__version__, "transformers": transformers.__version__, "pyfa_backends": pyfa.backends(),
     }
@@ -180,25 +187,44 @@ def main(argv=None) -> int:
     for prompt in args.prompts:
         for batch in args.batches:
             ids = torch.randint(3, args.vocab, (batch, prompt), generator=g).to(device)
-            tokens = {}
-            for impl in args.impls:
-                row = {"prompt": prompt, "batch": batch, "impl": impl}
+            tokens, case = {}, {}
+            for impl in args.impls:  # untimed: every shape of the timed runs seen once
+                case[impl] = {"prompt": prompt, "batch": batch, "impl": impl, "runs": []}
                 try:
                     with torch.inference_mode():
                         generate(torch, transformers, model, impl, ids, args.new_tokens, device)
-                        out, prefill, decode, total = generate(torch, transformers, model, impl, ids,
-                                                               args.new_tokens, device)
-                    tokens[impl] = out
-                    row.update(prefill_ms=prefill * 1e3, decode_tok_s=batch * (args.new_tokens - 1) / decode,
-                               e2e_tok_s=batch * args.new_tokens / total)
                 except oom:
-                    row["error"] = "OOM"
+                    case[impl]["error"] = "OOM"
                 except Exception as e:  # one failing case must not hide the others
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    case[impl]["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            for _ in range(args.repeats):  # implementations take turns, so drift hits each alike
+                for impl in args.impls:
+                    row = case[impl]
+                    if row.get("error"):
+                        continue
+                    try:
+                        with torch.inference_mode():
+                            out, prefill, decode, total = generate(torch, transformers, model, impl, ids,
+                                                                   args.new_tokens, device)
+                    except oom:
+                        row["error"] = "OOM"
+                        continue
+                    except Exception as e:
+                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                        continue
+                    tokens[impl] = out
+                    row["runs"].append({"prefill_ms": prefill * 1e3,
+                                        "decode_tok_s": batch * (args.new_tokens - 1) / decode,
+                                        "e2e_tok_s": batch * args.new_tokens / total})
+            for impl in args.impls:
+                row = case[impl]
+                if row["runs"]:  # each figure the median of the runs
+                    for key in ("prefill_ms", "decode_tok_s", "e2e_tok_s"):
+                        row[key] = statistics.median(r[key] for r in row["runs"])
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
             base = next((r for r in rows[-len(args.impls):] if r["impl"] == args.impls[0]), None)
             for r in rows[-len(args.impls):]:
                 if base and not base.get("error") and not r.get("error"):
