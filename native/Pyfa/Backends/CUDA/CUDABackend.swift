@@ -204,26 +204,59 @@ final class Occupancy {
     }
 }
 
-/// A few device allocation ranges [start, start + size) the driver reported,
-/// most recent first. An allocation freed and its addresses reused by another
-/// device allocation is still device memory; a range is only trusted for
-/// addresses the driver once said were device memory of that extent.
-final class KnownRanges: @unchecked Sendable {
+/// Device allocation ranges [start, start + size) the driver reported, sorted
+/// by start and disjoint. An allocation freed and its addresses reused by
+/// another device allocation is still device memory; a range is only trusted
+/// for addresses the driver once said were device memory of that extent. Room
+/// for a model's working set (each layer's K, V, query and output can be an
+/// allocation of its own: a 32-layer step cycles through well over a hundred),
+/// so a steady decode loop never asks the driver; when full, it starts over.
+public final class KnownRanges: @unchecked Sendable {
     private let lock = Lock()
-    private var ranges: [(start: UInt64, size: UInt64)] = []
-    private let capacity = 16
+    private var starts: [UInt64] = []
+    private var ends: [UInt64] = []
+    public let capacity: Int
 
-    func contains(_ address: UInt64, _ bytes: Int) -> Bool {
+    public init(capacity: Int = 1024) {
+        self.capacity = max(1, capacity)
+    }
+
+    /// Index of the last range starting at or below `address`, or nil.
+    private func floor(_ address: UInt64) -> Int? {
+        var lo = 0, hi = starts.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if starts[mid] <= address { lo = mid + 1 } else { hi = mid }
+        }
+        return lo > 0 ? lo - 1 : nil
+    }
+
+    /// Whether [address, address + bytes) lies inside one known range.
+    public func contains(_ address: UInt64, _ bytes: Int) -> Bool {
         lock.withLock {
-            ranges.contains { address >= $0.start && UInt64(bytes) <= $0.start &+ $0.size &- address }
+            guard let i = floor(address), address <= ends[i] else { return false }
+            return UInt64(bytes) <= ends[i] - address
         }
     }
 
-    func insert(_ start: UInt64, _ size: UInt64) {
+    /// Records [start, start + size), dropping the known ranges it overlaps.
+    public func insert(_ start: UInt64, _ size: UInt64) {
+        let end = start &+ size
+        guard end >= start else { return }
         lock.withLock {
-            ranges.removeAll { $0.start == start }
-            ranges.insert((start, size), at: 0)
-            if ranges.count > capacity { ranges.removeLast() }
+            // The driver's answer replaces every known range it overlaps (stale ones).
+            var first = floor(start).map { ends[$0] > start ? $0 : $0 + 1 } ?? 0
+            var last = first
+            while last < starts.count && starts[last] < end { last += 1 }
+            starts.removeSubrange(first..<last)
+            ends.removeSubrange(first..<last)
+            if starts.count >= capacity {
+                starts.removeAll(keepingCapacity: true)
+                ends.removeAll(keepingCapacity: true)
+                first = 0
+            }
+            starts.insert(start, at: first)
+            ends.insert(end, at: first)
         }
     }
 }
