@@ -82,6 +82,33 @@ struct Ring {
         if let outDType { try require(outDType.isFloat, "outDType: \(outDType) must be f32, f16 or bf16") }
         return q.shape[0]
     }
+
+    /// The decode parameters of attending `heads` query heads over this cache.
+    func attendParams(heads: Int, options: CacheAttendOptions) throws -> pyfa_flash_attn_vec_params {
+        pyfa_flash_attn_vec_params(
+            batch: 1, num_heads: try Arg.u32(heads, "num_heads"), num_kv_heads: UInt32(numKVHeads),
+            head_dim: UInt32(headDim), kv_capacity: UInt32(capacity), nwg: 0,
+            window: try Arg.window(slidingWindow), scale: Arg.scale(options.scale, headDim: headDim),
+            softcap: options.softcap, reserved: 0)
+    }
+
+    /// An attend's buffers and run: zeros for an empty cache, else the workspace,
+    /// the per-sequence values, out [heads, headDim] (and the LSE [heads]) made
+    /// here and `encode` recording the op with them on one submission.
+    func attend(_ device: Device, heads: Int, outDType: DType, returnLSE: Bool, workspaceBytes: UInt64,
+                encode: (_ encoder: OpaquePointer, _ lens: Buffer, _ rings: Buffer, _ tmp: Buffer?, _ out: Buffer,
+                         _ lse: Buffer?) throws -> Void) throws -> AttentionOutput {
+        let (kvLen, ringStart) = lengths
+        if kvLen == 0 {
+            return try emptyAttention(device, heads: heads, headDim: headDim, dtype: outDType, returnLSE: returnLSE)
+        }
+        let tmp = try workspace(device, bytes: workspaceBytes)
+        let lens = try sequenceBuffer(device, [Int32(kvLen)]), rings = try sequenceBuffer(device, [Int32(ringStart)])
+        let out = try resultBuffer(device, shape: [heads, headDim], dtype: outDType)
+        let lse = returnLSE ? try resultBuffer(device, shape: [heads], dtype: .float32) : nil
+        try device.run { encoder in try encode(encoder, lens, rings, tmp, out, lse) }
+        return AttentionOutput(out: out, lse: lse)
+    }
 }
 
 /// Rows [skip..<n] of a [n, ...] buffer as a buffer of their own (a ring
@@ -180,28 +207,15 @@ public final class KVCache: @unchecked Sendable {
     public func attend(q: Buffer, options: CacheAttendOptions = CacheAttendOptions()) throws -> AttentionOutput {
         try lock.withLock {
             let H = try ring.checkQuery(q, device: device, outDType: options.outDType)
-            let (kvLen, ringStart) = ring.lengths
-            var params = pyfa_flash_attn_vec_params(
-                batch: 1, num_heads: try Arg.u32(H, "num_heads"), num_kv_heads: UInt32(numKVHeads),
-                head_dim: UInt32(headDim), kv_capacity: UInt32(capacity), nwg: 0,
-                window: try Arg.window(slidingWindow), scale: Arg.scale(options.scale, headDim: headDim),
-                softcap: options.softcap, reserved: 0)
+            var params = try ring.attendParams(heads: H, options: options)
             // The plan checks every option, so an empty cache refuses what a full one would.
             var tmpBytes: UInt64 = 0
-            try check(pyfa_flash_attn_vec_plan(device.handle, &params, dtype.rawValue, UInt32(kvLen), &tmpBytes))
-            let outDType = options.outDType ?? q.dtype
-            if kvLen == 0 {
-                return try emptyAttention(device, heads: H, headDim: headDim, dtype: outDType, returnLSE: options.returnLSE)
-            }
-            let tmp = try workspace(device, bytes: tmpBytes)
-            let lens = try sequenceBuffer(device, [Int32(kvLen)]), rings = try sequenceBuffer(device, [Int32(ringStart)])
-            let out = try resultBuffer(device, shape: [H, headDim], dtype: outDType)
-            let lse = options.returnLSE ? try resultBuffer(device, shape: [H], dtype: .float32) : nil
-            try device.run { encoder in
+            try check(pyfa_flash_attn_vec_plan(device.handle, &params, dtype.rawValue, UInt32(ring.lengths.0), &tmpBytes))
+            return try ring.attend(device, heads: H, outDType: options.outDType ?? q.dtype,
+                                   returnLSE: options.returnLSE, workspaceBytes: tmpBytes) { encoder, lens, rings, tmp, out, lse in
                 try check(pyfa_flash_attn_vec(encoder, &params, q.handle, k.handle, v.handle, lens.handle, rings.handle,
                                               tmp?.handle, out.handle, lse?.handle))
             }
-            return AttentionOutput(out: out, lse: lse)
         }
     }
 }

@@ -109,30 +109,17 @@ public final class TurboQuantKVCache: @unchecked Sendable {
     public func attend(q: Buffer, options: CacheAttendOptions = CacheAttendOptions()) throws -> AttentionOutput {
         try lock.withLock {
             let H = try ring.checkQuery(q, device: device, outDType: options.outDType)
-            let (kvLen, ringStart) = ring.lengths
-            let attn = pyfa_flash_attn_vec_params(
-                batch: 1, num_heads: try Arg.u32(H, "num_heads"), num_kv_heads: UInt32(numKVHeads),
-                head_dim: UInt32(headDim), kv_capacity: UInt32(capacity), nwg: 0,
-                window: try Arg.window(slidingWindow), scale: Arg.scale(options.scale, headDim: headDim),
-                softcap: options.softcap, reserved: 0)
-            var params = pyfa_flash_attn_vec_tq_params(attn: attn, k_bits: UInt32(kBits), v_bits: UInt32(vBits),
+            var params = pyfa_flash_attn_vec_tq_params(attn: try ring.attendParams(heads: H, options: options),
+                                                       k_bits: UInt32(kBits), v_bits: UInt32(vBits),
                                                        seed_lo: seedLo, seed_hi: seedHi, fused: 1, reserved: 0)
             var tmpBytes: UInt64 = 0
-            try check(pyfa_flash_attn_vec_tq_plan(device.handle, &params, UInt32(kvLen), &tmpBytes))
-            let outDType = options.outDType ?? q.dtype
-            if kvLen == 0 {
-                return try emptyAttention(device, heads: H, headDim: headDim, dtype: outDType, returnLSE: options.returnLSE)
-            }
-            let tmp = try workspace(device, bytes: tmpBytes)
-            let lens = try sequenceBuffer(device, [Int32(kvLen)]), rings = try sequenceBuffer(device, [Int32(ringStart)])
-            let out = try resultBuffer(device, shape: [H, headDim], dtype: outDType)
-            let lse = options.returnLSE ? try resultBuffer(device, shape: [H], dtype: .float32) : nil
-            try device.run { encoder in
+            try check(pyfa_flash_attn_vec_tq_plan(device.handle, &params, UInt32(ring.lengths.0), &tmpBytes))
+            return try ring.attend(device, heads: H, outDType: options.outDType ?? q.dtype,
+                                   returnLSE: options.returnLSE, workspaceBytes: tmpBytes) { encoder, lens, rings, tmp, out, lse in
                 try check(pyfa_flash_attn_vec_tq(encoder, &params, q.handle, codes[0].handle, scales[0].handle,
                                                  codes[1].handle, scales[1].handle, lens.handle, rings.handle,
                                                  tmp?.handle, out.handle, lse?.handle))
             }
-            return AttentionOutput(out: out, lse: lse)
         }
     }
 
