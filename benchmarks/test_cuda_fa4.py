@@ -6,10 +6,10 @@ layout in place with layout="bshd"); decode gives each its own cache layout
 (test_cuda_prefill.event_ms). Without FA4, or on a GPU it does not support,
 every case skips with the reason.
 
-Bounds: provisional regression guards set from pyfa's ratios to torch flash
-(docs/cuda/prefill_h200.md: 0.50-0.63 of flash's TFLOP/s) and FA4's published
-speed-up over FlashAttention-2 on Hopper (about 1.5-2x); replace them with
-about 80% of the ratios of the first FA4 run (its gates.json).
+Bounds: regression guards at about 80% of the ratios measured on an H100
+(docs/cuda/gates_h100.txt, FA4 4.0.0b36): prefill 0.376 (4K) and 0.285 (16K)
+of FA4's TFLOP/s, decode 1.285x FA4's time. They catch a regression of pyfa's
+kernels, not the gap to FA4 (the Hopper prefill kernel's work).
 
     python3 -m pytest -rs benchmarks/test_cuda_fa4.py --benchmark-enable
 """
@@ -39,9 +39,9 @@ except pyfa.PyfaError as e:
 
 H, HKV = 16, 8
 # (D, L, bound): pyfa TFLOP/s >= bound x FA4 TFLOP/s.
-PREFILL_CASES = [(128, 4096, 0.2), (128, 16384, 0.25)]
+PREFILL_CASES = [(128, 4096, 0.3), (128, 16384, 0.23)]
 # (B, D, L, bound): pyfa time <= bound x FA4 time.
-DECODE_CASES = [(8, 128, 65536, 1.5)]
+DECODE_CASES = [(8, 128, 65536, 1.6)]
 
 
 def fa4(q, k, v, causal):
