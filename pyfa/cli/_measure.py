@@ -12,6 +12,12 @@ only the kernels' float32 arithmetic and the output's rounding differ):
   float32 result rounded once to nearest even is within half an ulp of it,
   2^-11 (float16) or 2^-8 (bfloat16) relative (test_decode.py HALF_ULP,
   test_prefill.py ROUND; prefill takes max(max|ref|, 1) as that test does).
+- plus, for float16 / bfloat16 caches, the CUDA tensor-core decode's split
+  operands: q and the softmax weights P enter its 16-bit MMAs as hi + lo
+  halves, good to SPLIT_REL relative (2^-22 float16, 2^-16 bfloat16; K and V
+  exact). A weight is then off by at most SPLIT_REL * (1 + 2 * scale *
+  max_j sum_i |q_i k_ji|) relative (its own rounding, and its score's against
+  the row maximum's), so the output by that times max|v| (decode_split_bound).
 - LSE: LSE_TOL * (1 + max|ref lse|) with LSE_TOL = 1e-4
   (test_decode_outputs.py, test_prefill.py check_lse: an f32 max plus the log
   of an f32 sum of exponentials is good to ~1e-6 relative; a wrong log base,
@@ -36,6 +42,7 @@ F32_TOL = 2e-5
 LSE_TOL = 1e-4
 MERGE_TOL = 1e-5
 HALF_ULP = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, np.dtype(bfloat16): 2.0**-8}
+SPLIT_REL = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-22, np.dtype(bfloat16): 2.0**-16}
 SHORT = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(bfloat16): "bf16"}
 
 
@@ -60,6 +67,20 @@ class Measure(NamedTuple):
         if self.bound == 0:
             return 0.0 if self.error == 0 else math.inf
         return self.error / self.bound
+
+
+def decode_split_bound(q, k, v, scale) -> float:
+    """The tensor-core decode's extra error for q [B, H, D] over k, v [B, H_kv, L, D] of a
+    16-bit dtype (module docstring); 0 for float32 caches."""
+    rel = SPLIT_REL[np.dtype(k.dtype)]
+    if rel == 0.0:
+        return 0.0
+    q64 = np.abs(np.asarray(q, np.float64))
+    k64 = np.abs(np.asarray(k, np.float64))
+    group = q64.shape[1] // k64.shape[1]
+    kk = np.repeat(k64, group, axis=1)                                  # [B, H, L, D]
+    dots = np.einsum("bhd,bhld->bhl", q64, kk).max(initial=0.0)
+    return rel * (1.0 + 2.0 * scale * dots) * float(np.abs(np.asarray(v, np.float64)).max(initial=0.0))
 
 
 def output(op: str, row: str, out, ref, want_dtype, tol: float = F32_TOL, floor: float = 0.0) -> Measure:
