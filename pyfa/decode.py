@@ -195,10 +195,10 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
 # A model calls decode with the same shapes, dtypes and defaults every step. After one such call on
 # torch CUDA tensors, or on numpy arrays on a host-visible device, has gone through every check above,
 # its plan and its run-argument struct are kept (per thread) under everything those checks looked at:
-# the device, the scale as given (None or a float), each array's shape and dtype (and GPU), and how kv_len came (an int, by power-of-two
-# bucket, or an int32 tensor). A later call that matches runs with only what changes checked here:
-# contiguity, the kv_len value (or the tensor's dtype, size and GPU), and the addresses. Anything else
-# takes the full path above.
+# the device, the scale as given (None or a float), each array's shape and dtype (and GPU), and how
+# kv_len came (an int, by its _plans.length_bucket, or an int32 tensor). A later call that matches runs
+# with only what changes checked here: contiguity, the kv_len value (or the tensor's dtype, size and
+# GPU), and the addresses. Anything else takes the full path above.
 _repeat = threading.local()
 _torch_tensor = None
 _torch_int32 = None
@@ -219,8 +219,7 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
         if type(kv_len) is not int or ffi.sizeof("void *") != 8:  # slots below alias 64-bit addresses
             return
         host = ffi.new("int32_t[]", B)
-        key = (device, scale, 1 << max(0, kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
-               v.dtype)
+        key = (device, scale, _plans.length_bucket(kv_len), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
         gpu = None
     else:
         global _torch_tensor, _torch_int32
@@ -234,7 +233,7 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
         if lens.gpu is None:
             if type(kv_len) is not int:
                 return
-            kind = 1 << max(0, kv_len - 1).bit_length()
+            kind = _plans.length_bucket(kv_len)
             host = ffi.new("int32_t[]", B)
         else:
             if type(lens.gpu.obj) is not _torch_tensor:
@@ -247,7 +246,6 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     reused.kv_len.host = host if host is not None else ffi.NULL
     zeros = ffi.new("int32_t[]", B)  # ring_start: kept alive with the entry that points at it
     reused.ring_start.host = zeros
-    reused.flags = lib.PYFA_RUN_FINISH
     # Host arrays: the four address fields seen as pointers, so a call stores
     # ffi.from_buffer(...) into them without converting it to an int.
     slots = None if gpu is not None else tuple(
@@ -269,7 +267,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     if tl is int:
         if kv_len < 1:
             return None
-        kind = 1 << (kv_len - 1).bit_length()
+        kind = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
     elif tl is T:
         kind = -1
     else:
@@ -303,8 +301,8 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
     if type(k) is not np.ndarray or type(v) is not np.ndarray or type(kv_len) is not int or kv_len < 1:
         return None
     device = _args.device_arg(device)
-    entry = table.get((device, scale, 1 << (kv_len - 1).bit_length(), q.shape, k.shape, v.shape, q.dtype, k.dtype,
-                       v.dtype))
+    bucket = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
+    entry = table.get((device, scale, bucket, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype))
     if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
         return None
     plan, args, host, B, capacity, shape, _gpu, _zeros, slots = entry
@@ -318,8 +316,5 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
     slots[1][0] = from_buffer(k)
     slots[2][0] = from_buffer(v)
     slots[3][0] = from_buffer(out)
-    status = lib.pyfa_decode_run(plan, _plans.encoder(device), args)
-    if status != 0:
-        _plans.discard_encoder(device)
-        check(status)
+    _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device), args)
     return out

@@ -468,3 +468,17 @@ def test_host_repeat_path_keys_on_the_scale_and_the_device_name(rng):
     assert len(decode._repeat.table) == 3
     with pytest.raises(pyfa.InvalidArgumentError, match="unknown backend 'bogus'"):
         pyfa.decode_attention(q, k, k, 100, scale=0.125, device="bogus")
+
+
+def test_host_repeat_path_is_taken(rng):
+    """A numpy call matching a remembered one is answered by the short path itself."""
+    from pyfa import decode
+
+    cpu = pyfa.Device("cpu")
+    decode._repeat.table = {}
+    q = rng.standard_normal((1, 4, 64), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 64, 64), dtype=np.float32)
+    pyfa.decode_attention(q, k, k, 50, device=cpu)
+    got = decode._repeat_call(q, k, k, 60, cpu, None)
+    assert got is not None, "a matching call took the full path"
+    np.testing.assert_allclose(got, _ref(q, k, k, [60]), atol=2e-6, rtol=1e-5)
