@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 import pyfa
-from pyfa import reference
+from pyfa import _args, reference
 
 from . import _measure as M
 
@@ -35,7 +35,7 @@ def decode(device, rng, dt, B, H, Hkv, D, cap, lens, q_dtype=np.float32, out_dty
     ref, ref_lse = reference.decode_attention(q, k, v, lens, return_lse=True, **kw)
     row = M.SHORT[np.dtype(dt)]
     want = np.dtype(out_dtype if out_dtype is not None else q_dtype)
-    scale = kw["scale"] if kw.get("scale") is not None else 1.0 / np.sqrt(D)
+    scale = _args.default_scale(kw.get("scale"), D)
     tol = M.F32_TOL + M.decode_split_bound(q, k, v, scale)
     return [M.output("decode", row, out, ref, want, tol=tol), M.lse("decode lse", row, got_lse, ref_lse)]
 
