@@ -74,13 +74,10 @@ if has pytest-bench; then
         2>&1 | tail -15 || status=1
 fi
 if has sweep; then
-    echo "== plan/kernel knob sweep (quick cases)"
-    for knobs in "PYFA_CUDA_VEC_BLOCKS_PER_SM=2" "PYFA_CUDA_VEC_BLOCKS_PER_SM=6" "PYFA_CUDA_VEC_BLOCKS_PER_SM=9" \
-                 "PYFA_CUDA_VEC_STAGES=2" "PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2" \
-                 "PYFA_CUDA_VEC_MIN_ROWS=64"; do
-        env $knobs timeout 40 python3 benchmarks/cuda_decode_bench.py --quick --label "$knobs" --out "$out/sweep.jsonl" \
-            --iters 10 --reps 5 2>&1 | grep '^{' || status=1
-    done
+    echo "== plan/kernel knob sweep (quick cases, f16)"
+    PYFA_KNOB_CASES=quick PYFA_KNOB_DTYPE=f16 PYFA_KNOBS="PYFA_CUDA_VEC_BLOCKS_PER_SM=2;PYFA_CUDA_VEC_BLOCKS_PER_SM=6;\
+PYFA_CUDA_VEC_BLOCKS_PER_SM=9;PYFA_CUDA_VEC_STAGES=2;PYFA_CUDA_VEC_ROWS_PER_STEP=8 PYFA_CUDA_VEC_STAGES=2;\
+PYFA_CUDA_VEC_MIN_ROWS=64" bash scripts/gpu_decode_knobs.sh "$out/sweep.jsonl" || status=1
 fi
 if has variant-tests; then
     echo "== decode tests with each kernel variant forced"
