@@ -47,7 +47,9 @@ def header_cdef(name: str, seen: set | None = None) -> str:
     if name in seen:
         return ""
     seen.add(name)
-    text = _find_header(name).read_text()
+    # Backslash-newline joins lines before anything else, as in C, so a
+    # multi-line macro is one preprocessor line (and dropped whole).
+    text = _find_header(name).read_text().replace("\\\n", " ")
     out: list[str] = []
     depth_skip = 0  # nesting depth inside a skipped block
     depth = 0

@@ -51,6 +51,7 @@ def test_struct_sizes_agree_between_python_and_library():
         assert lib.pyfa_struct_size(name.encode()) == ffi.sizeof(name), name
     assert ffi.sizeof("pyfa_flash_attn_vec_params") == 40
     assert ffi.sizeof("pyfa_attn_reduce_params") == 16
+    assert lib.pyfa_struct_size(b"pyfa_kv_pages") == ffi.sizeof("pyfa_kv_pages") == 16
     assert lib.pyfa_struct_size(b"no_such_struct") == 0
 
 

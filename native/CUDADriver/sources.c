@@ -16,6 +16,9 @@ static const char src_prefill_params[] = {
 static const char src_turboquant_params[] = {
 #embed "../../shaders/common/turboquant_params.h"
 , 0};
+static const char src_paged_kv_params[] = {
+#embed "../../shaders/common/paged_kv_params.h"
+, 0};
 static const char src_cuda_layout[] = {
 #embed "../../shaders/common/cuda_layout.h"
 , 0};
@@ -61,6 +64,7 @@ static const struct {
     {"pyfa_params.h", src_params, sizeof src_params - 1},
     {"flash_attn_prefill_params.h", src_prefill_params, sizeof src_prefill_params - 1},
     {"turboquant_params.h", src_turboquant_params, sizeof src_turboquant_params - 1},
+    {"paged_kv_params.h", src_paged_kv_params, sizeof src_paged_kv_params - 1},
     {"cuda_layout.h", src_cuda_layout, sizeof src_cuda_layout - 1},
     {"pyfa_cuda_args.h", src_args, sizeof src_args - 1},
     {"pyfa_cuda.cuh", src_prelude, sizeof src_prelude - 1},

@@ -15,6 +15,9 @@ static const char src_prefill_params[] = {
 static const char src_turboquant_params[] = {
 #embed "../../shaders/common/turboquant_params.h"
 , 0};
+static const char src_paged_kv_params[] = {
+#embed "../../shaders/common/paged_kv_params.h"
+, 0};
 static const char src_metal_layout[] = {
 #embed "../../shaders/common/metal_layout.h"
 , 0};
@@ -63,6 +66,7 @@ static const struct {
     {"pyfa_params.h", src_params, sizeof src_params - 1},
     {"flash_attn_prefill_params.h", src_prefill_params, sizeof src_prefill_params - 1},
     {"turboquant_params.h", src_turboquant_params, sizeof src_turboquant_params - 1},
+    {"paged_kv_params.h", src_paged_kv_params, sizeof src_paged_kv_params - 1},
     {"metal_layout.h", src_metal_layout, sizeof src_metal_layout - 1},
     {"pyfa_metal.h", src_pyfa_metal, sizeof src_pyfa_metal - 1},
     {"flash_attn_vec.metal", src_flash_attn_vec, sizeof src_flash_attn_vec - 1},

@@ -164,3 +164,4 @@ typedef struct pyfa_kv_append_params {
 
 #include "flash_attn_prefill_params.h"
 #include "turboquant_params.h"
+#include "paged_kv_params.h"

@@ -27,6 +27,7 @@ let structSizes: [String: Int] = [
     "pyfa_tq_fwht_params": MemoryLayout<pyfa_tq_fwht_params>.size,
     "pyfa_flash_attn_vec_tq_params": MemoryLayout<pyfa_flash_attn_vec_tq_params>.size,
     "pyfa_tq_reduce_undo_params": MemoryLayout<pyfa_tq_reduce_undo_params>.size,
+    "pyfa_kv_pages": MemoryLayout<pyfa_kv_pages>.size,
 ]
 
 @_cdecl("pyfa_struct_size")

@@ -13,6 +13,7 @@ final class StructLayoutTests: XCTestCase {
         XCTAssertEqual(MemoryLayout<pyfa_tq_fwht_params>.size, 24)
         XCTAssertEqual(MemoryLayout<pyfa_flash_attn_vec_tq_params>.size, 64)
         XCTAssertEqual(MemoryLayout<pyfa_tq_reduce_undo_params>.size, 32)
+        XCTAssertEqual(MemoryLayout<pyfa_kv_pages>.size, 16)
     }
 
     func testDTypeCodesMatchHeader() {
