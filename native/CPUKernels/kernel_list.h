@@ -13,3 +13,6 @@ PYFA_CPU_KERNEL(pyfa_cpu_fwht_sign_premult)
 PYFA_CPU_KERNEL(pyfa_cpu_fwht_sign_undo)
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_vec_tq)
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_vec_reduce_tq_hb_undo)
+/* paged appends */
+PYFA_CPU_KERNEL(pyfa_cpu_kv_append_paged)
+PYFA_CPU_KERNEL(pyfa_cpu_tq_quantize_paged)

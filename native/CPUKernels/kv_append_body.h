@@ -48,4 +48,44 @@ void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32
     }
 }
 
+/* The pool row of slot `slot` for KV head `head`, or -1 for a slot outside
+ * the pool (padding: the token writes nothing). 32-bit arithmetic is exact:
+ * num_pages * page_size * num_kv_heads fits 32 bits (paged_kv_params.h). */
+PYFA_INLINE int64_t paged_slot_row(const pyfa_kv_pages *pg, uint32_t num_kv_heads, int32_t slot, uint32_t head) {
+    if (slot < 0 || (uint32_t)slot >= pg->num_pages * pg->page_size) return -1;
+    const uint32_t page = (uint32_t)slot / pg->page_size, t = (uint32_t)slot % pg->page_size;
+    return (int64_t)PYFA_PAGE_ROW(pg->layout, pg->page_size, num_kv_heads, page, t, head);
+}
+
+/* Token x of KV head y into the K pool (z = 0) or the V pool (z = 1). */
+void PYFA_ISA(pyfa_cpu_kv_append_paged)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                        void *scratch) {
+    (void)scratch;
+    const pyfa_kv_append_paged_params *p =
+        (const pyfa_kv_append_paged_params *)d->args[PYFA_KV_APPEND_PAGED_ARG_PARAMS];
+    const int sdt = d->constants[PYFA_KV_APPEND_PAGED_FC_SRC_DTYPE];
+    const int cdt = d->constants[PYFA_KV_APPEND_PAGED_FC_CACHE_DTYPE];
+    const uint32_t D = p->head_dim;
+    const int32_t slot = ((const int32_t *)d->args[PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING])[x];
+    const int64_t row = paged_slot_row(&p->pages, p->num_kv_heads, slot, y);
+    if (row < 0) return;
+    const char *src = (const char *)d->args[z ? PYFA_KV_APPEND_PAGED_ARG_SRC_V : PYFA_KV_APPEND_PAGED_ARG_SRC_K] +
+                      ((size_t)x * p->num_kv_heads + y) * D * dtype_size(sdt);
+    char *dst = (char *)d->args[z ? PYFA_KV_APPEND_PAGED_ARG_V_PAGES : PYFA_KV_APPEND_PAGED_ARG_K_PAGES] +
+                (size_t)row * D * dtype_size(cdt);
+    if (sdt == cdt && (sdt == PYFA_DTYPE_F32 || sdt == PYFA_DTYPE_F16 || sdt == PYFA_DTYPE_BF16)) {
+        memcpy(dst, src, (size_t)D * dtype_size(sdt));
+        return;
+    }
+    switch (sdt * 16 + cdt) {
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_F16)
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F16)
+    default: pyfa_cpu_fail(d, "unsupported src / pool dtype %d / %d", sdt, cdt); return;
+    }
+}
+
 #undef KV_APPEND_CASE

@@ -119,6 +119,42 @@ void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_
                       p->norm_correction);
 }
 
+/* Token x of KV head y into the K pools (z = 0: K stream, k_bits) or the V
+ * pools (z = 1: V stream, v_bits), encoded as hadamard_quantize_kv does. */
+void PYFA_ISA(pyfa_cpu_tq_quantize_paged)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
+                                          void *scratch) {
+    (void)scratch;
+    const pyfa_tq_quantize_paged_params *p =
+        (const pyfa_tq_quantize_paged_params *)d->args[PYFA_TQ_QUANT_PAGED_ARG_PARAMS];
+    const int dt = d->constants[PYFA_TQ_QUANT_PAGED_FC_SRC_DTYPE];
+    const uint32_t D = p->head_dim, bits = z ? p->v_bits : p->k_bits, levels = 1u << bits;
+    float row[PYFA_MAX_HEAD_DIM], work[PYFA_MAX_HEAD_DIM], th[TQ_MAX_LEVELS];
+    if (!tq_head_dim_ok(D) || !tq_bits_ok((int)bits)) {
+        pyfa_cpu_fail(d, "unsupported head_dim %u / bits %u", D, bits);
+        return;
+    }
+    const pyfa_kv_pages *pg = &p->pages;
+    const int32_t slot = ((const int32_t *)d->args[PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING])[x];
+    if (slot < 0 || (uint32_t)slot >= pg->num_pages * pg->page_size) return; /* padding: nothing written */
+    const size_t r = PYFA_PAGE_ROW(pg->layout, pg->page_size, p->num_kv_heads, (uint32_t)slot / pg->page_size,
+                                   (uint32_t)slot % pg->page_size, y);
+    const float *cb = (const float *)d->args[z ? PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK : PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK];
+    tq_thresholds(th, cb, levels);
+    const char *src = (const char *)d->args[z ? PYFA_TQ_QUANT_PAGED_ARG_SRC_V : PYFA_TQ_QUANT_PAGED_ARG_SRC_K] +
+                      ((size_t)x * p->num_kv_heads + y) * D * dtype_size(dt);
+    switch (dt) {
+    case PYFA_DTYPE_F16: row_to_f32(row, src, D, PYFA_DTYPE_F16); break;
+    case PYFA_DTYPE_BF16: row_to_f32(row, src, D, PYFA_DTYPE_BF16); break;
+    case PYFA_DTYPE_F32: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
+    default: pyfa_cpu_fail(d, "unsupported src dtype %d", dt); return;
+    }
+    uint8_t *codes = (uint8_t *)d->args[z ? PYFA_TQ_QUANT_PAGED_ARG_V_CODES : PYFA_TQ_QUANT_PAGED_ARG_K_CODES] +
+                     r * PYFA_TQ_ROW_BYTES((size_t)D, bits);
+    float *scales = (float *)d->args[z ? PYFA_TQ_QUANT_PAGED_ARG_V_SCALES : PYFA_TQ_QUANT_PAGED_ARG_K_SCALES];
+    scales[r] = tq_encode_row(row, work, codes, cb, th, bits, D, tq_seed(p->seed_lo, p->seed_hi),
+                              z ? PYFA_TQ_STREAM_V : PYFA_TQ_STREAM_K, p->norm_correction);
+}
+
 /* Row x of KV head y. */
 void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                          void *scratch) {

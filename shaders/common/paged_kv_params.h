@@ -74,3 +74,88 @@ typedef struct pyfa_kv_pages {
  * is not read (paged sequences are not rings). */
 #define PYFA_VEC_ARG_PAGES 13
 #define PYFA_VEC_ARG_BLOCK_TABLE 14
+
+/* ---------------------------------------------------------------------------
+ * kv_append_paged: writes num_tokens K rows and V rows into a dense pool pair
+ * in one dispatch.
+ *   src_k, src_v [num_tokens, num_kv_heads, head_dim]        f32 | f16 | bf16 (one dtype)
+ *   k_pages, v_pages: pools of the layout above               f32 | f16 | bf16 (one dtype)
+ *   slot_mapping [num_tokens] int32: token i of KV head h goes to row
+ *     PYFA_PAGE_ROW(layout, page_size, num_kv_heads, slot / page_size,
+ *     slot % page_size, h); a value outside 0..num_pages*page_size - 1
+ *     writes nothing (padding).
+ * Conversion as kv_append: widened to f32 (exact), rounded to the pool's
+ * dtype to nearest even; equal dtypes copy the bits. Nothing else of the
+ * pools is written. Host-visible slot_mapping values are checked by the
+ * dispatcher: each is a slot of the pool or negative (padding), and no two
+ * tokens name one slot (the result would depend on scheduling). Device
+ * values are only clamped as above: two tokens naming one slot write it in
+ * an unspecified order (the last writer is unspecified, row by row). src
+ * must not overlap the pools, nor the pools each other or slot_mapping.
+ * pages.pages_per_seq is not read (appends take no block_table): 0.
+ * Grid: (num_tokens, num_kv_heads, 2); z = 0 writes K, z = 1 writes V.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_kv_append_paged_params {
+    pyfa_kv_pages pages;   /**< page_size, num_pages, layout of both pools */
+    uint32_t num_tokens;   /**< rows per KV head, >= 1 */
+    uint32_t num_kv_heads;
+    uint32_t head_dim;     /**< elements per row, >= 1 */
+    uint32_t reserved;     /**< zero */
+} pyfa_kv_append_paged_params;
+
+#define PYFA_KV_APPEND_PAGED_ARG_PARAMS 0
+#define PYFA_KV_APPEND_PAGED_ARG_SRC_K 1
+#define PYFA_KV_APPEND_PAGED_ARG_SRC_V 2
+#define PYFA_KV_APPEND_PAGED_ARG_K_PAGES 3
+#define PYFA_KV_APPEND_PAGED_ARG_V_PAGES 4
+#define PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING 5
+
+/* The indices of kv_append's constants (the two kernels share a Metal source). */
+#define PYFA_KV_APPEND_PAGED_FC_SRC_DTYPE 0   /**< dtype code of src_k and src_v */
+#define PYFA_KV_APPEND_PAGED_FC_CACHE_DTYPE 1 /**< dtype code of the pools */
+#define PYFA_KV_APPEND_PAGED_FC_COUNT 2
+
+/* ---------------------------------------------------------------------------
+ * tq_quantize_paged: encodes num_tokens K rows and V rows into a TurboQuant
+ * pool pair in one dispatch, with the codec of turboquant_params.h: the
+ * codes and scale of a row are those hadamard_quantize_kv stores for it
+ * (K rows with the K stream and k_bits, V rows with the V stream and v_bits,
+ * the same seed and norm_correction).
+ *   src_k, src_v [num_tokens, num_kv_heads, head_dim]  f32 | f16 | bf16 (one dtype)
+ *   k_codes [pool rows, PYFA_TQ_ROW_BYTES(head_dim, k_bits)] u8, k_scales
+ *   [pool rows] f32 (v_codes, v_scales with v_bits), pool rows in the
+ *   layout above ([num_pages, page_size, num_kv_heads] for NHD);
+ *   slot_mapping as kv_append_paged's (same rules, same padding);
+ *   k_codebook, v_codebook: inline f32[2^k_bits], f32[2^v_bits].
+ * Grid: (num_tokens, num_kv_heads, 2); z = 0 encodes K, z = 1 encodes V.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_tq_quantize_paged_params {
+    pyfa_kv_pages pages;      /**< page_size, num_pages, layout of the four pools */
+    uint32_t num_tokens;      /**< rows per KV head, >= 1 */
+    uint32_t num_kv_heads;
+    uint32_t head_dim;        /**< 64, 128, 256 or 512 */
+    uint32_t k_bits;          /**< 2, 3, 4 or 8 */
+    uint32_t v_bits;          /**< 2, 3, 4 or 8 */
+    uint32_t norm_correction; /**< PYFA_TQ_NORM_* */
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+} pyfa_tq_quantize_paged_params;
+
+#define PYFA_TQ_QUANT_PAGED_ARG_PARAMS 0
+#define PYFA_TQ_QUANT_PAGED_ARG_SRC_K 1
+#define PYFA_TQ_QUANT_PAGED_ARG_SRC_V 2
+#define PYFA_TQ_QUANT_PAGED_ARG_K_CODES 3
+#define PYFA_TQ_QUANT_PAGED_ARG_K_SCALES 4
+#define PYFA_TQ_QUANT_PAGED_ARG_V_CODES 5
+#define PYFA_TQ_QUANT_PAGED_ARG_V_SCALES 6
+#define PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING 7
+#define PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK 8
+#define PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK 9
+
+/* Indices 0..2 are hadamard_quantize_kv's (src dtype, bits -> K bits, head
+ * dim), so the two kernels share a Metal source and its constants. */
+#define PYFA_TQ_QUANT_PAGED_FC_SRC_DTYPE 0 /**< dtype code of src_k and src_v */
+#define PYFA_TQ_QUANT_PAGED_FC_K_BITS 1    /**< == params.k_bits */
+#define PYFA_TQ_QUANT_PAGED_FC_HEAD_DIM 2  /**< == params.head_dim */
+#define PYFA_TQ_QUANT_PAGED_FC_V_BITS 3    /**< == params.v_bits */
+#define PYFA_TQ_QUANT_PAGED_FC_COUNT 4

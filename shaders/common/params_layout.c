@@ -18,3 +18,6 @@ _Static_assert(sizeof(pyfa_flash_attn_vec_tq_params) == 64, "pyfa_flash_attn_vec
 _Static_assert(offsetof(pyfa_flash_attn_vec_tq_params, k_bits) == 40, "pyfa_flash_attn_vec_tq_params.k_bits");
 _Static_assert(sizeof(pyfa_tq_reduce_undo_params) == 32, "pyfa_tq_reduce_undo_params layout");
 _Static_assert(sizeof(pyfa_kv_pages) == 16, "pyfa_kv_pages layout");
+/* paged appends */
+_Static_assert(sizeof(pyfa_kv_append_paged_params) == 32, "pyfa_kv_append_paged_params layout");
+_Static_assert(sizeof(pyfa_tq_quantize_paged_params) == 48, "pyfa_tq_quantize_paged_params layout");

@@ -19,3 +19,6 @@ PYFA_CUDA_KERNEL(fwht_sign_premult, "turboquant.cu", 32)
 PYFA_CUDA_KERNEL(fwht_sign_undo, "turboquant.cu", 32)
 PYFA_CUDA_KERNEL(flash_attn_vec_reduce_tq_hb_undo, "turboquant.cu", 128)
 PYFA_CUDA_KERNEL(flash_attn_vec_tq, "turboquant.cu", 128)
+/* paged appends */
+PYFA_CUDA_KERNEL(kv_append_paged, "kv_append.cu", 128)
+PYFA_CUDA_KERNEL(tq_quantize_paged, "turboquant.cu", 32)

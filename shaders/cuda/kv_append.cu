@@ -30,3 +30,34 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
         }
     }
 }
+
+/* kv_append_paged (contract: paged_kv_params.h): one block writes one pool
+ * row, blockIdx.z choosing K (0) or V (1); a slot outside the pool (padding)
+ * writes nothing. */
+constexpr int kv_append_paged_max_threads = 128;
+
+template <int SDT, int CDT>
+__device__ void kv_append_paged_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_float_dtype(CDT), "kv_append_paged: src / pool dtype");
+    const pyfa_kv_append_paged_params &p = pyfa_param<pyfa_kv_append_paged_params>(a, PYFA_KV_APPEND_PAGED_ARG_PARAMS);
+    constexpr int SSZ = SDT == PYFA_DTYPE_F32 ? 4 : 2, CSZ = CDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const uint32_t token = blockIdx.x, head = blockIdx.y, D = p.head_dim;
+    const int32_t slot = pyfa_ptr<const int32_t>(a, PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING)[token];
+    if (slot < 0 || (uint32_t)slot >= p.pages.num_pages * p.pages.page_size) return;
+    const uint32_t page = (uint32_t)slot / p.pages.page_size, t = (uint32_t)slot % p.pages.page_size;
+    const size_t row = PYFA_PAGE_ROW(p.pages.layout, p.pages.page_size, p.num_kv_heads, page, t, head);
+    const bool is_v = blockIdx.z != 0;
+    const char *src = pyfa_ptr<const char>(a, is_v ? PYFA_KV_APPEND_PAGED_ARG_SRC_V : PYFA_KV_APPEND_PAGED_ARG_SRC_K) +
+                      ((size_t)token * p.num_kv_heads + head) * D * SSZ;
+    char *dst = pyfa_ptr<char>(a, is_v ? PYFA_KV_APPEND_PAGED_ARG_V_PAGES : PYFA_KV_APPEND_PAGED_ARG_K_PAGES) +
+                row * D * CSZ;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+        if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
+            reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
+        } else if constexpr (SDT == CDT) {
+            reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
+        } else {
+            pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
+        }
+    }
+}

@@ -36,6 +36,7 @@ constexpr int fwht_sign_premult_max_threads = 32;
 constexpr int fwht_sign_undo_max_threads = 32;
 constexpr int flash_attn_vec_reduce_tq_hb_undo_max_threads = 128;
 constexpr int flash_attn_vec_tq_max_threads = 128;
+constexpr int tq_quantize_paged_max_threads = 32;
 /* Blocks per SM the decode kernel's registers allow: for the vector kernel 4
  * caps them at 128 (no spills when K and V bits are equal; a few dozen bytes
  * otherwise); the tensor-core kernel (4-bit K and V), which shared memory
@@ -219,21 +220,21 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
 #define PYFA_TQ_ENCODE_INLINE __forceinline__
 #endif
 
-/* Encodes the row s_x (f32, shared; prescaled in place) into token
- * blockIdx.x of KV head blockIdx.y. */
+/* Encodes the row s_x (f32, shared; prescaled in place) with codebook cb,
+ * sign stream `stream` and the seed into the packed row `codes` and *scale
+ * (lane 0). Both encoders (hadamard_quantize_kv, tq_quantize_paged) run it,
+ * so their codes and scales are the same bytes. */
 template <int BITS, int D>
-__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, float *s_x) {
+__device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const float *cb, uint64_t seed, uint32_t stream,
+                                                    uint32_t norm_correction, float *s_x, uint8_t *codes,
+                                                    float *scale_out) {
     constexpr int E = D / 32, L = 1 << BITS;
-    const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
-    const float *cb = &pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK);
     __shared__ float s_th[L], s_t[D], s_c[D];
     __shared__ uint8_t s_idx[D];
     const int lane = threadIdx.x & 31;
-    const uint32_t x = blockIdx.x, y = blockIdx.y;
     for (int k = lane; k < L; k += 32) s_th[k] = k == 0 ? -INFINITY : __fmul_rn(__fadd_rn(cb[k - 1], cb[k]), 0.5f);
     __syncthreads();
 
-    const uint64_t seed = tq::seed64(p.seed_lo, p.seed_hi);
     /* The codec's prescale: 2^(128 - E), E the biased exponent of max |x| in 1..254. */
     uint32_t m = 0;
 #pragma unroll
@@ -249,7 +250,7 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, flo
         s_x[lane * E + k] = u[k];
     }
     __syncthreads(); /* the prescaled row, for sumsq */
-    tq::apply_signs(u, seed, p.stream, lane);
+    tq::apply_signs(u, seed, stream, lane);
     tq::fwht_warp(u, lane);
     const float norm = __fsqrt_rn(tq::dot_codec<D>(s_x, s_x, lane));
     const float inv = norm > 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f;
@@ -270,10 +271,6 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, flo
     }
     __syncthreads();
 
-    uint32_t slot = p.write_pos + x;
-    if (slot >= p.kv_capacity) slot -= p.kv_capacity;
-    const size_t r = ((size_t)p.sequence * p.num_kv_heads + y) * p.kv_capacity + slot;
-    uint8_t *codes = pyfa_ptr<uint8_t>(a, PYFA_TQ_QUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
     for (int g = lane; g < D / 8; g += 32) {
         uint64_t w = 0;
 #pragma unroll
@@ -282,14 +279,14 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const pyfa_cuda_args &a, flo
         for (int k = 0; k < BITS; k++) codes[g * BITS + k] = (uint8_t)(w >> (8 * k));
     }
     float scale = norm;
-    if (p.norm_correction == PYFA_TQ_NORM_PRESERVING) {
+    if (norm_correction == PYFA_TQ_NORM_PRESERVING) {
         const float q2 = tq::dot_codec<D>(s_c, s_c, lane);
         if (q2 > 0.0f) scale = __fmul_rn(norm, __fsqrt_rn(__fdiv_rn((float)D, q2)));
-    } else if (p.norm_correction == PYFA_TQ_NORM_UNBIASED) {
+    } else if (norm_correction == PYFA_TQ_NORM_UNBIASED) {
         const float ct = tq::dot_codec<D>(s_c, s_t, lane);
         if (ct > 0.0f) scale = __fmul_rn(norm, __fdiv_rn((float)D, ct));
     }
-    if (lane == 0) pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES)[r] = __fdiv_rn(scale, pre);
+    if (lane == 0) *scale_out = __fdiv_rn(scale, pre);
 }
 
 /* Token blockIdx.x of KV head blockIdx.y (one warp): the row widened to f32
@@ -304,7 +301,48 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
     const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) +
                       ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
     for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
-    tq_encode_row<BITS, D>(a, s_x); /* its first barrier publishes s_x */
+    uint32_t slot = p.write_pos + blockIdx.x;
+    if (slot >= p.kv_capacity) slot -= p.kv_capacity;
+    const size_t r = ((size_t)p.sequence * p.num_kv_heads + blockIdx.y) * p.kv_capacity + slot;
+    uint8_t *codes = pyfa_ptr<uint8_t>(a, PYFA_TQ_QUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
+    /* its first barrier publishes s_x */
+    tq_encode_row<BITS, D>(&pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK), tq::seed64(p.seed_lo, p.seed_hi),
+                           p.stream, p.norm_correction, s_x, codes, pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES) + r);
+}
+
+/* tq_quantize_paged (contract: paged_kv_params.h): one warp encodes token
+ * blockIdx.x of KV head blockIdx.y into the K pools (blockIdx.z == 0: K
+ * stream, KB bits) or the V pools (1: V stream, VB bits) with the encoder
+ * above. A slot outside the pool writes nothing (the whole block returns
+ * before any barrier). The template order is the constants' index order:
+ * src dtype, K bits, head dim, V bits. */
+template <int SDT, int BITS, int D>
+__device__ __forceinline__ void tq_quantize_paged_row(const pyfa_cuda_args &a, const pyfa_tq_quantize_paged_params &p,
+                                                      size_t r, bool is_v) {
+    __shared__ float s_x[D];
+    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const char *src = pyfa_ptr<const char>(a, is_v ? PYFA_TQ_QUANT_PAGED_ARG_SRC_V : PYFA_TQ_QUANT_PAGED_ARG_SRC_K) +
+                      ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
+    uint8_t *codes = pyfa_ptr<uint8_t>(a, is_v ? PYFA_TQ_QUANT_PAGED_ARG_V_CODES : PYFA_TQ_QUANT_PAGED_ARG_K_CODES) +
+                     r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
+    float *scale = pyfa_ptr<float>(a, is_v ? PYFA_TQ_QUANT_PAGED_ARG_V_SCALES : PYFA_TQ_QUANT_PAGED_ARG_K_SCALES) + r;
+    const float *cb = &pyfa_param<float>(a, is_v ? PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK : PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK);
+    tq_encode_row<BITS, D>(cb, tq::seed64(p.seed_lo, p.seed_hi), is_v ? PYFA_TQ_STREAM_V : PYFA_TQ_STREAM_K,
+                           p.norm_correction, s_x, codes, scale);
+}
+
+template <int SDT, int KB, int D, int VB>
+__device__ void tq_quantize_paged_body(const pyfa_cuda_args &a) {
+    static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_bits(KB) && pyfa_is_tq_head_dim(D) && pyfa_is_tq_bits(VB),
+                  "tq_quantize_paged: src dtype / k_bits / head_dim / v_bits");
+    const pyfa_tq_quantize_paged_params &p = pyfa_param<pyfa_tq_quantize_paged_params>(a, PYFA_TQ_QUANT_PAGED_ARG_PARAMS);
+    const int32_t slot = pyfa_ptr<const int32_t>(a, PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING)[blockIdx.x];
+    if (slot < 0 || (uint32_t)slot >= p.pages.num_pages * p.pages.page_size) return;
+    const uint32_t page = (uint32_t)slot / p.pages.page_size, t = (uint32_t)slot % p.pages.page_size;
+    const size_t r = PYFA_PAGE_ROW(p.pages.layout, p.pages.page_size, p.num_kv_heads, page, t, blockIdx.y);
+    if (blockIdx.z == 0) tq_quantize_paged_row<SDT, KB, D>(a, p, r, false);
+    else tq_quantize_paged_row<SDT, VB, D>(a, p, r, true);
 }
 
 /* Decodes slot (first_slot + blockIdx.x) mod kv_capacity of KV head blockIdx.y

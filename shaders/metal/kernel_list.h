@@ -24,6 +24,9 @@ PYFA_METAL_KERNEL(tq_dequantize_kv, "turboquant_dequantize.metal")
 PYFA_METAL_KERNEL(fwht, "turboquant_fwht.metal")
 PYFA_METAL_KERNEL(fwht_sign_premult, "turboquant_fwht.metal")
 PYFA_METAL_KERNEL(fwht_sign_undo, "turboquant_fwht.metal")
+/* paged appends */
+PYFA_METAL_KERNEL(kv_append_paged, "kv_append.metal")
+PYFA_METAL_KERNEL(tq_quantize_paged, "turboquant_quantize.metal")
 
 /* The TurboQuant codec: code bytes and scales byte-identical to the CPU's. */
 PYFA_METAL_SAFE_MATH_FILE("turboquant_quantize.metal")

@@ -42,3 +42,35 @@ kernel void kv_append(
             pyfa_store1(c, i, fc_cache_dtype, pyfa_load1(s, i, fc_src_dtype));
     }
 }
+
+// kv_append_paged (contract: paged_kv_params.h): one SIMD-group writes one
+// pool row; z picks K (0) or V (1). A slot outside the pool (padding) writes
+// nothing. The constants are kv_append's (same indices).
+kernel void kv_append_paged(
+    constant pyfa_kv_append_paged_params &p [[buffer(PYFA_KV_APPEND_PAGED_ARG_PARAMS)]],
+    device const uchar *src_k [[buffer(PYFA_KV_APPEND_PAGED_ARG_SRC_K)]],
+    device const uchar *src_v [[buffer(PYFA_KV_APPEND_PAGED_ARG_SRC_V)]],
+    device uchar *k_pages [[buffer(PYFA_KV_APPEND_PAGED_ARG_K_PAGES)]],
+    device uchar *v_pages [[buffer(PYFA_KV_APPEND_PAGED_ARG_V_PAGES)]],
+    device const int *slot_mapping [[buffer(PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING)]],
+    uint3 tg [[threadgroup_position_in_grid]],
+    ushort lane [[thread_index_in_threadgroup]])
+{
+    if (!pyfa_is_attn_dtype(fc_src_dtype) || !pyfa_is_attn_dtype(fc_cache_dtype)) return;
+    const uint token = tg.x, head = tg.y, D = p.head_dim;
+    const int slot = slot_mapping[token];
+    if (slot < 0 || uint(slot) >= p.pages.num_pages * p.pages.page_size) return;
+    const uint page = uint(slot) / p.pages.page_size, t = uint(slot) % p.pages.page_size;
+    const ulong row = PYFA_PAGE_ROW(p.pages.layout, p.pages.page_size, p.num_kv_heads, page, t, head);
+    device const uchar *s = (tg.z ? src_v : src_k) + (ulong(token) * p.num_kv_heads + head) * D *
+                                                         pyfa_dtype_size(fc_src_dtype);
+    device uchar *c = (tg.z ? v_pages : k_pages) + row * D * pyfa_dtype_size(fc_cache_dtype);
+    for (uint i = lane; i < D; i += PYFA_METAL_KV_APPEND_THREADS) {
+        if (fc_src_dtype == fc_cache_dtype && fc_src_dtype == PYFA_DTYPE_F32)
+            ((device uint *)c)[i] = ((device const uint *)s)[i];
+        else if (fc_src_dtype == fc_cache_dtype)
+            ((device ushort *)c)[i] = ((device const ushort *)s)[i];
+        else
+            pyfa_store1(c, i, fc_cache_dtype, pyfa_load1(s, i, fc_src_dtype));
+    }
+}
