@@ -196,6 +196,22 @@ int pyfa_flash_attn_vec_tq(pyfa_encoder *encoder, const pyfa_flash_attn_vec_tq_p
                            pyfa_buffer *k_codes, pyfa_buffer *k_scales, pyfa_buffer *v_codes, pyfa_buffer *v_scales,
                            pyfa_buffer *kv_len, pyfa_buffer *ring_start, pyfa_buffer *tmp, pyfa_buffer *out,
                            pyfa_buffer *lse);
+/* ---- paged appends (contracts in paged_kv_params.h) ----
+ * K and V rows of a batch of tokens into a pool pair in one dispatch, token
+ * i to flat slot slot_mapping[i] (int32 [num_tokens]; negative: padding,
+ * nothing written). Where the library can read slot_mapping (host-visible
+ * memory, shared buffers) it refuses a slot outside the pool and two tokens
+ * naming one slot; device values outside the pool write nothing, and the
+ * last writer of a duplicated slot is unspecified. Call it with the
+ * encoder's stream bound to order it with a caller's work (no wait). */
+int pyfa_kv_append_paged(pyfa_encoder *encoder, const pyfa_kv_append_paged_params *params, pyfa_buffer *src_k,
+                         pyfa_buffer *src_v, pyfa_buffer *k_pages, pyfa_buffer *v_pages, pyfa_buffer *slot_mapping);
+/* Encodes as pyfa_hadamard_quantize_kv (K stream with k_bits, V stream with
+ * v_bits): the codes and scales of a row are the same bytes. */
+int pyfa_tq_quantize_paged(pyfa_encoder *encoder, const pyfa_tq_quantize_paged_params *params, pyfa_buffer *src_k,
+                           pyfa_buffer *src_v, pyfa_buffer *k_codes, pyfa_buffer *k_scales, pyfa_buffer *v_codes,
+                           pyfa_buffer *v_scales, pyfa_buffer *slot_mapping);
+
 /* ---- plans: an op prepared once for its shapes and dtypes, run many times ----
  * A plan checks every option and shape rule, picks the geometry (nwg, tiles)
  * and kernels, and owns a workspace for the partial results. A run checks

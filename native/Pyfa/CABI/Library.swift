@@ -28,6 +28,9 @@ let structSizes: [String: Int] = [
     "pyfa_flash_attn_vec_tq_params": MemoryLayout<pyfa_flash_attn_vec_tq_params>.size,
     "pyfa_tq_reduce_undo_params": MemoryLayout<pyfa_tq_reduce_undo_params>.size,
     "pyfa_kv_pages": MemoryLayout<pyfa_kv_pages>.size,
+    // paged appends
+    "pyfa_kv_append_paged_params": MemoryLayout<pyfa_kv_append_paged_params>.size,
+    "pyfa_tq_quantize_paged_params": MemoryLayout<pyfa_tq_quantize_paged_params>.size,
 ]
 
 @_cdecl("pyfa_struct_size")

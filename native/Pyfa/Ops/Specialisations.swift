@@ -8,6 +8,27 @@ import PyfaShaderCommon
 public enum KernelSpecialisations {
     public static func all(plan: BackendPlan) throws -> [(name: String, constants: [FunctionConstants])] {
         try flashAttnVec() + kvAppend() + prefill(plan: plan) + turboQuant()
+            + pagedAppend()
+    }
+
+    // MARK: paged appends
+
+    /// kv_append_paged: every (src dtype, pool dtype) pair; tq_quantize_paged:
+    /// every src dtype, K bits, V bits and head dim.
+    static func pagedAppend() throws -> [(name: String, constants: [FunctionConstants])] {
+        let floats = attentionFloatTypes
+        let dense = try floats.flatMap { s in try floats.map { try PagedAppend.denseConstants(src: s, cache: $0) } }
+        var tq: [FunctionConstants] = []
+        for src in floats {
+            for d in TurboQuant.headDims {
+                for kb in TurboQuant.bitWidths {
+                    for vb in TurboQuant.bitWidths {
+                        tq.append(try PagedAppend.turboQuantConstants(src: src, kBits: kb, vBits: vb, headDim: d))
+                    }
+                }
+            }
+        }
+        return [(PagedAppend.denseKernel, dense), (PagedAppend.turboQuantKernel, tq)]
     }
 
     /// kv_append: every (src dtype, cache dtype) pair.

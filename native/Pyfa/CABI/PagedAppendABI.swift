@@ -1,0 +1,31 @@
+import CPyfa
+import PyfaShaderCommon
+
+@_cdecl("pyfa_kv_append_paged")
+public func pyfa_kv_append_paged_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_kv_append_paged_params>?,
+                                      _ srcK: OpaquePointer?, _ srcV: OpaquePointer?, _ kPages: OpaquePointer?,
+                                      _ vPages: OpaquePointer?, _ slotMapping: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        try PagedAppend.encodeDense(e, try value(params, "params"), srcK: optionalObject(srcK, "src_k"),
+                                    srcV: optionalObject(srcV, "src_v"), kPages: optionalObject(kPages, "k_pages"),
+                                    vPages: optionalObject(vPages, "v_pages"),
+                                    slotMapping: optionalObject(slotMapping, "slot_mapping"))
+    }
+}
+
+@_cdecl("pyfa_tq_quantize_paged")
+public func pyfa_tq_quantize_paged_impl(_ encoder: OpaquePointer?, _ params: UnsafePointer<pyfa_tq_quantize_paged_params>?,
+                                        _ srcK: OpaquePointer?, _ srcV: OpaquePointer?, _ kCodes: OpaquePointer?,
+                                        _ kScales: OpaquePointer?, _ vCodes: OpaquePointer?, _ vScales: OpaquePointer?,
+                                        _ slotMapping: OpaquePointer?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        try PagedAppend.encodeTurboQuant(e, try value(params, "params"), srcK: optionalObject(srcK, "src_k"),
+                                         srcV: optionalObject(srcV, "src_v"), kCodes: optionalObject(kCodes, "k_codes"),
+                                         kScales: optionalObject(kScales, "k_scales"),
+                                         vCodes: optionalObject(vCodes, "v_codes"),
+                                         vScales: optionalObject(vScales, "v_scales"),
+                                         slotMapping: optionalObject(slotMapping, "slot_mapping"))
+    }
+}
