@@ -25,3 +25,9 @@ __all__ = [
 from .prefill import attention, merge_attention_states  # noqa: E402
 
 __all__ += ["attention", "merge_attention_states"]
+
+# paged KV pools: appends and the pool objects
+from .paged_append import paged_kv_append  # noqa: E402
+from .paged_cache import PagedKVCache, TurboQuantPagedKVCache  # noqa: E402
+
+__all__ += ["paged_kv_append", "PagedKVCache", "TurboQuantPagedKVCache"]

@@ -390,3 +390,7 @@ class TurboQuantKVCache(_RingCache):
         scales float32 ``[Hkv, capacity]``."""
         with self._lock:
             return (*self._read(STREAM_K), *self._read(STREAM_V))
+
+
+# Paged pools: the append lives in paged_append.py (it imports this module's codec helpers).
+from .paged_append import paged_quantize  # noqa: E402
