@@ -58,8 +58,8 @@ def _device_zeros(device: Device, shape, dtype):
 
 
 def _device_ints(device: Device, values: np.ndarray, like):
-    """int32 ``values`` where a decode reads them: the array itself on host-visible devices, else a
-    GPU copy in the framework of ``like`` (one of the pools)."""
+    """int32 ``values`` where kernels read them: the array itself on host-visible devices, else a
+    GPU copy in the framework of ``like`` (a torch or cupy array), queued on its current stream."""
     if device.host_visible:
         return values
     if type(like).__module__.startswith("torch"):
@@ -202,7 +202,10 @@ class _PagedPool:
                 raise invalid(f"seq_ids: {len(ids)} ids, k has {k.shape[0]} rows (one id per row)")
             slots, taken, counts = self._allocate(ids)
             try:
-                self._dispatch(k, v, like, pa._slots(slots, len(ids), self.device, None))
+                # GPU rows: the slots go up as a tensor of the rows' framework on its stream (no
+                # host staging buffer per append); the pool computed them, so they need no check.
+                slot_arg = slots if like is None else _device_ints(self.device, slots, like.obj)
+                self._dispatch(k, v, like, pa._slots(slot_arg, len(ids), self.device, like))
             except BaseException:
                 self._release(taken)
                 raise
