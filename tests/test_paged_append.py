@@ -292,3 +292,36 @@ def test_tq_c_abi_rules(cpu):
         status = lib.pyfa_tq_quantize_paged(enc, p, src.handle, src.handle, *(b.handle for b in outs), slots.handle)
         msg = ffi.string(lib.pyfa_last_error()).decode()
         assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_device_slots_outside_the_pool_write_nothing(device, rng, kind):
+    """paged_kv_params.h's rule for values the kernel reads: slot_mapping rewritten after the
+    append was recorded (as a GPU array changes between graph replays) is not checked again, and
+    a slot outside the pool writes nothing while the in-range tokens land."""
+    n, shape = 4, (2, 16, 1)
+    src = to_device(device, rng.standard_normal((n, 1, 64)).astype(np.float32))
+    slots = device.buffer((n,), np.int32, storage="shared")
+    slots.numpy()[:] = [0, 1, 2, 3]
+    enc = device.encoder()
+    if kind == "dense":
+        pools = [device.buffer(shape + (64,), np.float32, storage="private") for _ in range(2)]
+        p = _c_params("pyfa_kv_append_paged_params *", num_tokens=n)
+        for b in pools:
+            b.write(np.full(shape + (64,), SENTINEL, np.float32))
+        check_status = lib.pyfa_kv_append_paged(enc, p, src.handle, src.handle, pools[0].handle, pools[1].handle,
+                                                slots.handle)
+    else:
+        pools = [device.buffer(shape + (32,), np.uint8, storage="private"), device.buffer(shape, np.float32, storage="private"),
+                 device.buffer(shape + (32,), np.uint8, storage="private"), device.buffer(shape, np.float32, storage="private")]
+        for b in pools:
+            b.write(np.zeros(b.shape, b.dtype))
+        p = _c_params("pyfa_tq_quantize_paged_params *", num_tokens=n, k_bits=4, v_bits=4, norm_correction=1)
+        check_status = lib.pyfa_tq_quantize_paged(enc, p, src.handle, src.handle, *(b.handle for b in pools),
+                                                  slots.handle)
+    assert check_status == lib.PYFA_OK, ffi.string(lib.pyfa_last_error()).decode()
+    slots.numpy()[:] = [32, 5, -1, 2**31 - 1]  # only token 1 has a slot of the pool
+    assert lib.pyfa_encoder_commit(enc) == lib.PYFA_OK and lib.pyfa_encoder_wait(enc) == lib.PYFA_OK
+    flat = [b.read().reshape(32, -1) for b in pools]
+    written = [np.flatnonzero((f != (SENTINEL if kind == "dense" else 0)).any(axis=1)).tolist() for f in flat]
+    assert all(w == [5] for w in written), written
