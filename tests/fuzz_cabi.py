@@ -304,6 +304,48 @@ class Fuzzer:
         self.check(status)
         self.finish(enc, status)
 
+    def call_paged_append(self, tq: bool):
+        """kv_append_paged / tq_quantize_paged with pools sized for the (mutated) geometry, slot values
+        mostly in the pool, some negative, outside it or repeated."""
+        r = self.rng
+        ps = r.choice([1, 2, 16])
+        pages = {"page_size": ps, "num_pages": self.small(1, 4), "layout": r.choice([0, 1])}
+        base = {"pages": pages, "num_tokens": self.small(1, 6), "num_kv_heads": self.small(1, 3)}
+        if tq:
+            base.update(head_dim=r.choice([64, 128]), k_bits=r.choice([2, 3, 4, 8]), v_bits=r.choice([2, 3, 4, 8]),
+                        norm_correction=r.randint(0, 2), seed_lo=r.getrandbits(32), seed_hi=r.getrandbits(32))
+        else:
+            base.update(head_dim=self.small(1, 70))
+        ctype = "pyfa_tq_quantize_paged_params" if tq else "pyfa_kv_append_paged_params"
+        fields = self.mutate(ctype, base)
+        p = ffi.new(ctype + " *", fields)
+        F = [lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16]
+        rows = min(p.pages.num_pages * p.pages.page_size * p.num_kv_heads, 1 << 16)
+        n = min(p.num_tokens, 1 << 12)
+        src = [self.buffer(min(n * p.num_kv_heads * max(p.head_dim, 1), 1 << 20), F) for _ in range(2)]
+        slots_total = min(max(p.pages.num_pages * p.pages.page_size, 1), 2**31 - 1)
+
+        def slot_values(m):  # distinct slots and padding, sometimes one value outside the pool or repeated
+            v = r.sample(range(slots_total), min(m, slots_total)) + [-1] * max(m - slots_total, 0)
+            if m and r.random() < 0.3:
+                v[r.randrange(m)] = r.choice([slots_total, 2**31 - 1, -2**31, v[0]])
+            return v
+
+        slots = self.buffer(n, [lib.PYFA_DTYPE_I32], fill=slot_values)
+        enc = self.encoder()
+        self.trace_call("tq_quantize_paged" if tq else "kv_append_paged", fields)
+        if tq:
+            codes = [self.buffer(min(rows * p.head_dim * (b % 16) // 8, 1 << 20), [lib.PYFA_DTYPE_U8])
+                     for b in (p.k_bits, p.v_bits)]
+            scales = [self.buffer(rows, [lib.PYFA_DTYPE_F32]) for _ in range(2)]
+            status = lib.pyfa_tq_quantize_paged(enc, p, src[0][0], src[1][0], codes[0][0], scales[0][0], codes[1][0],
+                                                scales[1][0], slots[0])
+        else:
+            pools = [self.buffer(min(rows * max(p.head_dim, 1), 1 << 20), F) for _ in range(2)]
+            status = lib.pyfa_kv_append_paged(enc, p, src[0][0], src[1][0], pools[0][0], pools[1][0], slots[0])
+        self.check(status)
+        self.finish(enc, status)
+
     def call_buffer_io(self):
         r = self.rng
         code = r.choice(list(DTYPES) + [0, 42, -1])
@@ -355,7 +397,7 @@ class Fuzzer:
                    lambda: self.call_vec(False, True), lambda: self.call_vec(True, True),
                    self.call_prefill, self.call_merge, lambda: self.call_tq_codec("quantize"),
                    lambda: self.call_tq_codec("dequantize"), lambda: self.call_tq_codec("fwht"), self.call_kv_append,
-                   self.call_buffer_io]
+                   self.call_buffer_io, lambda: self.call_paged_append(False), lambda: self.call_paged_append(True)]
         for _ in range(calls):
             self.owned, self.encoders = [], []
             self.counts["calls"] += 1

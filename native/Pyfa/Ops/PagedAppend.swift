@@ -21,10 +21,11 @@ public enum PagedAppend {
         try require(pages.layout == UInt32(PYFA_PAGES_NHD) || pages.layout == UInt32(PYFA_PAGES_HND),
                     "page_layout: \(pages.layout) must be \(PYFA_PAGES_NHD) (NHD) or \(PYFA_PAGES_HND) (HND)")
         try require(numKvHeads > 0, "num_kv_heads: must be > 0")
-        let rows = Int(pages.num_pages) * Int(ps) * Int(numKvHeads)
-        try require(rows <= Int(UInt32.max),
-                    "num_pages: num_pages * page_size * num_kv_heads = \(rows) must fit 32 bits (at most \(UInt32.max))")
-        return rows
+        // num_pages * page_size <= 2^42; the product with num_kv_heads may pass 64 bits.
+        let (rows, overflow) = (UInt64(pages.num_pages) * UInt64(ps)).multipliedReportingOverflow(by: UInt64(numKvHeads))
+        try require(!overflow && rows <= UInt64(UInt32.max),
+                    "num_pages: num_pages * page_size * num_kv_heads = \(overflow ? "more than 2^64" : String(rows)) must fit 32 bits (at most \(UInt32.max))")
+        return Int(rows)
     }
 
     /// slot_mapping: int32 [num_tokens]. Where the host can read it, each value
