@@ -239,6 +239,8 @@ def _run_dense(cpu, params, src_k, src_v, k_pages, v_pages, slots):
 @pytest.mark.parametrize("fields,match", [
     ({"pages": {"page_size": 1024, "num_pages": 2**21, "layout": 0}, "num_kv_heads": 4},
      r"num_pages: num_pages \* page_size \* num_kv_heads = 8589934592 must fit 32 bits"),
+    ({"pages": {"page_size": 1024, "num_pages": 2**32 - 1, "layout": 0}, "num_kv_heads": 2**32 - 1},
+     r"num_pages: num_pages \* page_size \* num_kv_heads = more than 2\^64 must fit 32 bits"),
     ({"pages": {"page_size": 16, "num_pages": 0, "layout": 0}}, r"num_pages: must be >= 1"),
     ({"pages": {"page_size": 0, "num_pages": 2, "layout": 0}}, r"page_size: 0 must be a power of two"),
     ({"pages": {"page_size": 16, "num_pages": 2, "layout": 2}}, r"page_layout: 2 must be 0 \(NHD\) or 1 \(HND\)"),
@@ -325,3 +327,17 @@ def test_device_slots_outside_the_pool_write_nothing(device, rng, kind):
     flat = [b.read().reshape(32, -1) for b in pools]
     written = [np.flatnonzero((f != (SENTINEL if kind == "dense" else 0)).any(axis=1)).tolist() for f in flat]
     assert all(w == [5] for w in written), written
+
+
+def test_torch_cpu_pools_are_written_in_place(rng):
+    torch = pytest.importorskip("torch", reason="torch CPU tensors as pools")
+    k_pages = torch.zeros((2, 4, 1, 64), dtype=torch.bfloat16)
+    v_pages = torch.zeros_like(k_pages)
+    k = torch.randn(2, 1, 64)
+    pyfa.paged_kv_append(k, -k, k_pages, v_pages, [6, 1], device="cpu")
+    assert torch.equal(k_pages.reshape(8, 1, 64)[6], k[0].bfloat16())
+    assert torch.equal(v_pages.reshape(8, 1, 64)[1], -k[1].bfloat16())
+    assert int((k_pages.reshape(8, -1) != 0).any(dim=1).sum()) == 2
+    with pytest.raises(pyfa.InvalidArgumentError, match="k_pages: must be a contiguous torch tensor"):
+        strided = torch.zeros((2, 4, 2, 64)).transpose(1, 2)  # an HND view of NHD memory
+        pyfa.paged_kv_append(k, k, strided, strided.clone(), [0, 1], device="cpu")
