@@ -25,11 +25,11 @@ import threading
 
 import numpy as np
 
-from . import _args, _io, dtypes
+from . import _args, _io, _plans, cuda_interop, dtypes
 from . import paged_append as pa
 from . import turboquant as tq
-from ._native import lib
-from .cuda_interop import _TORCH_FROM_NP
+from ._native import ffi, lib
+from .cuda_interop import GpuArray, _TORCH_FROM_NP
 from .device import Device
 from .errors import UnsupportedError, check, invalid
 
@@ -205,7 +205,7 @@ class _PagedPool:
                 # GPU rows: the slots go up as a tensor of the rows' framework on its stream (no
                 # host staging buffer per append); the pool computed them, so they need no check.
                 slot_arg = slots if like is None else _device_ints(self.device, slots, like.obj)
-                self._dispatch(k, v, like, pa._slots(slot_arg, len(ids), self.device, like))
+                self._run(k, v, like, slot_arg)
             except BaseException:
                 self._release(taken)
                 raise
@@ -215,6 +215,51 @@ class _PagedPool:
                 self._seqs[s].length += c
             self._pages_version += bool(taken)
             self._len_version += 1
+
+    # -- the append's plan run ---------------------------------------------------------------------
+    def _plan(self, src_dtype):
+        """The pool's pyfa_paged_append plan for rows of ``src_dtype`` (made once per dtype)."""
+        plan = self._plans.get(src_dtype)
+        if plan is None:
+            desc = _args.params("pyfa_paged_append_plan_desc *", dict(
+                self._desc, pages={"page_size": self.page_size, "num_pages": self.num_pages,
+                                   "layout": pa.LAYOUTS[self.page_layout]},
+                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, src_dtype=dtypes.code(src_dtype)))
+            plan = self._plans[src_dtype] = _plans.new_plan(lib.pyfa_paged_append_plan_new, self.device, desc)
+        return plan
+
+    def _run(self, k, v, like, slots) -> None:
+        """One plan run writing rows k, v at ``slots`` (host int32, or a GPU int32 array with GPU rows):
+        GPU arrays and (host-visible devices) host arrays in place; host arrays on a GPU device go
+        through device copies, and the run then waits for its work."""
+        args = ffi.new("pyfa_paged_append_run_args *")
+        keep = []  # device copies that must live until the run is recorded
+        for field, a in (("k", k), ("v", v), ("slot_mapping", slots)):
+            if not isinstance(a, GpuArray) and cuda_interop.is_gpu_array(a):
+                a = cuda_interop.describe(a, field)
+            if isinstance(a, GpuArray) or self.device.host_visible:
+                address, nbytes = _io.address(a), a.nbytes
+            else:
+                b = self.device.buffer(a.shape, a.dtype, storage="private")
+                b.write(a)
+                keep.append(b)
+                address, nbytes = lib.pyfa_buffer_address(b.handle), b.nbytes
+            t = getattr(args, field)
+            t.address, t.nbytes = address, nbytes
+        for field, (address, nbytes) in zip(self._pool_fields, self._pool_tensors):
+            t = getattr(args, field)
+            t.address, t.nbytes = address, nbytes
+        args.num_tokens = k.shape[0]
+        stream = like.stream if like is not None else 0
+        _plans.run(self.device, lib.pyfa_paged_append_run, self._plan(k.dtype), _plans.encoder(self.device, stream),
+                   args)
+
+    def _bind_pools(self, arrays) -> None:
+        """Buffers over the pools (kept: they own nothing, they name the memory) and their tensors."""
+        self._buffers = [pa._pool_buffer(self.device, pa._pool(a, name, self.device, (np.dtype(dt),), nd))
+                         for a, name, dt, nd in arrays]
+        self._pool_tensors = [(lib.pyfa_buffer_address(b.handle), b.nbytes) for b in self._buffers]
+        self._plans = {}
 
     # -- decode tables -----------------------------------------------------------------------------
     def _table(self, kind: str, seq_ids):
@@ -302,25 +347,17 @@ class PagedKVCache(_PagedPool):
         shape = pa.pool_shape(self.page_layout, self.num_pages, self.page_size, self.num_kv_heads, self.head_dim)
         self.k_pages = _device_zeros(self.device, shape, self.dtype)
         self.v_pages = _device_zeros(self.device, shape, self.dtype)
-        self._buffers = [pa._pool_buffer(self.device, pa._pool(a, name, self.device, (self.dtype,), 4))
-                         for a, name in ((self.k_pages, "k_pages"), (self.v_pages, "v_pages"))]
-        self._params = _args.params("pyfa_kv_append_paged_params *", {
-            "pages": {"page_size": self.page_size, "num_pages": self.num_pages,
-                      "layout": pa.LAYOUTS[self.page_layout]},
-            "num_tokens": 1, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim})
+        self._bind_pools(((self.k_pages, "k_pages", self.dtype, 4), (self.v_pages, "v_pages", self.dtype, 4)))
+        self._pool_fields = ("k_pages", "v_pages")
+        self._desc = {"pool_dtype": dtypes.code(self.dtype)}
 
     def _pool_arrays(self):
         return self.k_pages, self.v_pages
 
-    def _dispatch(self, k, v, like, slots) -> None:
+    def _run(self, k, v, like, slots) -> None:
         if like is None and k.dtype == np.float64:  # rounds once, straight to the pool dtype
             k, v = k.astype(self.dtype), v.astype(self.dtype)
-        self._params.num_tokens = k.shape[0]
-        srcs = [_io.to_device(self.device, a) for a in (k, v)]
-        enc = _io.encoder(self.device, like)
-        check(lib.pyfa_kv_append_paged(enc, self._params, srcs[0].handle, srcs[1].handle,
-                                       self._buffers[0].handle, self._buffers[1].handle, slots.handle))
-        _io.submit(enc, like)
+        super()._run(k, v, like, slots)
 
     def attend(self, q, seq_ids, *, scale=None, softcap=0.0, window=None, out_dtype=None, return_lse=False):
         """Paged decode of ``q [len(seq_ids), H, head_dim]`` over the sequences ``seq_ids`` with
@@ -375,27 +412,19 @@ class TurboQuantPagedKVCache(_PagedPool):
         self.v_scales = _device_zeros(self.device, pa.pool_shape(*geometry), np.float32)
         arrays = ((self.k_codes, "k_codes", np.uint8, 4), (self.k_scales, "k_scales", np.float32, 3),
                   (self.v_codes, "v_codes", np.uint8, 4), (self.v_scales, "v_scales", np.float32, 3))
-        self._buffers = [pa._pool_buffer(self.device, pa._pool(a, name, self.device, (np.dtype(dt),), nd))
-                         for a, name, dt, nd in arrays]
-        self._params = _args.params("pyfa_tq_quantize_paged_params *", {
-            "pages": {"page_size": self.page_size, "num_pages": self.num_pages,
-                      "layout": pa.LAYOUTS[self.page_layout]},
-            "num_tokens": 1, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-            "k_bits": self.k_bits, "v_bits": self.v_bits, "norm_correction": self.norm_correction,
-            "seed_lo": self.seed & 0xFFFFFFFF, "seed_hi": self.seed >> 32})
+        self._bind_pools(arrays)
+        self._pool_fields = ("k_pages", "k_scales", "v_pages", "v_scales")  # the run's fields: codes in *_pages
+        self._desc = {"pool_dtype": lib.PYFA_DTYPE_U8, "k_bits": self.k_bits, "v_bits": self.v_bits,
+                      "norm_correction": self.norm_correction, "seed_lo": self.seed & 0xFFFFFFFF,
+                      "seed_hi": self.seed >> 32}
 
     def _pool_arrays(self):
         return self.k_codes, self.k_scales, self.v_codes, self.v_scales
 
-    def _dispatch(self, k, v, like, slots) -> None:
+    def _run(self, k, v, like, slots) -> None:
         if like is None and k.dtype == np.float64:  # the encoder reads f32 / f16 / bf16
             k, v = k.astype(np.float32), v.astype(np.float32)
-        self._params.num_tokens = k.shape[0]
-        srcs = [_io.to_device(self.device, a) for a in (k, v)]
-        enc = _io.encoder(self.device, like)
-        check(lib.pyfa_tq_quantize_paged(enc, self._params, srcs[0].handle, srcs[1].handle,
-                                         *(b.handle for b in self._buffers), slots.handle))
-        _io.submit(enc, like)
+        super()._run(k, v, like, slots)
 
     def attend(self, q, seq_ids, *, scale=None, softcap=0.0, window=None, out_dtype=None, return_lse=False):
         """Paged decode of ``q [len(seq_ids), H, head_dim]`` over the codes of ``seq_ids`` with

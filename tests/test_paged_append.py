@@ -341,3 +341,103 @@ def test_torch_cpu_pools_are_written_in_place(rng):
     with pytest.raises(pyfa.InvalidArgumentError, match="k_pages: must be a contiguous torch tensor"):
         strided = torch.zeros((2, 4, 2, 64)).transpose(1, 2)  # an HND view of NHD memory
         pyfa.paged_kv_append(k, k, strided, strided.clone(), [0, 1], device="cpu")
+
+
+# --------------------------------------------------------------------------- plan / run form
+
+def _plan_desc(**fields):
+    base = {"pages": {"page_size": 16, "num_pages": 2, "layout": lib.PYFA_PAGES_NHD}, "num_kv_heads": 1,
+            "head_dim": 64, "src_dtype": lib.PYFA_DTYPE_F32, "pool_dtype": lib.PYFA_DTYPE_F16}
+    return ffi.new("pyfa_paged_append_plan_desc *", {**base, **fields})
+
+
+def _new_plan(dev, desc):
+    out = ffi.new("pyfa_plan **")
+    status = lib.pyfa_paged_append_plan_new(out, dev.handle, desc)
+    return status, (ffi.gc(out[0], lib.pyfa_plan_free) if status == lib.PYFA_OK else
+                    ffi.string(lib.pyfa_last_error()).decode())
+
+
+def _tensor(t, a):
+    t.address = int(ffi.cast("uintptr_t", ffi.from_buffer(a))) if a is not None else 0
+    t.nbytes = a.nbytes if a is not None else 0
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"reserved": 1}, "reserved: must be 0"),
+    ({"src_dtype": lib.PYFA_DTYPE_U8}, "src_dtype: u8 is not one of f32, f16, bf16"),
+    ({"pool_dtype": lib.PYFA_DTYPE_I32}, "pool_dtype: i32 is not one of f32, f16, bf16 (dense pools)"),
+    ({"v_bits": 4}, "v_bits: dense pools (k_bits 0) take no TurboQuant options"),
+    ({"k_bits": 4, "v_bits": 4}, "pool_dtype: f16 must be u8 for TurboQuant pools"),
+    ({"k_bits": 4, "v_bits": 7, "pool_dtype": lib.PYFA_DTYPE_U8}, "v_bits: 7 is not a TurboQuant bit width"),
+    ({"k_bits": 4, "v_bits": 4, "pool_dtype": lib.PYFA_DTYPE_U8, "head_dim": 80},
+     "head_dim: 80 is not supported by TurboQuant"),
+    ({"pages": {"page_size": 6, "num_pages": 2, "layout": 0}}, "page_size: 6 must be a power of two"),
+])
+def test_plan_rules(cpu, fields, match):
+    status, msg = _new_plan(cpu, _plan_desc(**fields))
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, msg
+
+
+@pytest.mark.parametrize("tq_pool", [False, True], ids=["dense", "tq"])
+def test_plan_run_writes_what_the_buffer_form_writes(device, rng, tq_pool):
+    """The plan's run on host memory (CPU, Metal) against the functional wrappers' buffer form."""
+    if not device.host_visible:
+        pytest.skip("runs on host memory (the pools' tests cover the run on a GPU)")
+    k = rng.standard_normal((3, 1, 64)).astype(np.float32)
+    v = rng.standard_normal((3, 1, 64)).astype(np.float32)
+    slots = np.array([20, -1, 3], np.int32)
+    if tq_pool:
+        pools = [np.zeros((2, 16, 1, 32), np.uint8), np.zeros((2, 16, 1), np.float32),
+                 np.zeros((2, 16, 1, 16), np.uint8), np.zeros((2, 16, 1), np.float32)]
+        want = [a.copy() for a in pools]
+        tq.paged_quantize(k, v, *want, slots, k_bits=4, v_bits=2, seed=9, norm_correction="none", device=device)
+        desc = _plan_desc(k_bits=4, v_bits=2, seed_lo=9, pool_dtype=lib.PYFA_DTYPE_U8)
+        fields = ("k_pages", "k_scales", "v_pages", "v_scales")
+    else:
+        pools = [np.zeros((2, 16, 1, 64), np.float16) for _ in range(2)]
+        want = [a.copy() for a in pools]
+        pyfa.paged_kv_append(k, v, *want, slots, device=device)
+        desc, fields = _plan_desc(), ("k_pages", "v_pages")
+    status, plan = _new_plan(device, desc)
+    assert status == lib.PYFA_OK, plan
+    args = ffi.new("pyfa_paged_append_run_args *")
+    for field, a in zip(("k", "v", "slot_mapping") + fields, [k, v, slots] + pools):
+        _tensor(getattr(args, field), a)
+    args.num_tokens, args.flags = 3, lib.PYFA_RUN_FINISH
+    enc = device.encoder()
+    assert lib.pyfa_paged_append_run(plan, enc, args) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error()).decode()
+    for got, w in zip(pools, want):
+        np.testing.assert_array_equal(got.view(np.uint8), w.view(np.uint8))
+    assert any(p.any() for p in pools)
+
+
+def test_plan_run_rules(cpu):
+    status, plan = _new_plan(cpu, _plan_desc())
+    assert status == lib.PYFA_OK, plan
+    k = np.zeros((2, 1, 64), np.float32)
+    pools = [np.zeros((2, 16, 1, 64), np.float16) for _ in range(2)]
+
+    def run(change, slots=(0, 1)):
+        args = ffi.new("pyfa_paged_append_run_args *")
+        s = np.array(slots, np.int32)
+        for field, a in zip(("k", "v", "slot_mapping", "k_pages", "v_pages"), [k, k, s] + pools):
+            _tensor(getattr(args, field), a)
+        args.num_tokens = 2
+        change(args)
+        status = lib.pyfa_paged_append_run(plan, cpu.encoder(), args)
+        return status, ffi.string(lib.pyfa_last_error()).decode()
+
+    small = np.zeros(8, np.float16)
+    for change, slots, match in [
+        (lambda a: setattr(a, "num_tokens", 0), (0, 1), "num_tokens: must be > 0"),
+        (lambda a: setattr(a.k, "address", 0), (0, 1), "k: address is 0"),
+        (lambda a: _tensor(a.v_pages, small), (0, 1), "v_pages: 16 bytes cannot hold 2048 f16 values"),
+        (lambda a: _tensor(a.k_scales, small), (0, 1), "k_scales: dense pools take no scales"),
+        (lambda a: setattr(a, "flags", 2), (0, 1), "flags: unknown bits 0x2"),
+        (lambda a: None, (7, 7), "slot_mapping[1]: slot 7 is also token 0's"),
+        (lambda a: None, (32, 0), "slot_mapping[0]: slot 32 is outside the pool"),
+    ]:
+        status, msg = run(change, slots)
+        assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
+    assert not pools[0].any()

@@ -142,7 +142,7 @@ def test_failed_dispatch_returns_its_pages(rng):
     with pytest.raises(pyfa.InvalidArgumentError, match="v: dtype float16 must equal k's"):
         pool.append([s, s], bad, bad.astype(np.float16))
     assert pool.free_pages == 4 and pool.length(s) == 0
-    pool._dispatch = lambda *a: (_ for _ in ()).throw(pyfa.ExecutionError("device fault"))
+    pool._run = lambda *a: (_ for _ in ()).throw(pyfa.ExecutionError("device fault"))
     with pytest.raises(pyfa.ExecutionError, match="device fault"):
         pool.append([s] * 17, rng.standard_normal((17, 1, 64)), rng.standard_normal((17, 1, 64)))
     assert pool.free_pages == 4 and pool.length(s) == 0

@@ -338,6 +338,39 @@ int pyfa_tq_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_tq_dec
  * caller's stream: what a synchronous call does after a run, in one call. */
 int pyfa_encoder_finish(pyfa_encoder *encoder);
 
+/* Paged appends prepared (pyfa_kv_append_paged / pyfa_tq_quantize_paged):
+ * the pool geometry, dtypes and (k_bits, v_bits 0: dense pools; else the
+ * TurboQuant widths, norm_correction and seed) are the plan's; a run passes
+ * the memory and num_tokens. pool_dtype is the dense pools' dtype (U8 for
+ * TurboQuant pools). slot_mapping is int32 [num_tokens] memory, checked
+ * during the run where the library can read it (CPU, Metal), else read and
+ * clamped by the kernels. No workspace. */
+typedef struct pyfa_paged_append_plan_desc {
+    pyfa_kv_pages pages;   /* page_size, num_pages, layout (pages_per_seq not read) */
+    uint32_t num_kv_heads;
+    uint32_t head_dim;
+    pyfa_dtype src_dtype;  /* of the k and v rows */
+    pyfa_dtype pool_dtype;
+    uint32_t k_bits;       /* 0: dense pools */
+    uint32_t v_bits;
+    uint32_t norm_correction;
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+    uint32_t reserved;
+} pyfa_paged_append_plan_desc;
+
+typedef struct pyfa_paged_append_run_args {
+    pyfa_tensor k, v;               /* [num_tokens, num_kv_heads, head_dim] of src_dtype */
+    pyfa_tensor k_pages, v_pages;   /* dense pools, or TurboQuant codes */
+    pyfa_tensor k_scales, v_scales; /* TurboQuant scales (absent for dense pools) */
+    pyfa_tensor slot_mapping;       /* int32 [num_tokens] */
+    uint32_t num_tokens;
+    uint32_t flags;                 /* PYFA_RUN_FINISH, or 0 */
+} pyfa_paged_append_run_args;
+
+int pyfa_paged_append_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_paged_append_plan_desc *desc);
+int pyfa_paged_append_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_paged_append_run_args *args);
+
 /* ---- counters: what calls cost beyond their kernels (for tests) ----
  * Process-wide totals since the library loaded. */
 typedef struct pyfa_counters {

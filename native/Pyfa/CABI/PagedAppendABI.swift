@@ -29,3 +29,19 @@ public func pyfa_tq_quantize_paged_impl(_ encoder: OpaquePointer?, _ params: Uns
                                          slotMapping: optionalObject(slotMapping, "slot_mapping"))
     }
 }
+
+@_cdecl("pyfa_paged_append_plan_new")
+public func pyfa_paged_append_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                            _ desc: UnsafePointer<pyfa_paged_append_plan_desc>?) -> Int32 {
+    newPlan(out, device, desc) { try PagedAppendPlan(device: $0, desc: $1) }
+}
+
+@_cdecl("pyfa_paged_append_run")
+public func pyfa_paged_append_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
+                                       _ args: UnsafePointer<pyfa_paged_append_run_args>?) -> Int32 {
+    runPlan(plan, encoder, args, flags: \.flags) { (p: PagedAppendPlan, e, a) in
+        try p.run(e, k: TensorRef(a.k), v: TensorRef(a.v), kPages: TensorRef(a.k_pages), vPages: TensorRef(a.v_pages),
+                  kScales: TensorRef(a.k_scales), vScales: TensorRef(a.v_scales),
+                  slotMapping: TensorRef(a.slot_mapping), numTokens: a.num_tokens)
+    }
+}

@@ -12,7 +12,7 @@ private func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
 }
 
 /// The body of every pyfa_*_plan_new: a plan made from `desc` on `device`, or NULL and the error.
-private func newPlan<Desc>(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+func newPlan<Desc>(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
                            _ desc: UnsafePointer<Desc>?, _ make: (Device, Desc) throws -> OpPlan) -> Int32 {
     abiCall {
         guard let out else { throw PyfaError.invalid("out: out-pointer is NULL") }
@@ -54,7 +54,7 @@ public func pyfa_prefill_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePoint
 
 /// The body of every pyfa_*_run: the plan, encoder and arguments checked, the
 /// flags checked before anything is recorded, the run, then PYFA_RUN_FINISH.
-private func runPlan<P: OpPlan, Args>(_ plan: OpaquePointer?, _ encoder: OpaquePointer?, _ args: UnsafePointer<Args>?,
+func runPlan<P: OpPlan, Args>(_ plan: OpaquePointer?, _ encoder: OpaquePointer?, _ args: UnsafePointer<Args>?,
                                       flags: KeyPath<Args, UInt32>,
                                       _ body: (P, CommandEncoder, Args) throws -> Void) -> Int32 {
     abiCall {
