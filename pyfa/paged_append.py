@@ -11,7 +11,8 @@ slot values are checked: a slot outside the pool, or two tokens naming one
 slot, raise :class:`pyfa.PyfaError` before anything is written. A CUDA int32
 ``slot_mapping`` is read by the kernel on the caller's stream without a sync:
 values outside the pool write nothing, and where two tokens name one slot the
-row written last is unspecified.
+row written last is unspecified. With CUDA rows, pass ``slot_mapping`` as a CUDA int32 array
+in a steady loop: host values are staged through a pinned buffer on every call.
 """
 from __future__ import annotations
 
