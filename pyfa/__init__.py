@@ -25,3 +25,8 @@ __all__ = [
 from .prefill import attention, merge_attention_states  # noqa: E402
 
 __all__ += ["attention", "merge_attention_states"]
+
+# Paged decode (pyfa/paged.py; TurboQuant pools: pyfa.turboquant.paged_decode).
+from .paged import paged_decode_attention  # noqa: E402
+
+__all__ += ["paged_decode_attention"]
