@@ -163,7 +163,7 @@ def query_and_options(q, scale, softcap, window, out_dtype, return_lse, allowed=
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_layout="nhd", scale=None, softcap=0.0,
-                           window=None, device=None, out=None, out_dtype=None, return_lse=False):
+                           window=None, device=None, out=None, out_dtype=None, return_lse=False, ring_start=None):
     """One query row per head for a batch of sequences whose KV rows live in paged pools.
 
     Parameters
@@ -182,8 +182,9 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
         0 is an empty sequence: its output is zeros and its LSE ``-inf``.
     page_layout : ``"nhd"`` (default) or ``"hnd"``.
     scale, softcap, window, out, out_dtype, return_lse : as :func:`pyfa.decode_attention`
-        (``window``: the last ``window`` positions of each sequence). Paged sequences are not
-        rings: there is no ``ring_start``.
+        (``window``: the last ``window`` positions of each sequence).
+    ring_start : not accepted (None): paged sequences are not rings; a value raises, so code
+        moved over from :func:`pyfa.decode_attention` does not silently drop it.
 
     With GPU arrays (torch / cupy) on the cuda device the pools are read in place and the work
     is queued on the caller's current stream; ``block_table`` and ``kv_len`` may then be GPU
@@ -202,6 +203,8 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
     >>> pyfa.paged_decode_attention(q, pool, pool, [[3, 1], [0, 2]], kv_len=[20, 5]).shape
     (2, 4, 64)
     """
+    if ring_start is not None:
+        raise invalid(f"ring_start: paged sequences are not rings (pass none), got {_args.show(ring_start)}")
     device = _args.device_arg(device)
     q_arg = q
     layout = layout_code(page_layout)

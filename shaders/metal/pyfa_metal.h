@@ -100,7 +100,8 @@ inline pyfa_pages pyfa_pages_of(constant pyfa_kv_pages &kp, device const int *bl
                                 uint num_kv_heads) {
     pyfa_pages pg;
     pg.table = block_table + ulong(b) * kp.pages_per_seq;
-    pg.shift = ctz(kp.page_size);
+    pg.shift = 0; // log2(page_size), a power of two; a loop: the MSL executor has no ctz
+    while ((1u << pg.shift) < kp.page_size && pg.shift < 31) pg.shift++;
     pg.mask = kp.page_size - 1;
     pg.num_pages = kp.num_pages;
     pg.num_kv_heads = num_kv_heads;
