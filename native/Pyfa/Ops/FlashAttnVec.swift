@@ -113,8 +113,8 @@ public enum FlashAttnVec {
             table = try SequenceValues.check(paged.blockTable, "block_table", count: Paged.tableCount(batch: p.batch, paged.pages))
             (maxLen, splitBatch, kvLenArg, tableArg) = try Paged.checkLengths(kvLen, paged, batch: p.batch,
                                                                               capacity: p.kv_capacity)
-            ringValues = kvLen  // slot bound (Metal binds every declared slot), never read with PAGED
-            ringStartArg = kvLenArg
+            ringValues = kvLen
+            ringStartArg = .buffer(out)  // slot bound (Metal binds every declared slot), never read with PAGED
         } else {
             ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
             (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringValues, p)
@@ -137,8 +137,10 @@ public enum FlashAttnVec {
                                          direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,
                                          lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        let args: [(slot: Int, arg: KernelArg)] = Paged.args(paged, tableArg: tableArg, unread: .buffer(out)) + [
+        let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: .buffer(out))
+        let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            pagedArgs.pages,
             (Int(PYFA_VEC_ARG_Q), .buffer(q)),
             (Int(PYFA_VEC_ARG_K), .buffer(k)),
             (Int(PYFA_VEC_ARG_V), .buffer(v)),
@@ -150,6 +152,7 @@ public enum FlashAttnVec {
             // requires it); the constants keep it unwritten there.
             (Int(PYFA_VEC_ARG_TMP), .buffer(tmpBuffer ?? out)),
             (Int(PYFA_VEC_ARG_LSE), .buffer(lse ?? out)),
+            pagedArgs.table,
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),

@@ -71,7 +71,7 @@ public enum FlashAttnVecTQ {
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
         let out = try Check.buffer(out, "out", dtypes: TurboQuant.floatTypes, elements: B * H * D)
         if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
-        let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg
+        let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg?
         var splitBatch: UInt32? = nil, tableArg: KernelArg? = nil
         let ringValues: SequenceValues
         var table: SequenceValues? = nil
@@ -80,8 +80,8 @@ public enum FlashAttnVecTQ {
             table = try SequenceValues.check(paged.blockTable, "block_table", count: Paged.tableCount(batch: a.batch, paged.pages))
             (maxLen, splitBatch, kvLenArg, tableArg) = try Paged.checkLengths(kvLen, paged, batch: a.batch,
                                                                               capacity: a.kv_capacity)
-            ringValues = kvLen  // slot bound, never read with PAGED
-            ringStartArg = kvLenArg
+            ringValues = kvLen
+            ringStartArg = nil  // o_rot stands in below (every declared slot is bound), never read with PAGED
         } else {
             ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
             (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringValues, a)
@@ -111,24 +111,30 @@ public enum FlashAttnVecTQ {
         let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
                                          direct: direct, lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        let args: [(slot: Int, arg: KernelArg)] = Paged.args(paged, tableArg: tableArg, unread: oRot) + [
+        let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: oRot)
+        let args: [(slot: Int, arg: KernelArg)] = [
+            // Structs the kernels read in place first (params, pages, codebooks):
+            // CUDA carries inline bytes in list order while they fit the launch,
+            // and per-sequence values of a large batch are uploaded instead.
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            pagedArgs.pages,
+            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
+            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
             (Int(PYFA_VEC_ARG_Q), qRot),
             (Int(PYFA_VEC_ARG_K), .buffer(kc)),
             (Int(PYFA_VEC_ARG_V), .buffer(vc)),
             (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
-            (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
+            (Int(PYFA_VEC_ARG_RING_START), ringStartArg ?? oRot),
             (Int(PYFA_VEC_ARG_OUT), oRot),
             (Int(PYFA_VEC_ARG_LSE), lse.map { .buffer($0) } ?? oRot),
             (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
             (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
-            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
-            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
             // Bound in every dispatch (it holds q_rot), so every slot a kernel
             // declares is bound (Metal requires it); only nwg > 1 writes the
             // partials' region. An absent lse has o_rot stand in, unwritten
             // there (PYFA_TQ_VEC_FC_HAS_LSE = 0).
             (Int(PYFA_VEC_ARG_TMP), .buffer(t)),
+            pagedArgs.table,
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.attn.nwg, a.num_kv_heads, a.batch),

@@ -99,9 +99,14 @@ enum Paged {
     static func tableCount(batch: UInt32, _ pg: pyfa_kv_pages) -> Int { Int(batch) * Int(pg.pages_per_seq) }
 
     /// The PAGES and BLOCK_TABLE slots: without paging a zero pyfa_kv_pages
-    /// and `unread` (every declared slot is bound; PAGED = 0 keeps them unread).
-    static func args(_ paged: PagedKV?, tableArg: KernelArg?, unread: KernelArg) -> [(slot: Int, arg: KernelArg)] {
-        [(Int(PYFA_VEC_ARG_PAGES), .value(paged?.pages ?? pyfa_kv_pages())),
-         (Int(PYFA_VEC_ARG_BLOCK_TABLE), tableArg ?? unread)]
+    /// and `unread` (every declared slot is bound; PAGED = 0 keeps them
+    /// unread). The dispatchers list `pages` first and `table` last: CUDA
+    /// carries inline bytes in list order while they fit the launch, and the
+    /// structs kernels read in place (params, pages, codebooks) must fit
+    /// before host values of any size (a block table), which may be uploaded.
+    static func args(_ paged: PagedKV?, tableArg: KernelArg?,
+                     unread: KernelArg) -> (pages: (slot: Int, arg: KernelArg), table: (slot: Int, arg: KernelArg)) {
+        ((Int(PYFA_VEC_ARG_PAGES), .value(paged?.pages ?? pyfa_kv_pages())),
+         (Int(PYFA_VEC_ARG_BLOCK_TABLE), tableArg ?? unread))
     }
 }
