@@ -75,6 +75,20 @@ PYFA_INLINE uint32_t vec_page_row(const vec_pages *pg, uint32_t s) {
     return PYFA_PAGE_ROW(pg->layout, pg->mask + 1, pg->num_kv_heads, page, s & pg->mask, pg->kvh);
 }
 
+/* Paged rows lie in page_size-row runs spread over the pool, so the CPU's
+ * prefetchers lose the stream at every page (a page of 16 f16 rows at
+ * D = 128 is one 4 KB OS page per head): the rows of positions
+ * [pos, pos + n) are prefetched by hand, one block ahead. */
+PYFA_INLINE void vec_prefetch_rows(const vec_pages *pg, const vec_rows *kr, const vec_rows *vr, uint32_t pos,
+                                   uint32_t n) {
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t r = vec_page_row(pg, pos + j);
+        const char *k = kr->base + (size_t)r * kr->row_bytes, *v = vr->base + (size_t)r * vr->row_bytes;
+        for (size_t o = 0; o < kr->row_bytes; o += 64) __builtin_prefetch(k + o);
+        for (size_t o = 0; o < vr->row_bytes; o += 64) __builtin_prefetch(v + o);
+    }
+}
+
 /* Row `slot` as f32 in dst; returns the factor its dot products take. */
 PYFA_INLINE float vec_load_row(float *dst, const vec_rows *r, uint32_t slot, int kv_dt, int bits, uint32_t D,
                                float inv_sqrt_d) {
@@ -201,6 +215,10 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
 
     for (uint32_t pos = begin; pos < end; pos += VEC_BLOCK) {
         const uint32_t nb = end - pos < VEC_BLOCK ? end - pos : VEC_BLOCK;
+        if (paged && end - pos > VEC_BLOCK) {
+            const uint32_t next = end - pos - VEC_BLOCK;
+            vec_prefetch_rows(&pg, &kr, &vr, pos + VEC_BLOCK, next < VEC_BLOCK ? next : VEC_BLOCK);
+        }
         uint32_t slots[VEC_BLOCK];
         for (uint32_t j = 0; j < nb; j++) {
             uint32_t s = pos + j + ring;
