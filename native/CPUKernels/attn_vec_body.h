@@ -140,12 +140,13 @@ PYFA_INLINE void accumulate_rows(float *acc, const float *w, const float *rows, 
     }
 }
 
+/* `paged` (the PAGED constant) is a constant at every call site, like the
+ * dtype and head dim: the dense copies compile without the paged branches. */
 PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
-                          const int kv_dt, const uint32_t D, const int kbits, const int vbits) {
+                          const int kv_dt, const uint32_t D, const int kbits, const int vbits, const int paged) {
     const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
     const uint32_t G = p->num_heads / p->num_kv_heads;
     const uint32_t cap = p->kv_capacity, nwg = p->nwg;
-    const int paged = d->constants[kbits ? PYFA_TQ_VEC_FC_PAGED : PYFA_VEC_FC_PAGED];
     /* kv_len and ring_start clamped as pyfa_params.h says (as the GPU kernels
      * do); a paged sequence has no ring_start (and kv_capacity is
      * pages_per_seq * page_size there, paged_kv_params.h). */
@@ -297,7 +298,11 @@ PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS
  * nothing: the dispatchers' validation keeps these unreachable, and if one is
  * reached anyway the op fails loudly instead of leaving its output unwritten. */
 /* One case per supported head dim (PYFA_FOR_EACH_HEAD_DIM), per KV dtype. */
-#define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0); return;
+#define VEC_CASE_D(DT, DV)                                                                         \
+    case DV:                                                                                       \
+        if (d->constants[PYFA_VEC_FC_PAGED]) vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 1);   \
+        else vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 0);                              \
+        return;
 #define VEC_CASE_F32(DV) VEC_CASE_D(PYFA_DTYPE_F32, DV)
 #define VEC_CASE_F16(DV) VEC_CASE_D(PYFA_DTYPE_F16, DV)
 #define VEC_CASE_BF16(DV) VEC_CASE_D(PYFA_DTYPE_BF16, DV)
