@@ -58,8 +58,10 @@ def block_table_arg(block_table, batch: int, like):
 
 def length_hints(kv_len, batch: int, lens):
     """(max_kv_len, split_batch) plan hints: the longest host length's bucket and the
-    batch's work in units of it (pyfa.h, paged decode), bucketed so similar batches share
-    a plan; (0, 0) for device lengths (plan as if every sequence were full)."""
+    batch's work in units of it (pyfa.h, paged decode): the batch itself for equal lengths,
+    else rounded down to a power of two so similar batches share a plan (down: a smaller
+    split batch splits more, never less than the work needs); (0, 0) for device lengths
+    (plan as if every sequence were full)."""
     if lens.gpu is not None:
         return 0, 0
     values = np.full(batch, kv_len, np.int64) if type(kv_len) is int else \
@@ -69,7 +71,7 @@ def length_hints(kv_len, batch: int, lens):
     if longest == 0:
         return 0, 0
     split = -(-int(values.sum()) // longest)
-    return _plans.length_bucket(longest), min(batch, _plans.length_bucket(split))
+    return _plans.length_bucket(longest), batch if split >= batch else 1 << (split.bit_length() - 1)
 
 
 def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, out, out_dtype, return_lse):
