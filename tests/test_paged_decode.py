@@ -417,3 +417,30 @@ def test_cuda_graph_replays_device_values(rng):
     ref = reference.decode_attention(q.astype(np.float16), gather(k, table, "nhd"), gather(v, table, "nhd"),
                                      [3, 21, 48])
     np.testing.assert_allclose(out.float().cpu().numpy(), ref, atol=TOL + 2.0**-11 * np.abs(ref).max(), rtol=0)
+
+
+def test_split_is_planned_for_the_batch_work(cpu):
+    # A few long sequences among many short ones: the plan is asked for ceil(sum / max) sequences
+    # of the longest length (pyfa.h, paged decode), so its split (nwg: the workspace holds
+    # batch * H * nwg partial rows) is never smaller than for the batch planned as all full.
+    from pyfa import _io, _plans, paged
+    from pyfa._native import ffi, lib
+    lens = [4096] + [16] * 7
+    assert paged.length_hints(lens, 8, _io.sequence_values(lens, "kv_len", 8, None)) == (4096, 2)
+    assert paged.length_hints(64, 8, _io.sequence_values(64, "kv_len", 8, None)) == (64, 8)
+
+    def workspace(split):
+        desc = ffi.new("pyfa_paged_decode_plan_desc *")
+        desc.attn.batch, desc.attn.num_heads, desc.attn.num_kv_heads, desc.attn.head_dim = 8, 2, 1, 64
+        desc.attn.scale = 0.125
+        desc.pages.page_size, desc.pages.num_pages, desc.pages.pages_per_seq = 16, 300, 256
+        desc.q_dtype = desc.kv_dtype = desc.out_dtype = lib.PYFA_DTYPE_F16
+        desc.max_kv_len, desc.split_batch = 4096, split
+        plan = _plans.new_plan(lib.pyfa_paged_decode_plan_new, cpu, desc)
+        n = ffi.new("uint64_t *")
+        assert lib.pyfa_plan_workspace_bytes(plan, n) == 0
+        return n[0]
+
+    assert workspace(2) >= workspace(8)
+    with pytest.raises(pyfa.PyfaError, match=r"split_batch: 9 exceeds batch \(8\)"):
+        workspace(9)
