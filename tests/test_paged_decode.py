@@ -444,3 +444,24 @@ def test_split_is_planned_for_the_batch_work(cpu):
     assert workspace(2) >= workspace(8)
     with pytest.raises(pyfa.PyfaError, match=r"split_batch: 9 exceeds batch \(8\)"):
         workspace(9)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("num_pages", 0, r"num_pages: must be >= 1"),
+    ("pages_per_seq", 0, r"pages_per_seq: must be >= 1"),
+    ("layout", 2, r"page_layout: 2 must be PYFA_PAGES_NHD \(0\) or PYFA_PAGES_HND \(1\)"),
+    ("num_pages", 1 << 28, r"num_pages: num_pages \* page_size \* num_kv_heads \(\d+\) must fit 32 bits"),
+    ("page_size", 0, r"page_size: 0 must be a power of two"),
+])
+def test_plan_refuses_bad_pages(cpu, field, value, match):
+    # Pool geometry rules the Python call cannot reach with real arrays (the C ABI's plan checks them).
+    from pyfa import _plans
+    from pyfa._native import ffi, lib
+    desc = ffi.new("pyfa_paged_decode_plan_desc *")
+    desc.attn.batch, desc.attn.num_heads, desc.attn.num_kv_heads, desc.attn.head_dim = 1, 2, 2, 64
+    desc.attn.scale = 0.125
+    desc.pages.page_size, desc.pages.num_pages, desc.pages.pages_per_seq = 64, 4, 2
+    desc.q_dtype = desc.kv_dtype = desc.out_dtype = lib.PYFA_DTYPE_F32
+    setattr(desc.pages, field, value)
+    with pytest.raises(pyfa.PyfaError, match=match):
+        _plans.new_plan(lib.pyfa_paged_decode_plan_new, cpu, desc)
