@@ -465,3 +465,15 @@ def test_plan_refuses_bad_pages(cpu, field, value, match):
     setattr(desc.pages, field, value)
     with pytest.raises(pyfa.PyfaError, match=match):
         _plans.new_plan(lib.pyfa_paged_decode_plan_new, cpu, desc)
+
+
+@gpu
+def test_cuda_host_arrays_are_staged(rng):
+    # numpy pools on the cuda device: copied in, the results copied back (the call waits).
+    k, v, table = make_pool(rng, 2, 2, 64, 16, [20, 33], np.float16)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    out, lse = pyfa.paged_decode_attention(q, k, v, table, [20, 33], return_lse=True, device=pyfa.Device("cuda"))
+    ref, ref_lse = reference.decode_attention(q, gather(k, table, "nhd"), gather(v, table, "nhd"), [20, 33],
+                                              return_lse=True)
+    check(out, ref)
+    np.testing.assert_allclose(lse, ref_lse, atol=TOL, rtol=0)
