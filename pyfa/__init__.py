@@ -31,3 +31,8 @@ from .paged_append import paged_kv_append  # noqa: E402
 from .paged_cache import PagedKVCache, TurboQuantPagedKVCache  # noqa: E402
 
 __all__ += ["paged_kv_append", "PagedKVCache", "TurboQuantPagedKVCache"]
+
+# Paged decode (pyfa/paged.py; TurboQuant pools: pyfa.turboquant.paged_decode).
+from .paged import paged_decode_attention  # noqa: E402
+
+__all__ += ["paged_decode_attention"]

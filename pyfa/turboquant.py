@@ -392,5 +392,74 @@ class TurboQuantKVCache(_RingCache):
             return (*self._read(STREAM_K), *self._read(STREAM_V))
 
 
+# ---- paged decode over TurboQuant pools (pyfa/paged.py runs it) ------------------------------------
+def paged_decode(q, k_codes, k_scales, v_codes, v_scales, block_table, kv_len, *, k_bits, v_bits, seed=0,
+                 page_layout="nhd", scale=None, softcap=0.0, window=None, fused=True, device: Device | None = None,
+                 out_dtype=None, return_lse=False):
+    """Decode a batch of sequences over TurboQuant codes kept in paged pools.
+
+    Parameters
+    ----------
+    q : array ``[B, H, D]``, float32 / float16 / bfloat16 (original domain; the op rotates it
+        into the codes' domain and the output back, as :meth:`TurboQuantKVCache.attend` does);
+        numpy, a torch CPU tensor, or a GPU array on the cuda device.
+    k_codes, v_codes : uint8 pools ``[num_pages, page_size, H_kv, D * bits / 8]``
+        (``page_layout="nhd"``) or ``[num_pages, H_kv, page_size, D * bits / 8]`` (``"hnd"``):
+        the bytes :func:`quantize` / :class:`TurboQuantKVCache` store per row.
+    k_scales, v_scales : float32 pools ``[num_pages, page_size, H_kv]`` (``"hnd"``:
+        ``[num_pages, H_kv, page_size]``), one scale per row, paged like the codes.
+    block_table, kv_len, page_layout : as :func:`pyfa.paged_decode_attention`.
+    k_bits, v_bits : the codes' widths, each in {2, 3, 4, 8}; D in {64, 128, 256, 512}.
+    seed : the seed the codes were made with (it draws the rotation's signs).
+    scale, softcap, window, out_dtype, return_lse : as :func:`pyfa.decode_attention`.
+    fused : the fused reduce + undo tail (identical bits either way).
+
+    Returns
+    -------
+    array ``[B, H, D]`` of ``out_dtype`` (None: q's dtype) in the original domain, or
+    ``(out, lse)`` with the float32 LSE ``[B, H]`` (the rotation is orthogonal: it is the
+    LSE of the original-domain scores; ``-inf`` for an empty sequence).
+    """
+    from . import paged
+
+    device = _args.device_arg(device)
+    q_arg = q
+    layout = paged.layout_code(page_layout)
+    kb, vb = _bit_width(k_bits, "k_bits"), _bit_width(v_bits, "v_bits")
+    seed = _check_seed(seed)
+    fused = _args.bool_arg(fused, "fused")
+    q, out_dtype, window, softcap, return_lse = paged.query_and_options(q, scale, softcap, window, out_dtype,
+                                                                         return_lse)
+    u8, f32 = (np.dtype(np.uint8),), (np.dtype(np.float32),)
+    kc = _io.as_array(k_codes, "k_codes", u8, ndims=(4,), gpu=True)
+    ks = _io.as_array(k_scales, "k_scales", f32, ndims=(3,), gpu=True)
+    vc = _io.as_array(v_codes, "v_codes", u8, ndims=(4,), gpu=True)
+    vs = _io.as_array(v_scales, "v_scales", f32, ndims=(3,), gpu=True)
+    like = _io.gpu_like(device, q, kc, ks, vc, vs)
+    B, H, D = q.shape
+    num_pages, page_size, Hkv, _ = paged.pool_dims(kc.shape, layout, "k_codes")
+    for name, codes, bits in (("k_codes", kc, kb), ("v_codes", vc, vb)):
+        if paged.pool_dims(codes.shape, layout, name)[:3] != (num_pages, page_size, Hkv) or \
+                codes.shape[3] != row_bytes(D, bits):
+            raise invalid(f"{name}: shape {codes.shape} does not match a {page_layout} pool of {num_pages} pages of "
+                          f"{page_size} tokens x {Hkv} heads with {row_bytes(D, bits)}-byte rows (head_dim {D}, "
+                          f"{bits} bits)")
+    for name, scales in (("k_scales", ks), ("v_scales", vs)):
+        if scales.shape != kc.shape[:3]:
+            raise invalid(f"{name}: shape {scales.shape} does not match the codes' pages {kc.shape[:3]}")
+    _args.u32_fields(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D, num_pages=num_pages, page_size=page_size)
+    scale = _args.default_scale(scale, D)
+    table = paged.block_table_arg(block_table, B, like)
+    attn = {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": 0, "nwg": 0,
+            "window": window, "scale": scale, "softcap": softcap}
+    extra = {"k_bits": kb, "v_bits": vb, "fused": int(fused), "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
+    pages = {"page_size": page_size, "num_pages": num_pages, "layout": layout}
+    pools = (("k_codes", kc), ("k_scales", ks), ("v_codes", vc), ("v_scales", vs))
+    result, lse = paged.run("tq", device, like, q, pools, table, kv_len, pages, attn, extra, None, out_dtype,
+                            return_lse)
+    result = _io.host_result(result, q_arg)
+    return (result, _io.host_result(lse, q_arg)) if return_lse else result
+
+
 # Paged pools: the append lives in paged_append.py (it imports this module's codec helpers).
 from .paged_append import paged_quantize  # noqa: E402

@@ -6,7 +6,9 @@
  * One threadgroup = (workgroup iwg, KV head, sequence). It converts each K/V
  * row to f32 once and uses it for all query heads of the GQA group, walking
  * its share of the visible logical positions in blocks with one online-softmax
- * update per block. Slots at or past kv_len are never read.
+ * update per block. Slots at or past kv_len are never read. With the PAGED
+ * constant the rows come from paged pools (paged_kv_params.h): a slot is
+ * then a row of the pool, not of this sequence's head.
  *
  * flash_attn_vec_tq runs the same body with kbits/vbits > 0: a row is then
  * the codebook centroids of its codes (rotated domain), and its scale
@@ -42,6 +44,49 @@ PYFA_INLINE int vec_perm4(int bits) {
     (void)bits;
     return 0;
 #endif
+}
+
+/* A paged pool's geometry for one (sequence, KV head) (paged_kv_params.h):
+ * position s lives in pool row PYFA_PAGE_ROW(layout, page_size, Hkv,
+ * page, s % page_size, h) with page = block_table[b][s / page_size],
+ * an entry outside 0..num_pages-1 read as num_pages - 1. */
+typedef struct vec_pages {
+    const int32_t *table; /* this sequence's block_table row */
+    uint32_t shift, mask; /* log2(page_size), page_size - 1 */
+    uint32_t num_pages, num_kv_heads, kvh, layout;
+} vec_pages;
+
+PYFA_INLINE void vec_pages_init(vec_pages *pg, const pyfa_cpu_dispatch *d, uint32_t b, uint32_t kvh) {
+    const pyfa_kv_pages *kp = (const pyfa_kv_pages *)d->args[PYFA_VEC_ARG_PAGES];
+    const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
+    pg->table = (const int32_t *)d->args[PYFA_VEC_ARG_BLOCK_TABLE] + (size_t)b * kp->pages_per_seq;
+    pg->shift = (uint32_t)__builtin_ctz(kp->page_size); /* a power of two (the dispatchers check) */
+    pg->mask = kp->page_size - 1;
+    pg->num_pages = kp->num_pages;
+    pg->num_kv_heads = p->num_kv_heads;
+    pg->kvh = kvh;
+    pg->layout = kp->layout;
+}
+
+/* Pool row of position s (s < pages_per_seq * page_size: kv_len is clamped there). */
+PYFA_INLINE uint32_t vec_page_row(const vec_pages *pg, uint32_t s) {
+    uint32_t page = (uint32_t)pg->table[s >> pg->shift];
+    page = page < pg->num_pages ? page : pg->num_pages - 1;
+    return PYFA_PAGE_ROW(pg->layout, pg->mask + 1, pg->num_kv_heads, page, s & pg->mask, pg->kvh);
+}
+
+/* Paged rows lie in page_size-row runs spread over the pool, so the CPU's
+ * prefetchers lose the stream at every page (a page of 16 f16 rows at
+ * D = 128 is one 4 KB OS page per head): the rows of positions
+ * [pos, pos + n) are prefetched by hand, one block ahead. */
+PYFA_INLINE void vec_prefetch_rows(const vec_pages *pg, const vec_rows *kr, const vec_rows *vr, uint32_t pos,
+                                   uint32_t n) {
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t r = vec_page_row(pg, pos + j);
+        const char *k = kr->base + (size_t)r * kr->row_bytes, *v = vr->base + (size_t)r * vr->row_bytes;
+        for (size_t o = 0; o < kr->row_bytes; o += 64) __builtin_prefetch(k + o);
+        for (size_t o = 0; o < vr->row_bytes; o += 64) __builtin_prefetch(v + o);
+    }
 }
 
 /* Row `slot` as f32 in dst; returns the factor its dot products take. */
@@ -95,16 +140,23 @@ PYFA_INLINE void accumulate_rows(float *acc, const float *w, const float *rows, 
     }
 }
 
+/* `paged` (the PAGED constant) is a constant at every call site, like the
+ * dtype and head dim: the dense copies compile without the paged branches. */
 PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
-                          const int kv_dt, const uint32_t D, const int kbits, const int vbits) {
+                          const int kv_dt, const uint32_t D, const int kbits, const int vbits, const int paged) {
     const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
     const uint32_t G = p->num_heads / p->num_kv_heads;
     const uint32_t cap = p->kv_capacity, nwg = p->nwg;
-    /* kv_len and ring_start clamped as pyfa_params.h says (as the GPU kernels do). */
+    /* kv_len and ring_start clamped as pyfa_params.h says (as the GPU kernels
+     * do); a paged sequence has no ring_start (and kv_capacity is
+     * pages_per_seq * page_size there, paged_kv_params.h). */
     uint32_t kv_len = ((const uint32_t *)d->args[PYFA_VEC_ARG_KV_LEN])[b];
-    uint32_t ring = ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
+    uint32_t ring = paged ? 0 : ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
     kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
     ring = ring < cap ? ring : 0;
+    /* Paged: rows are addressed from the pool's start by vec_page_row. */
+    vec_pages pg = {0};
+    if (paged) vec_pages_init(&pg, d, b, kvh);
     const int q_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_Q_DTYPE];
     const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
     const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];
@@ -123,7 +175,7 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     float *sc = kb + (size_t)VEC_BLOCK * D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
     float *kcb = Ss + G, *vcb = kcb + TQ_MAX_LEVELS;
 
-    const size_t head_rows = ((size_t)b * p->num_kv_heads + kvh) * cap;
+    const size_t head_rows = paged ? 0 : ((size_t)b * p->num_kv_heads + kvh) * cap;
     vec_rows kr, vr;
     kr.row_bytes = kbits ? PYFA_TQ_ROW_BYTES((size_t)D, kbits) : (size_t)D * dtype_size(kv_dt);
     vr.row_bytes = vbits ? PYFA_TQ_ROW_BYTES((size_t)D, vbits) : (size_t)D * dtype_size(kv_dt);
@@ -164,10 +216,14 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
 
     for (uint32_t pos = begin; pos < end; pos += VEC_BLOCK) {
         const uint32_t nb = end - pos < VEC_BLOCK ? end - pos : VEC_BLOCK;
+        if (paged && end - pos > VEC_BLOCK) {
+            const uint32_t next = end - pos - VEC_BLOCK;
+            vec_prefetch_rows(&pg, &kr, &vr, pos + VEC_BLOCK, next < VEC_BLOCK ? next : VEC_BLOCK);
+        }
         uint32_t slots[VEC_BLOCK];
         for (uint32_t j = 0; j < nb; j++) {
             uint32_t s = pos + j + ring;
-            slots[j] = s >= cap ? s - cap : s;
+            slots[j] = paged ? vec_page_row(&pg, pos + j) : (s >= cap ? s - cap : s);
             kf[j] = vec_load_row(kb + (size_t)j * D, &kr, slots[j], kv_dt, kbits, D, inv_sqrt_d);
         }
         for (uint32_t g = 0; g < G; g++) {
@@ -242,7 +298,11 @@ PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS
  * nothing: the dispatchers' validation keeps these unreachable, and if one is
  * reached anyway the op fails loudly instead of leaving its output unwritten. */
 /* One case per supported head dim (PYFA_FOR_EACH_HEAD_DIM), per KV dtype. */
-#define VEC_CASE_D(DT, DV) case DV: vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0); return;
+#define VEC_CASE_D(DT, DV)                                                                         \
+    case DV:                                                                                       \
+        if (d->constants[PYFA_VEC_FC_PAGED]) vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 1);   \
+        else vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 0);                              \
+        return;
 #define VEC_CASE_F32(DV) VEC_CASE_D(PYFA_DTYPE_F32, DV)
 #define VEC_CASE_F16(DV) VEC_CASE_D(PYFA_DTYPE_F16, DV)
 #define VEC_CASE_BF16(DV) VEC_CASE_D(PYFA_DTYPE_BF16, DV)

@@ -176,7 +176,11 @@ void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x,
     tq_decode_row(out, codes, scale, cb, (int)bits, D, tq_seed(p->seed_lo, p->seed_hi), p->stream);
 }
 
-#define TQ_VEC_CASE_D(DV) case DV: vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb); return;
+#define TQ_VEC_CASE_D(DV)                                                                          \
+    case DV:                                                                                       \
+        if (d->constants[PYFA_TQ_VEC_FC_PAGED]) vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 1); \
+        else vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 0);                \
+        return;
 
 void PYFA_ISA(pyfa_cpu_flash_attn_vec_tq)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                           void *scratch) {

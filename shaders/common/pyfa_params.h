@@ -99,7 +99,8 @@ typedef struct pyfa_flash_attn_vec_params {
 #define PYFA_VEC_FC_VARIANT 5     /**< kernel variant the backend's plan picked (below) */
 #define PYFA_VEC_FC_OUT_DTYPE 6   /**< dtype code of out (f32, f16 or bf16) */
 #define PYFA_VEC_FC_HAS_LSE 7     /**< bool: an lse buffer is bound */
-#define PYFA_VEC_FC_COUNT 8
+#define PYFA_VEC_FC_PAGED 8       /**< bool: k / v are paged pools (paged_kv_params.h) */
+#define PYFA_VEC_FC_COUNT 9
 
 /* Variants of flash_attn_vec: one contract, different hardware routes. A
  * backend's plan picks one per dispatch; backends without a variant run the

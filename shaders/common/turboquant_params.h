@@ -237,7 +237,8 @@ typedef struct pyfa_flash_attn_vec_tq_params {
 #define PYFA_TQ_VEC_FC_HAS_SOFTCAP 3 /**< == PYFA_VEC_FC_HAS_SOFTCAP */
 #define PYFA_TQ_VEC_FC_DIRECT_OUT 4  /**< == PYFA_VEC_FC_DIRECT_OUT */
 #define PYFA_TQ_VEC_FC_HAS_LSE 5     /**< bool: lse is bound (read only with DIRECT_OUT, else 0) */
-#define PYFA_TQ_VEC_FC_COUNT 6
+#define PYFA_TQ_VEC_FC_PAGED 6       /**< bool: codes and scales are paged pools (paged_kv_params.h) */
+#define PYFA_TQ_VEC_FC_COUNT 7
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_reduce_tq_hb_undo: flash_attn_vec_reduce then

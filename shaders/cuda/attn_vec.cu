@@ -110,7 +110,8 @@ using attn_vec::load_q;
 
 template <int KVDT, int D>
 __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a, const int QDT, const bool SOFTCAP,
-                                                         const bool DIRECT, const int ODT, const bool LSE) {
+                                                         const bool DIRECT, const int ODT, const bool LSE,
+                                                         const bool PAGED) {
     using S = attn_vec::shape<KVDT, D>;
     constexpr int NW = attn_vec::NW, U = attn_vec::U, VEC = S::VEC, C = S::C, WPR = S::WPR, RG = S::RG, GT = S::GT;
     constexpr int ESZ = KVDT == PYFA_DTYPE_F32 ? 4 : 2;
@@ -122,11 +123,14 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
     const bool active = c < C;
     const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
 
-    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg, PAGED);
     const uint32_t ring = span.ring, begin = span.begin, end = span.end;
+    /* PAGED: rows are pool rows from the pool's start (attn_vec_pages). */
+    attn_vec_pages pg = {};
+    if (PAGED) pg = attn_vec_pages_of(a, b, kvh, p.num_kv_heads);
 
     const size_t row_bytes = (size_t)D * ESZ;
-    const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
+    const size_t head_off = PAGED ? 0 : ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
     const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off + (size_t)c * 16;
     const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off + (size_t)c * 16;
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
@@ -152,6 +156,7 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
             uint32_t slot = pos + ring;
             slot = slot >= cap ? slot - cap : slot;
             const bool live = pos < end && active;
+            if (PAGED) slot = live ? pg.row(pos) : 0u;
             const size_t off = live ? slot * row_bytes : 0;
             pyfa_cp_async16(ring_at(stage, u, 0), kbase + off, live ? 16u : 0u);
             pyfa_cp_async16(ring_at(stage, u, 1), vbase + off, live ? 16u : 0u);
@@ -311,16 +316,16 @@ __device__ PYFA_VEC_IMPL_INLINE void flash_attn_vec_impl(const pyfa_cuda_args &a
 /* The tensor-core variant for 16-bit caches (it reads q through load_q). */
 #include "attn_vec_mma.cuh"
 
-template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT, int ODT, int HAS_LSE>
+template <int QDT, int KVDT, int D, int SOFTCAP, int DIRECT, int VARIANT, int ODT, int HAS_LSE, int PAGED>
 __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(QDT) && pyfa_is_float_dtype(KVDT), "flash_attn_vec: q/kv dtype");
     static_assert(pyfa_is_head_dim(D), "flash_attn_vec: head_dim");
     static_assert(VARIANT == PYFA_VEC_VARIANT_PORTABLE || VARIANT == PYFA_VEC_VARIANT_MMA, "flash_attn_vec: variant");
     static_assert(pyfa_is_float_dtype(ODT), "flash_attn_vec: out dtype");
     if constexpr (VARIANT == PYFA_VEC_VARIANT_MMA && KVDT != PYFA_DTYPE_F32) {
-        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0);
+        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0, PAGED != 0);
     } else {
-        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0);
+        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0, PAGED != 0);
     }
 }
 

@@ -74,7 +74,7 @@ struct shape {
 
 template <int QDT, int KVDT, int D>
 __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP, const bool DIRECT,
-                                                        const int ODT, const bool LSE) {
+                                                        const int ODT, const bool LSE, const bool PAGED) {
     static_assert(KVDT != PYFA_DTYPE_F32, "the tensor-core decode reads 16-bit caches");
     using S = vec_mma::shape<D>;
     constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, STAGES = S::STAGES;
@@ -97,10 +97,12 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     char *s_ring = smem_mma + S::Q_BYTES + S::SCORE_BYTES + S::MS_BYTES;
     float *s_acc = reinterpret_cast<float *>(s_ring); /* [head][D], overlays the drained ring */
 
-    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg, PAGED);
     const uint32_t ring = span.ring, begin = span.begin, end = span.end;
+    attn_vec_pages pg = {}; /* PAGED: pool rows from the pool's start */
+    if (PAGED) pg = attn_vec_pages_of(a, b, kvh, p.num_kv_heads);
     const size_t row_bytes = (size_t)D * 2;
-    const size_t head_off = ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
+    const size_t head_off = PAGED ? 0 : ((size_t)b * p.num_kv_heads + kvh) * cap * row_bytes;
     const char *kbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_K) + head_off;
     const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off;
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
@@ -117,6 +119,7 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
             uint32_t slot = pos + ring;
             slot = slot >= cap ? slot - cap : slot;
             const bool live = pos < end;
+            if (PAGED) slot = live ? pg.row(pos) : 0u;
             const size_t off = (live ? slot * row_bytes : 0) + ch * 16;
             pyfa_cp_async16(kdst + r * LD + ch * 16, kbase + off, live ? 16u : 0u);
             pyfa_cp_async16(vdst + r * LD + ch * 16, vbase + off, live ? 16u : 0u);

@@ -98,13 +98,48 @@ struct attn_vec_span {
 };
 
 __device__ __forceinline__ attn_vec_span attn_vec_workgroup_span(const pyfa_cuda_args &a, uint32_t b, uint32_t cap,
-                                                                 uint32_t window, uint32_t nwg, uint32_t iwg) {
+                                                                 uint32_t window, uint32_t nwg, uint32_t iwg,
+                                                                 bool paged = false) {
     uint32_t kv_len = pyfa_values<uint32_t>(a, PYFA_VEC_ARG_KV_LEN)[b];
-    uint32_t ring = pyfa_values<uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
+    /* A paged sequence is not a ring: its ring_start slot is not read. */
+    uint32_t ring = paged ? 0u : pyfa_values<uint32_t>(a, PYFA_VEC_ARG_RING_START)[b];
     kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
     ring = ring < cap ? ring : 0;
     const uint32_t lo = (window && kv_len > window) ? kv_len - window : 0;
     const uint64_t n = kv_len - lo, chunk = (n + nwg - 1) / nwg;
     const uint64_t c0 = (uint64_t)iwg * chunk, c1 = c0 + chunk;
     return {ring, lo + (uint32_t)(c0 < n ? c0 : n), lo + (uint32_t)(c1 < n ? c1 : n)};
+}
+
+/* Paged pools (paged_kv_params.h) for one (sequence, KV head) of a decode
+ * workgroup with the PAGED constant: row(s) is the pool row of position s
+ * (s < pages_per_seq * page_size, which the kv_len clamp guarantees), with
+ * a block_table entry outside 0..num_pages-1 read as page num_pages - 1.
+ * page_size is a power of two: shifts and masks. 32-bit rows are exact (the
+ * dispatchers check num_pages * page_size * num_kv_heads fits); callers
+ * widen a row to 64 bits before multiplying it by a row's bytes. */
+struct attn_vec_pages {
+    const int32_t *table; /* this sequence's block_table row (device memory or launch bytes) */
+    uint32_t shift, mask, num_pages, num_kv_heads, kvh, layout;
+
+    __device__ __forceinline__ uint32_t row(uint32_t s) const {
+        uint32_t page = (uint32_t)table[s >> shift];
+        page = page < num_pages ? page : num_pages - 1;
+        const uint32_t t = s & mask;
+        return PYFA_PAGE_ROW(layout, mask + 1, num_kv_heads, page, t, kvh);
+    }
+};
+
+__device__ __forceinline__ attn_vec_pages attn_vec_pages_of(const pyfa_cuda_args &a, uint32_t b, uint32_t kvh,
+                                                            uint32_t num_kv_heads) {
+    const pyfa_kv_pages &kp = pyfa_param<pyfa_kv_pages>(a, PYFA_VEC_ARG_PAGES);
+    attn_vec_pages pg;
+    pg.table = pyfa_values<int32_t>(a, PYFA_VEC_ARG_BLOCK_TABLE) + (size_t)b * kp.pages_per_seq;
+    pg.shift = (uint32_t)(__ffs((int)kp.page_size) - 1);
+    pg.mask = kp.page_size - 1;
+    pg.num_pages = kp.num_pages;
+    pg.num_kv_heads = num_kv_heads;
+    pg.kvh = kvh;
+    pg.layout = kp.layout;
+    return pg;
 }

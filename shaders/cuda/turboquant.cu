@@ -451,10 +451,11 @@ __device__ __forceinline__ void cp_async(void *smem_dst, const void *src, uint32
 }
 
 /* Copies the PW rows starting at position `first` (row bytes ROW, chunks of CH)
- * into dst; rows at or past `end` become zeros and are not read. */
+ * into dst; rows at or past `end` become zeros and are not read. With
+ * `paged` head is the pool's start and a position's row is pg.row(pos). */
 template <int ROW, int CH, int PW>
 __device__ __forceinline__ void copy_rows(char *dst, const uint8_t *head, uint32_t first, uint32_t end, uint32_t ring,
-                                          uint32_t cap, int lane) {
+                                          uint32_t cap, int lane, bool paged, const attn_vec_pages &pg) {
     constexpr int CPR = ROW / CH, N = PW * CPR;
 #pragma unroll
     for (int c0 = 0; c0 < N; c0 += 32) {
@@ -464,6 +465,7 @@ __device__ __forceinline__ void copy_rows(char *dst, const uint8_t *head, uint32
             uint32_t slot = pos + ring;
             slot = slot >= cap ? slot - cap : slot;
             const bool live = pos < end;
+            if (paged) slot = live ? pg.row(pos) : 0u;
             const uint8_t *src = head + (live ? (size_t)slot * ROW + (c % CPR) * CH : 0);
             cp_async<CH>(dst + c * CH, src, live ? (uint32_t)CH : 0u);
         }
@@ -526,7 +528,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void accumulate_values(float (&acc)[GT][E], c
 
 template <int KB, int VB, int D>
 __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                               const bool DIRECT, const bool LSE) {
+                                                               const bool DIRECT, const bool LSE, const bool PAGED) {
     using namespace tq_vec;
     using S = shape<KB, VB, D>;
     constexpr int LPR = S::LPR, PW = S::PW, STEP = S::STEP, KROW = S::KROW, VROW = S::VROW;
@@ -556,10 +558,12 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     const int rg = lane / LPR, sub = lane % LPR;
     const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
 
-    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg, PAGED);
     const uint32_t ring = span.ring, begin = span.begin, end = span.end;
+    attn_vec_pages pg = {}; /* PAGED: codes and scales are pool rows from the pools' starts */
+    if (PAGED) pg = attn_vec_pages_of(a, b, kvh, p.num_kv_heads);
 
-    const size_t head_rows = ((size_t)b * p.num_kv_heads + kvh) * cap;
+    const size_t head_rows = PAGED ? 0 : ((size_t)b * p.num_kv_heads + kvh) * cap;
     const uint8_t *khead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * KROW;
     const uint8_t *vhead = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * VROW;
     const float *kscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_K_SCALES) + head_rows;
@@ -576,14 +580,15 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const uint32_t first = base + u * NW * PW + warp * PW;
-            copy_rows<KROW, S::KCH, PW>(w + S::K_OFF + u * PW * KROW, khead, first, end, ring, cap, lane);
-            copy_rows<VROW, S::VCH, PW>(w + S::V_OFF + u * PW * VROW, vhead, first, end, ring, cap, lane);
+            copy_rows<KROW, S::KCH, PW>(w + S::K_OFF + u * PW * KROW, khead, first, end, ring, cap, lane, PAGED, pg);
+            copy_rows<VROW, S::VCH, PW>(w + S::V_OFF + u * PW * VROW, vhead, first, end, ring, cap, lane, PAGED, pg);
             if (lane < 2 * PW) { /* lanes 0..PW-1: K scales, PW..2PW-1: V scales */
                 const int r = lane % PW;
                 const uint32_t pos = first + r;
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
                 const bool live = pos < end;
+                if (PAGED) slot = live ? pg.row(pos) : 0u;
                 const float *src = (lane < PW ? kscales : vscales) + (live ? slot : 0);
                 cp_async<4>(w + S::S_OFF + (u * 2 * PW + lane) * 4, src, live ? 4u : 0u);
             }
@@ -704,13 +709,13 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 /* 4-bit K and V take the tensor-core decode (it copies scales with tq_vec::cp_async). */
 #include "turboquant_mma.cuh"
 
-template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE>
+template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE, int PAGED>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D),
                   "flash_attn_vec_tq: k/v bits / head_dim");
     if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA)) {
-        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0);
+        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);
     } else {
-        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0);
+        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);
     }
 }

@@ -64,7 +64,7 @@ __device__ __forceinline__ uint2 lookup(const uint2 *tab, uint32_t word, int byt
 
 template <int D>
 __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                           const bool DIRECT, const bool LSE) {
+                                                           const bool DIRECT, const bool LSE, const bool PAGED) {
     using S = tq_mma::shape<D>;
     constexpr int NW = tq_mma::NW, HEADS = tq_mma::HEADS, TP = tq_mma::TP, COPIES = tq_mma::COPIES;
     constexpr int STAGES = tq_mma::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
@@ -88,9 +88,11 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     char *s_ring = smem_tq + S::TABLE_BYTES + S::Q_BYTES + S::SCORE_BYTES + S::MS_BYTES;
     float *s_acc = reinterpret_cast<float *>(s_ring); /* [head][D], overlays the drained ring */
 
-    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg);
+    const attn_vec_span span = attn_vec_workgroup_span(a, b, cap, p.window, nwg, iwg, PAGED);
     const uint32_t ring = span.ring, begin = span.begin, end = span.end;
-    const size_t head_rows = ((size_t)b * p.num_kv_heads + kvh) * cap;
+    attn_vec_pages pg = {}; /* PAGED: codes and scales are pool rows from the pools' starts */
+    if (PAGED) pg = attn_vec_pages_of(a, b, kvh, p.num_kv_heads);
+    const size_t head_rows = PAGED ? 0 : ((size_t)b * p.num_kv_heads + kvh) * cap;
     const uint8_t *kcodes = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_K) + head_rows * S::ROW;
     const uint8_t *vcodes = pyfa_ptr<const uint8_t>(a, PYFA_VEC_ARG_V) + head_rows * S::ROW;
     const float *kscales = pyfa_ptr<const float>(a, PYFA_TQ_VEC_ARG_K_SCALES) + head_rows;
@@ -111,6 +113,7 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
                 const bool live = pos < end;
+                if (PAGED) slot = live ? pg.row(pos) : 0u;
                 const size_t off = (live ? (size_t)slot * S::ROW : 0) + ch * 16;
                 pyfa_cp_async16(dst + r * LDC + ch * 16, kcodes + off, live ? 16u : 0u);
                 pyfa_cp_async16(dst + S::V_OFF + r * LDC + ch * 16, vcodes + off, live ? 16u : 0u);
@@ -120,6 +123,7 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
                 const bool live = pos < end;
+                if (PAGED) slot = live ? pg.row(pos) : 0u;
                 const float *src = (i < TP ? kscales : vscales) + (live ? slot : 0);
                 tq_vec::cp_async<4>(dst + S::S_OFF + i * 4, src, live ? 4u : 0u);
             }

@@ -18,10 +18,13 @@ constant int fc_has_softcap [[function_constant(PYFA_VEC_FC_HAS_SOFTCAP)]];
 constant int fc_direct_out [[function_constant(PYFA_VEC_FC_DIRECT_OUT)]];
 constant int fc_out_dtype [[function_constant(PYFA_VEC_FC_OUT_DTYPE)]];
 constant int fc_has_lse [[function_constant(PYFA_VEC_FC_HAS_LSE)]];
+constant int fc_paged [[function_constant(PYFA_VEC_FC_PAGED)]];
 
 // tmp and lse are bound in every dispatch (the dispatcher binds out in their
 // place when nwg == 1 / no lse is wanted); only nwg > 1 writes tmp, only
-// fc_has_lse writes lse. out is of fc_out_dtype.
+// fc_has_lse writes lse. out is of fc_out_dtype. With fc_paged k and v are
+// paged pools addressed through pages and block_table (paged_kv_params.h)
+// and ring_start is not read; without it those two slots are not read.
 kernel void flash_attn_vec(
     constant pyfa_flash_attn_vec_params &p [[buffer(PYFA_VEC_ARG_PARAMS)]],
     device const uchar *q [[buffer(PYFA_VEC_ARG_Q)]],
@@ -32,6 +35,8 @@ kernel void flash_attn_vec(
     device float *tmp [[buffer(PYFA_VEC_ARG_TMP)]],
     device uchar *out [[buffer(PYFA_VEC_ARG_OUT)]],
     device float *lse [[buffer(PYFA_VEC_ARG_LSE)]],
+    constant pyfa_kv_pages &pages [[buffer(PYFA_VEC_ARG_PAGES)]],
+    device const int *block_table [[buffer(PYFA_VEC_ARG_BLOCK_TABLE)]],
     threadgroup float *shared [[threadgroup(0)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_simdgroup]])
@@ -65,13 +70,18 @@ kernel void flash_attn_vec(
     const uint G = p.num_heads / p.num_kv_heads;
     const uint GP = pyfa_metal_vec_heads_per_pass(D, G);
     const uint cap = p.kv_capacity, nwg = p.nwg;
-    const pyfa_vec_span span = pyfa_vec_workgroup_span(kv_len[b], ring_start[b], cap, p.window, nwg, iwg);
+    const pyfa_vec_span span = pyfa_vec_workgroup_span(kv_len[b], fc_paged ? 0u : ring_start[b], cap, p.window,
+                                                       nwg, iwg);
     const uint ring = span.ring, begin = span.begin, end = span.end;
+    pyfa_pages pg = {};
+    if (fc_paged) pg = pyfa_pages_of(pages, block_table, b, kvh, p.num_kv_heads);
 
     const uint kv_row_bytes = D * pyfa_dtype_size(fc_kv_dtype);
     const uint q_row_bytes = D * pyfa_dtype_size(fc_q_dtype);
-    device const uchar *k_head = k + ulong(b * p.num_kv_heads + kvh) * cap * kv_row_bytes;
-    device const uchar *v_head = v + ulong(b * p.num_kv_heads + kvh) * cap * kv_row_bytes;
+    // Paged: slots are pool rows from the pool's start.
+    const ulong head_rows = fc_paged ? 0 : ulong(b * p.num_kv_heads + kvh) * cap;
+    device const uchar *k_head = k + head_rows * kv_row_bytes;
+    device const uchar *v_head = v + head_rows * kv_row_bytes;
     threadgroup float *q_rows = shared;                 // [GP][D]
     threadgroup float *weights = shared + GP * D;       // [GP][PYFA_METAL_VEC_BLOCK]
     threadgroup const float4 *q_rows4 = (threadgroup const float4 *)q_rows;
@@ -103,7 +113,7 @@ kernel void flash_attn_vec(
             float score[PYFA_METAL_VEC_ACC4];
             for (uint g = 0; g < gn; g++) score[g] = PYFA_MASKED_SCORE;
             if (pos < end) {
-                const uint slot = pyfa_ring_slot(pos, ring, cap);
+                const uint slot = fc_paged ? pyfa_page_row(pg, pos) : pyfa_ring_slot(pos, ring, cap);
                 device const uchar *k_row = k_head + ulong(slot) * kv_row_bytes;
                 for (uint g = 0; g < gn; g++) score[g] = 0.0f;
                 for (uint c = 0; c < D4; c++) {
@@ -135,7 +145,7 @@ kernel void flash_attn_vec(
             const uint nb = min(uint(PYFA_METAL_VEC_BLOCK), end - block);
             for (uint j = 0; j < nb; j++) {
                 const uint pj = block + j;
-                const uint slot = pyfa_ring_slot(pj, ring, cap);
+                const uint slot = fc_paged ? pyfa_page_row(pg, pj) : pyfa_ring_slot(pj, ring, cap);
                 device const uchar *v_row = v_head + ulong(slot) * kv_row_bytes;
                 for (uint t = 0; t < NC; t++) {
                     const uint c = lane + t * PYFA_METAL_VEC_THREADS;

@@ -22,11 +22,13 @@ constant int fc_head_dim [[function_constant(PYFA_TQ_VEC_FC_HEAD_DIM)]];
 constant int fc_has_softcap [[function_constant(PYFA_TQ_VEC_FC_HAS_SOFTCAP)]];
 constant int fc_direct_out [[function_constant(PYFA_TQ_VEC_FC_DIRECT_OUT)]];
 constant int fc_has_lse [[function_constant(PYFA_TQ_VEC_FC_HAS_LSE)]];
+constant int fc_paged [[function_constant(PYFA_TQ_VEC_FC_PAGED)]];
 
 // q is the pre-rotated query inside tmp (its q_rot region); tmp is bound in
 // every dispatch and only nwg > 1 writes it (the partials' region). out (the
 // o_rot region of tmp) is f32 in the rotated domain; lse is bound in every
-// dispatch and written only with fc_has_lse.
+// dispatch and written only with fc_has_lse. With fc_paged codes and scales
+// are paged pools (paged_kv_params.h), as in flash_attn_vec.metal.
 kernel void flash_attn_vec_tq(
     constant pyfa_flash_attn_vec_tq_params &tp [[buffer(PYFA_VEC_ARG_PARAMS)]],
     device const float *q [[buffer(PYFA_VEC_ARG_Q)]],
@@ -41,6 +43,8 @@ kernel void flash_attn_vec_tq(
     device const float *v_scales [[buffer(PYFA_TQ_VEC_ARG_V_SCALES)]],
     constant float *k_codebook [[buffer(PYFA_TQ_VEC_ARG_K_CODEBOOK)]],
     constant float *v_codebook [[buffer(PYFA_TQ_VEC_ARG_V_CODEBOOK)]],
+    constant pyfa_kv_pages &pages [[buffer(PYFA_VEC_ARG_PAGES)]],
+    device const int *block_table [[buffer(PYFA_VEC_ARG_BLOCK_TABLE)]],
     threadgroup float *shared [[threadgroup(0)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_simdgroup]])
@@ -69,11 +73,15 @@ kernel void flash_attn_vec_tq(
     const uint NC = pyfa_metal_vec_cols_per_lane(D);
     const uint GP = pyfa_metal_vec_heads_per_pass(D, G);
     const uint cap = p.kv_capacity, nwg = p.nwg;
-    const pyfa_vec_span span = pyfa_vec_workgroup_span(kv_len[b], ring_start[b], cap, p.window, nwg, iwg);
+    const pyfa_vec_span span = pyfa_vec_workgroup_span(kv_len[b], fc_paged ? 0u : ring_start[b], cap, p.window,
+                                                       nwg, iwg);
     const uint ring = span.ring, begin = span.begin, end = span.end;
+    pyfa_pages pg = {};
+    if (fc_paged) pg = pyfa_pages_of(pages, block_table, b, kvh, p.num_kv_heads);
 
-    // Packed rows as 32-bit words (D * bits / 32 per row), scales per slot.
-    const ulong head_rows = ulong(b * p.num_kv_heads + kvh) * cap;
+    // Packed rows as 32-bit words (D * bits / 32 per row), scales per slot
+    // (paged: per pool row, from the pools' starts).
+    const ulong head_rows = fc_paged ? 0 : ulong(b * p.num_kv_heads + kvh) * cap;
     const uint k_row_words = D * k_bits / 32, v_row_words = D * v_bits / 32;
     device const uint *k_head = (device const uint *)k + head_rows * k_row_words;
     device const uint *v_head = (device const uint *)v + head_rows * v_row_words;
@@ -113,7 +121,7 @@ kernel void flash_attn_vec_tq(
             float score[PYFA_METAL_VEC_ACC4];
             for (uint g = 0; g < gn; g++) score[g] = PYFA_MASKED_SCORE;
             if (pos < end) {
-                const uint slot = pos + ring >= cap ? pos + ring - cap : pos + ring;
+                const uint slot = fc_paged ? pyfa_page_row(pg, pos) : (pos + ring >= cap ? pos + ring - cap : pos + ring);
                 device const uint *k_row = k_head + ulong(slot) * k_row_words;
                 for (uint g = 0; g < gn; g++) score[g] = 0.0f;
                 for (uint c = 0; c < D4; c++) {
@@ -146,7 +154,7 @@ kernel void flash_attn_vec_tq(
             const uint nb = min(uint(PYFA_METAL_VEC_BLOCK), end - block);
             for (uint j = 0; j < nb; j++) {
                 const uint pj = block + j;
-                const uint slot = pj + ring >= cap ? pj + ring - cap : pj + ring;
+                const uint slot = fc_paged ? pyfa_page_row(pg, pj) : (pj + ring >= cap ? pj + ring - cap : pj + ring);
                 device const uint *v_row = v_head + ulong(slot) * v_row_words;
                 const float f = v_scale[slot] * inv_sqrt_d;
                 for (uint t = 0; t < NC; t++) {

@@ -85,6 +85,37 @@ inline pyfa_vec_span pyfa_vec_workgroup_span(uint kv_len, uint ring, uint cap, u
     return span;
 }
 
+// Paged pools (paged_kv_params.h) for one (sequence, KV head) of a decode
+// workgroup with the PAGED constant: pyfa_page_row(pg, s) is the pool row
+// of position s (s < pages_per_seq * page_size: kv_len is clamped there),
+// a block_table entry outside 0..num_pages-1 read as page num_pages - 1.
+// page_size is a power of two (shift and mask); 32-bit rows are exact (the
+// dispatchers check num_pages * page_size * num_kv_heads fits).
+struct pyfa_pages {
+    device const int *table; // this sequence's block_table row
+    uint shift, mask, num_pages, num_kv_heads, kvh, layout;
+};
+
+inline pyfa_pages pyfa_pages_of(constant pyfa_kv_pages &kp, device const int *block_table, uint b, uint kvh,
+                                uint num_kv_heads) {
+    pyfa_pages pg;
+    pg.table = block_table + ulong(b) * kp.pages_per_seq;
+    pg.shift = 0; // log2(page_size), a power of two; a loop: the MSL executor has no ctz
+    while ((1u << pg.shift) < kp.page_size && pg.shift < 31) pg.shift++;
+    pg.mask = kp.page_size - 1;
+    pg.num_pages = kp.num_pages;
+    pg.num_kv_heads = num_kv_heads;
+    pg.kvh = kvh;
+    pg.layout = kp.layout;
+    return pg;
+}
+
+inline uint pyfa_page_row(thread const pyfa_pages &pg, uint s) {
+    uint page = uint(pg.table[s >> pg.shift]);
+    page = page < pg.num_pages ? page : pg.num_pages - 1;
+    return PYFA_PAGE_ROW(pg.layout, pg.mask + 1, pg.num_kv_heads, page, s & pg.mask, pg.kvh);
+}
+
 // -inf as a stored value (an LSE of a row with no visible key), and a test
 // for it by bit pattern: fast math may fold -INFINITY comparisons away.
 inline float pyfa_neg_inf() { return as_type<float>(0xff800000u); }

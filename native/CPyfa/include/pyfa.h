@@ -334,6 +334,81 @@ void pyfa_plan_free(pyfa_plan *plan);
 int pyfa_plan_workspace_bytes(pyfa_plan *plan, uint64_t *bytes);
 int pyfa_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_decode_run_args *args);
 int pyfa_tq_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_tq_decode_run_args *args);
+/* ---- paged decode: decode over paged KV pools (paged_kv_params.h) ----
+ * One dispatch (plus the reduce) decodes a batch of sequences of different
+ * lengths whose K and V rows live in shared pools of pages: k_pages /
+ * v_pages [num_pages, page_size, num_kv_heads, head_dim] (PYFA_PAGES_NHD) or
+ * [num_pages, num_kv_heads, page_size, head_dim] (PYFA_PAGES_HND); for
+ * TurboQuant codes [..., row_bytes] u8 and scales [...] f32 in the same
+ * layout. attn (tq.attn) holds the shapes and options as for decode;
+ * attn.kv_capacity is not read (a sequence holds pages_per_seq * page_size
+ * positions), nor is there a ring_start (paged sequences are not rings).
+ * Semantics otherwise decode's: window, softcap, GQA, out dtype, lse.
+ * The split (attn.nwg 0: the backend's) is sized for max_kv_len (0 =
+ * pages_per_seq * page_size) and split_batch (0 = batch): a batch whose
+ * lengths sum to S with the longest L should pass ceil(S / L), the work in
+ * units of its longest sequence, so a few long sequences among many short
+ * ones still split enough to keep the GPU busy.
+ * Run values: kv_len as pyfa_seq_values of `batch` int32 values; block_table
+ * as pyfa_seq_values of batch * pages_per_seq int32 values (row-major
+ * [batch, pages_per_seq]). Host values (and device memory the host can read:
+ * CPU, Metal) are checked: kv_len in 0...pages_per_seq * page_size (0 = an
+ * empty sequence: out zeros, lse -inf), every block_table entry in
+ * 0..<num_pages. Device values are clamped by the kernels as
+ * paged_kv_params.h says. */
+typedef struct pyfa_paged_decode_plan_desc {
+    pyfa_flash_attn_vec_params attn;
+    pyfa_kv_pages pages;
+    pyfa_dtype q_dtype;
+    pyfa_dtype kv_dtype;
+    pyfa_dtype out_dtype;
+    uint32_t max_kv_len;   /* 0 = pages_per_seq * page_size */
+    uint32_t split_batch;  /* 0 = batch */
+    uint32_t return_lse;   /* 1: runs write lse [batch, num_heads] f32 */
+} pyfa_paged_decode_plan_desc;
+
+typedef struct pyfa_paged_decode_run_args {
+    pyfa_tensor q;         /* [batch, num_heads, head_dim] of q_dtype */
+    pyfa_tensor k_pages;   /* the K pool (above), kv_dtype */
+    pyfa_tensor v_pages;
+    pyfa_tensor out;       /* [batch, num_heads, head_dim] of out_dtype */
+    pyfa_tensor lse;       /* [batch, num_heads] f32 when planned with return_lse */
+    pyfa_tensor workspace; /* optional */
+    pyfa_seq_values kv_len;      /* batch values */
+    pyfa_seq_values block_table; /* batch * pages_per_seq values */
+    uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
+    uint32_t reserved;
+} pyfa_paged_decode_run_args;
+
+typedef struct pyfa_paged_tq_decode_plan_desc {
+    pyfa_flash_attn_vec_tq_params tq;
+    pyfa_kv_pages pages;
+    pyfa_dtype q_dtype;
+    pyfa_dtype out_dtype;
+    uint32_t max_kv_len;   /* 0 = pages_per_seq * page_size */
+    uint32_t split_batch;  /* 0 = batch */
+    uint32_t return_lse;
+    uint32_t reserved;
+} pyfa_paged_tq_decode_plan_desc;
+
+typedef struct pyfa_paged_tq_decode_run_args {
+    pyfa_tensor q;
+    pyfa_tensor k_codes, k_scales, v_codes, v_scales; /* the pools (above) */
+    pyfa_tensor out;
+    pyfa_tensor lse;
+    pyfa_tensor workspace; /* optional */
+    pyfa_seq_values kv_len;
+    pyfa_seq_values block_table;
+    uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
+    uint32_t reserved;
+} pyfa_paged_tq_decode_run_args;
+
+int pyfa_paged_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_paged_decode_plan_desc *desc);
+int pyfa_paged_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_paged_decode_run_args *args);
+int pyfa_paged_tq_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_paged_tq_decode_plan_desc *desc);
+int pyfa_paged_tq_decode_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_paged_tq_decode_run_args *args);
+/* ---- end of paged decode ---- */
+
 /* pyfa_encoder_commit, then pyfa_encoder_wait unless the encoder runs on a
  * caller's stream: what a synchronous call does after a run, in one call. */
 int pyfa_encoder_finish(pyfa_encoder *encoder);

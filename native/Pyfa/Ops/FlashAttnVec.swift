@@ -15,13 +15,16 @@ public enum FlashAttnVec {
 
     /// Checks the shape fields and fills `nwg` from the backend's plan when 0.
     /// Returns the geometry and the tmp bytes the dispatch needs (0 if nwg == 1).
+    /// `splitBatch` (paged batches, Paged.splitBatch): the batch the split is sized for, when not params.batch.
     public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_params, kvDType: DType,
-                            maxKvLen: UInt32) throws -> (VecGeometry, Int) {
+                            maxKvLen: UInt32, splitBatch: UInt32? = nil) throws -> (VecGeometry, Int) {
         try validate(params)
         try require(floatTypes.contains(kvDType), "kv_dtype: \(kvDType) is not one of f32, f16, bf16")
         try require(maxKvLen <= params.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.kv_capacity))")
-        var geometry = device.backend.plan.flashAttnVec(params, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+        var sized = params
+        if let splitBatch { sized.batch = max(1, min(splitBatch, params.batch)) }
+        var geometry = device.backend.plan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
         if params.nwg == 0 {
             params.nwg = geometry.nwg
         } else {
@@ -80,39 +83,64 @@ public enum FlashAttnVec {
         return (maxLen, kvLen.argument, ringStart.argument)
     }
 
+    /// With `paged` k and v are the pools [num_pages, page_size, Hkv, D] (NHD)
+    /// or [num_pages, Hkv, page_size, D] (HND), params.kv_capacity is taken
+    /// from the pages (pages_per_seq * page_size), and ringStart must be nil
+    /// (paged sequences are not rings; paged_kv_params.h).
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
                               q: Buffer?, k: Buffer?, v: Buffer?, kvLen: SequenceValues?,
-                              ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?) throws {
-        var p = paramsIn
+                              ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?,
+                              paged: PagedKV? = nil) throws {
+        var p = paged == nil ? paramsIn : try Paged.params(paramsIn, paged!.pages)
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
         let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D)  // bounded by validate
-        let cacheElements = B * Hkv * Int(p.kv_capacity) * D  // bounded by validate
-        let k = try Check.buffer(k, "k_cache", dtypes: floatTypes, elements: cacheElements)
-        let v = try Check.buffer(v, "v_cache", dtypes: [k.dtype], elements: cacheElements)
+        let poolRows = try paged.map { try Paged.validate($0.pages, numKvHeads: p.num_kv_heads).rows }
+        let cacheElements = try poolRows.map { try checkedProduct([$0, D, 4], what: "k_pages") / 4 }
+            ?? B * Hkv * Int(p.kv_capacity) * D  // bounded by validate
+        let (kName, vName) = paged == nil ? ("k_cache", "v_cache") : ("k_pages", "v_pages")
+        let k = try Check.buffer(k, kName, dtypes: floatTypes, elements: cacheElements)
+        let v = try Check.buffer(v, vName, dtypes: [k.dtype], elements: cacheElements)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
-        let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
         let out = try Check.buffer(out, "out", dtypes: floatTypes, elements: B * H * D)
         if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
-        let (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringStart, p)
-        let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen)
+        let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg
+        var splitBatch: UInt32? = nil, tableArg: KernelArg? = nil
+        let ringValues: SequenceValues
+        var table: SequenceValues? = nil
+        if let paged {
+            try require(ringStart == nil, "ring_start: paged sequences are not rings (pass none)")
+            table = try SequenceValues.check(paged.blockTable, "block_table", count: Paged.tableCount(batch: p.batch, paged.pages))
+            (maxLen, splitBatch, kvLenArg, tableArg) = try Paged.checkLengths(kvLen, paged, batch: p.batch,
+                                                                              capacity: p.kv_capacity)
+            ringValues = kvLen
+            ringStartArg = .buffer(out)  // slot bound (Metal binds every declared slot), never read with PAGED
+        } else {
+            ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
+            (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringValues, p)
+        }
+        let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen,
+                                           splitBatch: splitBatch)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
         }
-        try Check.sameDevice([q, k, v, kvLen.buffer, ringStart.buffer, tmpBuffer, out, lse], encoder.device)
-        let inputs: [(String, Buffer?)] = [("q", q), ("k_cache", k), ("v_cache", v), ("kv_len", kvLen.buffer),
-                                           ("ring_start", ringStart.buffer)]
+        try Check.sameDevice([q, k, v, kvLen.buffer, ringValues.buffer, table?.buffer, tmpBuffer, out, lse],
+                             encoder.device)
+        let inputs: [(String, Buffer?)] = [("q", q), (kName, k), (vName, v), ("kv_len", kvLen.buffer),
+                                           ("ring_start", ringValues.buffer), ("block_table", table?.buffer)]
         try Check.noOverlap(out, "out", inputs: inputs + [("tmp", tmpBuffer)])
         try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
         try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", tmpBuffer), ("out", out)])
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,
-                                         lse: lse != nil)
+                                         lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: .buffer(out))
         let args: [(slot: Int, arg: KernelArg)] = [
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            pagedArgs.pages,
             (Int(PYFA_VEC_ARG_Q), .buffer(q)),
             (Int(PYFA_VEC_ARG_K), .buffer(k)),
             (Int(PYFA_VEC_ARG_V), .buffer(v)),
@@ -124,6 +152,7 @@ public enum FlashAttnVec {
             // requires it); the constants keep it unwritten there.
             (Int(PYFA_VEC_ARG_TMP), .buffer(tmpBuffer ?? out)),
             (Int(PYFA_VEC_ARG_LSE), .buffer(lse ?? out)),
+            pagedArgs.table,
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),
@@ -140,7 +169,7 @@ public enum FlashAttnVec {
     /// writes partials and its reduce writes out and lse, so its constants
     /// are f32 and no lse whatever the caller asked (one specialisation).
     public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,
-                                    variant: Int32, out: DType, lse: Bool) throws -> FunctionConstants {
+                                    variant: Int32, out: DType, lse: Bool, paged: Bool = false) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
             PYFA_VEC_FC_Q_DTYPE: q.rawValue,
             PYFA_VEC_FC_KV_DTYPE: kv.rawValue,
@@ -150,6 +179,7 @@ public enum FlashAttnVec {
             PYFA_VEC_FC_VARIANT: variant,
             PYFA_VEC_FC_OUT_DTYPE: direct ? out.rawValue : DType.f32.rawValue,
             PYFA_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
+            PYFA_VEC_FC_PAGED: paged ? 1 : 0,
         ])
     }
 

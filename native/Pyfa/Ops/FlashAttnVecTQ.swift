@@ -26,12 +26,15 @@ public enum FlashAttnVecTQ {
     }
 
     /// Fills nwg from the plan when 0; returns the geometry and tmp's layout.
+    /// `splitBatch`: as FlashAttnVec.plan's (paged batches).
     public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_tq_params,
-                            maxKvLen: UInt32) throws -> (VecGeometry, TmpLayout) {
+                            maxKvLen: UInt32, splitBatch: UInt32? = nil) throws -> (VecGeometry, TmpLayout) {
         try validate(params)
         try require(maxKvLen <= params.attn.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.attn.kv_capacity))")
-        var geometry = device.backend.plan.flashAttnVecTQ(params, maxKvLen: max(1, maxKvLen))
+        var sized = params
+        if let splitBatch { sized.attn.batch = max(1, min(splitBatch, params.attn.batch)) }
+        var geometry = device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen))
         if params.attn.nwg == 0 {
             params.attn.nwg = geometry.nwg
         } else {
@@ -49,26 +52,47 @@ public enum FlashAttnVecTQ {
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
                               q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
                               kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?,
-                              lse: Buffer?) throws {
+                              lse: Buffer?, paged: PagedKV? = nil) throws {
+        // With `paged`: codes [num_pages * page_size * Hkv, row_bytes] and scales
+        // [num_pages * page_size * Hkv] are pools in the pages' layout, as FlashAttnVec.encode's.
         var p = paramsIn
+        if let paged { p.attn = try Paged.params(p.attn, paged.pages) }
         try validate(p)
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
         let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D)  // bounded by validate
-        let (kc, ks) = try TurboQuant.checkCache(kCodes, kScales, "k_", sequences: B, heads: a.num_kv_heads,
-                                                 capacity: a.kv_capacity, headDim: a.head_dim, bits: p.k_bits)
-        let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: B, heads: a.num_kv_heads,
-                                                 capacity: a.kv_capacity, headDim: a.head_dim, bits: p.v_bits)
+        // A pool is checked as one sequence of one head holding every pool row.
+        let poolRows = try paged.map { UInt32(try Paged.validate($0.pages, numKvHeads: a.num_kv_heads).rows) }
+        let (seqs, heads, rows) = poolRows.map { (1, UInt32(1), $0) } ?? (B, a.num_kv_heads, a.kv_capacity)
+        let (kc, ks) = try TurboQuant.checkCache(kCodes, kScales, "k_", sequences: seqs, heads: heads,
+                                                 capacity: rows, headDim: a.head_dim, bits: p.k_bits)
+        let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: seqs, heads: heads,
+                                                 capacity: rows, headDim: a.head_dim, bits: p.v_bits)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
-        let ringStart = try SequenceValues.check(ringStart, "ring_start", count: B)
         let out = try Check.buffer(out, "out", dtypes: TurboQuant.floatTypes, elements: B * H * D)
         if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
-        let (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringStart, a)
-        let (geometry, layout) = try plan(encoder.device, &p, maxKvLen: maxLen)
+        let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg?
+        var splitBatch: UInt32? = nil, tableArg: KernelArg? = nil
+        let ringValues: SequenceValues
+        var table: SequenceValues? = nil
+        if let paged {
+            try require(ringStart == nil, "ring_start: paged sequences are not rings (pass none)")
+            table = try SequenceValues.check(paged.blockTable, "block_table", count: Paged.tableCount(batch: a.batch, paged.pages))
+            (maxLen, splitBatch, kvLenArg, tableArg) = try Paged.checkLengths(kvLen, paged, batch: a.batch,
+                                                                              capacity: a.kv_capacity)
+            ringValues = kvLen
+            ringStartArg = nil  // o_rot stands in below (every declared slot is bound), never read with PAGED
+        } else {
+            ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
+            (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringValues, a)
+        }
+        let (geometry, layout) = try plan(encoder.device, &p, maxKvLen: maxLen, splitBatch: splitBatch)
         let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: layout.total / 4)
-        try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringStart.buffer, t, out, lse], encoder.device)
+        try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringValues.buffer, table?.buffer, t, out, lse],
+                             encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
-                                           ("v_scales", vs), ("kv_len", kvLen.buffer), ("ring_start", ringStart.buffer)]
+                                           ("v_scales", vs), ("kv_len", kvLen.buffer), ("ring_start", ringValues.buffer),
+                                           ("block_table", table?.buffer)]
         try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
         try Check.noOverlap(t, "tmp", inputs: inputs)
         try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", t), ("out", out)])
@@ -85,26 +109,32 @@ public enum FlashAttnVecTQ {
 
         let direct = p.attn.nwg == 1
         let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
-                                         direct: direct, lse: lse != nil)
+                                         direct: direct, lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: oRot)
         let args: [(slot: Int, arg: KernelArg)] = [
+            // Structs the kernels read in place first (params, pages, codebooks):
+            // CUDA carries inline bytes in list order while they fit the launch,
+            // and per-sequence values of a large batch are uploaded instead.
             (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            pagedArgs.pages,
+            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
+            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
             (Int(PYFA_VEC_ARG_Q), qRot),
             (Int(PYFA_VEC_ARG_K), .buffer(kc)),
             (Int(PYFA_VEC_ARG_V), .buffer(vc)),
             (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
-            (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
+            (Int(PYFA_VEC_ARG_RING_START), ringStartArg ?? oRot),
             (Int(PYFA_VEC_ARG_OUT), oRot),
             (Int(PYFA_VEC_ARG_LSE), lse.map { .buffer($0) } ?? oRot),
             (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
             (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
-            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
-            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
             // Bound in every dispatch (it holds q_rot), so every slot a kernel
             // declares is bound (Metal requires it); only nwg > 1 writes the
             // partials' region. An absent lse has o_rot stand in, unwritten
             // there (PYFA_TQ_VEC_FC_HAS_LSE = 0).
             (Int(PYFA_VEC_ARG_TMP), .buffer(t)),
+            pagedArgs.table,
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.attn.nwg, a.num_kv_heads, a.batch),
@@ -130,7 +160,7 @@ public enum FlashAttnVecTQ {
     /// lse concerns the direct path only (as in FlashAttnVec.vecConstants); the
     /// direct output is always the f32 rotated row the undo reads.
     static func vecConstants(kBits: UInt32, vBits: UInt32, headDim: UInt32, softcap: Bool,
-                             direct: Bool, lse: Bool) throws -> FunctionConstants {
+                             direct: Bool, lse: Bool, paged: Bool = false) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_TQ_VEC_FC_COUNT, [
             PYFA_TQ_VEC_FC_K_BITS: Int32(kBits),
             PYFA_TQ_VEC_FC_V_BITS: Int32(vBits),
@@ -138,6 +168,7 @@ public enum FlashAttnVecTQ {
             PYFA_TQ_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
             PYFA_TQ_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
             PYFA_TQ_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
+            PYFA_TQ_VEC_FC_PAGED: paged ? 1 : 0,
         ])
     }
 

@@ -70,9 +70,11 @@ public enum KernelSpecialisations {
                             for variant in variants {
                                 for out in FlashAttnVec.floatTypes {
                                     for lse in flags {
-                                        vec.append(try FlashAttnVec.vecConstants(
-                                            q: q, kv: kv, headDim: d, softcap: softcap, direct: direct,
-                                            variant: variant, out: out, lse: lse))
+                                        for paged in flags {  // paged decode (PagedKV.swift)
+                                            vec.append(try FlashAttnVec.vecConstants(
+                                                q: q, kv: kv, headDim: d, softcap: softcap, direct: direct,
+                                                variant: variant, out: out, lse: lse, paged: paged))
+                                        }
                                     }
                                 }
                             }
@@ -140,8 +142,11 @@ public enum KernelSpecialisations {
                     for softcap in flags {
                         for direct in flags {
                             for lse in flags {
-                                vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
-                                                                           softcap: softcap, direct: direct, lse: lse))
+                                for paged in flags {  // paged decode (PagedKV.swift)
+                                    vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
+                                                                               softcap: softcap, direct: direct,
+                                                                               lse: lse, paged: paged))
+                                }
                             }
                         }
                     }

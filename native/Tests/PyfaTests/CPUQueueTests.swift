@@ -126,7 +126,7 @@ final class CPUQueueTests: XCTestCase {
             let constants = try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
                 PYFA_VEC_FC_Q_DTYPE: DType.f32.rawValue, PYFA_VEC_FC_KV_DTYPE: kvDType, PYFA_VEC_FC_HEAD_DIM: headDim,
                 PYFA_VEC_FC_HAS_SOFTCAP: 0, PYFA_VEC_FC_DIRECT_OUT: 1, PYFA_VEC_FC_VARIANT: PYFA_VEC_VARIANT_PORTABLE,
-                PYFA_VEC_FC_OUT_DTYPE: DType.f32.rawValue, PYFA_VEC_FC_HAS_LSE: 0,
+                PYFA_VEC_FC_OUT_DTYPE: DType.f32.rawValue, PYFA_VEC_FC_HAS_LSE: 0, PYFA_VEC_FC_PAGED: 0,
             ])
             let pipeline = try device.registry.pipeline("flash_attn_vec", constants: constants)
             let encoder = try device.makeEncoder()
