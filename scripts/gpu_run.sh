@@ -123,6 +123,19 @@ if has gates; then
     fi
     tail -3 "$out/gates.txt"
 fi
+if has paged; then
+    echo "== paged KV: tests (paged ops + the dense decode and prefill they share kernels with), benchmarks"
+    timeout ${PYFA_PAGED_TEST_TIMEOUT:-300} python3 -m pytest -q -rs -n ${PYFA_TEST_WORKERS:-12} ${PYFA_PAGED_TESTS:-tests/test_paged_decode.py \
+        tests/test_paged_append.py tests/test_paged_cache.py tests/test_decode.py tests/test_turboquant.py} \
+        > "$out/paged_tests.txt" 2>&1 || status=1
+    tail -6 "$out/paged_tests.txt"
+    timeout ${PYFA_PAGED_BENCH_TIMEOUT:-240} python3 scripts/gpu_paged_bench.py --json "$out/paged.json" \
+        > "$out/paged_bench.txt" 2>&1 || { echo "gpu_paged_bench: exit $?" >> "$out/paged_bench.txt"; status=1; }
+    timeout ${PYFA_PAGED_BENCH_TIMEOUT:-240} python3 -m pytest -q -rs -p no:cacheprovider benchmarks/test_paged_append_bench.py \
+        -k cuda --benchmark-enable --benchmark-columns=median --benchmark-json="$out/paged_append.json" \
+        >> "$out/paged_bench.txt" 2>&1 || status=1
+    cat "$out/paged_bench.txt" | tail -60
+fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"
     for knobs in "PYFA_CUDA_VEC_MMA=0" "PYFA_CUDA_VEC_MMA=1" ${PYFA_GPU_VARIANT_KNOBS:-}; do
