@@ -18,3 +18,4 @@ _Static_assert(sizeof(pyfa_flash_attn_vec_tq_params) == 64, "pyfa_flash_attn_vec
 _Static_assert(offsetof(pyfa_flash_attn_vec_tq_params, k_bits) == 40, "pyfa_flash_attn_vec_tq_params.k_bits");
 _Static_assert(sizeof(pyfa_tq_reduce_undo_params) == 32, "pyfa_tq_reduce_undo_params layout");
 _Static_assert(sizeof(pyfa_kv_pages) == 16, "pyfa_kv_pages layout");
+_Static_assert(sizeof(pyfa_prefill_packed) == 16, "pyfa_prefill_packed layout");
