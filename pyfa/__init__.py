@@ -25,3 +25,7 @@ __all__ = [
 from .prefill import attention, merge_attention_states  # noqa: E402
 
 __all__ += ["attention", "merge_attention_states"]
+
+from .varlen import paged_attention, varlen_attention  # noqa: E402
+
+__all__ += ["varlen_attention", "paged_attention"]
