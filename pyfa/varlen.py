@@ -155,7 +155,9 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
     lens, lens_host = _metadata(device, kv_len, "kv_len", (batch,), like)
     max_q = _longest(max_seqlen_q, "max_seqlen_q", cu_q_host, "cu_seqlens_q")
     # The longest kv_len: from the host values, else the most a sequence's pages hold.
-    max_k = max(1, int(lens_host.max())) if lens_host is not None and lens_host.size else pages_per_seq * page_size
+    # (capped there, so a kv_len beyond its pages is refused by name, per sequence).
+    cap = pages_per_seq * page_size
+    max_k = min(max(1, int(lens_host.max())), cap) if lens_host is not None and lens_host.size else cap
     fields = _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale)
     fields.update(k_strides=[0, 0, D], v_strides=[0, 0, D])  # not read: pool rows are contiguous
     packed = ffi.new("pyfa_prefill_packed *", {"total_q": total_q})

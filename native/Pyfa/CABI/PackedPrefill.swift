@@ -29,12 +29,11 @@ public func pyfa_flash_attn_prefill_paged_impl(_ encoder: OpaquePointer?,
                                                _ lse: OpaquePointer?) -> Int32 {
     abiCall {
         let e: CommandEncoder = try object(encoder, "encoder")
-        guard let blockTable else { throw PyfaError.invalid("block_table: buffer is NULL") }
         try FlashAttnPrefillPacked.encode(
             e, try value(params, "params"), mode: PYFA_PREFILL_KV_PAGED, packed: try value(packed, "packed"),
             pages: try value(pages, "pages"), q: optionalObject(q, "q"), k: optionalObject(kPages, "k_pages"),
             v: optionalObject(vPages, "v_pages"), cuSeqlensQ: optionalObject(cuSeqlensQ, "cu_seqlens_q"),
-            seqK: optionalObject(kvLen, "kv_len"), blockTable: try object(blockTable, "block_table"),
+            seqK: optionalObject(kvLen, "kv_len"), blockTable: optionalObject(blockTable, "block_table"),
             out: optionalObject(out, "out"), lse: optionalObject(lse, "lse"))
     }
 }

@@ -124,6 +124,7 @@ public enum FlashAttnPrefillPacked {
         let seqK = try Check.buffer(seqK, seqKName, dtypes: metaTypes, elements: paged ? B : B + 1)
         var table: Buffer? = nil
         if paged {
+            guard blockTable != nil else { throw PyfaError.invalid("block_table: buffer is NULL (paged mode reads one)") }
             table = try Check.buffer(blockTable, "block_table", dtypes: metaTypes,
                                      elements: checkedProduct([B, Int(pages.pages_per_seq)], what: "block_table"))
         } else {
