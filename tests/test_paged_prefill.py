@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pyfa
+from pyfa import reference
 from pyfa._native import ffi, lib
 from test_varlen import BF16, assert_same_run, check_close, check_lse, cu, reference_varlen
 
@@ -208,3 +209,58 @@ def test_cuda_device_metadata(rng):
     t = [torch.from_numpy(x).cuda() for x in (q, kp, vp, table, cq, lens)]
     got = pyfa.paged_attention(*t, max_seqlen_q=max(Q_LENS), device="cuda")
     assert np.array_equal(got.cpu().numpy(), want)
+
+
+def test_device_values_clamped(device, rng):
+    """Paged metadata changed after recording (read when the dispatch runs, as GPU arrays are): kv_len
+    below 0 is 0 and above pages_per_seq * page_size is that; a block_table entry outside the pool reads
+    the last page (paged_kv_params.h)."""
+    if device.backend == "cuda":
+        pytest.skip("CUDA uploads shared metadata at commit; test_cuda_device_values_clamped covers CUDA")
+    from test_varlen import shared
+    H, Hkv, D, ps = 2, 1, 64, 16
+    q, k, v, kp, vp, table = make_paged(rng, [3, 5], [20, 5], H, Hkv, D, np.float32, ps, "nhd")
+    pps, last = table.shape[1], kp.shape[0] - 1
+    bq, bk, bv, bt = shared(device, q), shared(device, kp), shared(device, vp), shared(device, table)
+    cq, lens = shared(device, cu([3, 5])), shared(device, np.array([20, 5], np.int32))
+    out = shared(device, np.full(q.shape, 7.0, np.float32))
+    params = ffi.new("pyfa_flash_attn_prefill_params *")
+    params.batch, params.num_heads, params.num_kv_heads, params.head_dim = 2, H, Hkv, D
+    params.q_len, params.kv_len, params.scale, params.causal = 5, 20, 0.125, 1
+    params.q_strides = params.out_strides = [0, D, H * D]
+    packed = ffi.new("pyfa_prefill_packed *", {"total_q": 8})
+    pages = ffi.new("pyfa_kv_pages *", {"page_size": ps, "num_pages": kp.shape[0], "pages_per_seq": pps, "layout": 0})
+    enc = device.encoder()
+    assert lib.pyfa_flash_attn_prefill_paged(enc, params, packed, pages, bq.handle, bk.handle, bv.handle, cq.handle,
+                                             lens.handle, bt.handle, out.handle, ffi.NULL) == 0, \
+        ffi.string(lib.pyfa_last_error())
+    lens.numpy()[:] = [-5, 10**6]
+    bt.numpy()[1, 1] = 10**6  # sequence 1 now holds pps * ps positions: its page 1 reads the last pool page
+    bt.numpy()[1, 2:] = -3
+    assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0, ffi.string(lib.pyfa_last_error())
+    o = out.numpy()
+    assert (o[:3] == 0).all()  # kv_len -5 -> 0 keys
+    pages_1 = [table[1, 0]] + [last] * (pps - 1)
+    keys = np.concatenate([kp[p] for p in pages_1])[None]  # [1, pps * ps, Hkv, D]
+    vals = np.concatenate([vp[p] for p in pages_1])[None]
+    ref = reference.attention(q[None, 3:8], keys, vals, causal=True, layout="bshd")
+    check_close(o[3:8], ref[0], np.float32)
+
+
+def test_cuda_device_values_clamped(rng):
+    """test_device_values_clamped's values as torch CUDA int32 arrays (not checked on the host): clamped."""
+    from test_varlen import _cuda_torch
+    torch = _cuda_torch()
+    H, Hkv, D, ps = 2, 1, 64, 16
+    q, k, v, kp, vp, table = make_paged(rng, [3, 5], [20, 5], H, Hkv, D, np.float16, ps, "nhd")
+    pps, last = table.shape[1], kp.shape[0] - 1
+    bad = table.copy()
+    bad[1, 1], bad[1, 2:] = 10**6, -3
+    t = [torch.from_numpy(x).cuda() for x in (q, kp, vp, bad, cu([3, 5]), np.array([-5, 10**6], np.int32))]
+    out = torch.full(q.shape, 7.0, dtype=torch.float16, device="cuda")
+    o = pyfa.paged_attention(*t, max_seqlen_q=5, out=out, device="cuda").cpu().numpy()
+    assert (o[:3] == 0).all()
+    pages_1 = [table[1, 0]] + [last] * (pps - 1)
+    keys = np.concatenate([kp[p] for p in pages_1])[None]
+    vals = np.concatenate([vp[p] for p in pages_1])[None]
+    check_close(o[3:8], reference.attention(q[None, 3:8], keys, vals, causal=True, layout="bshd")[0], np.float16)

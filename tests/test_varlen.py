@@ -282,3 +282,63 @@ def test_cuda_device_metadata(rng):
         pyfa.varlen_attention(*t, causal=True, device="cuda")
     got = pyfa.varlen_attention(*t, max_seqlen_q=max(Q_LENS), max_seqlen_k=max(K_LENS), causal=True, device="cuda")
     assert np.array_equal(got.cpu().numpy(), want)
+
+
+def shared(dev, a):
+    """A shared buffer holding `a` (the test writes it again after recording)."""
+    b = dev.buffer(a.shape, a.dtype)
+    b.numpy()[...] = a
+    return b
+
+
+def test_device_values_clamped(device, rng):
+    """Metadata the kernels read when the dispatch runs (as a GPU array updated between CUDA graph replays):
+    values changed after recording are clamped as flash_attn_prefill_params.h says, and no row outside a
+    sequence's clamped range, or past max_seqlen_q, is written."""
+    if device.backend == "cuda":
+        pytest.skip("CUDA uploads shared metadata at commit; test_cuda_device_values_clamped covers CUDA")
+    H, Hkv, D = 2, 1, 64
+    q, k, v = make(rng, [4, 6], [5, 6], H, Hkv, D, np.float32)  # total_q 10, total_k 11
+    bq, bk, bv = shared(device, q), shared(device, k), shared(device, v)
+    cq, ck = shared(device, cu([4, 6])), shared(device, cu([5, 6]))
+    out = shared(device, np.full(q.shape, 7.0, np.float32))
+    lse = shared(device, np.full((H, 10), 7.0, np.float32))
+    params = ffi.new("pyfa_flash_attn_prefill_params *")
+    _fill_attn(params, 2, H, Hkv, D, 6, 6)
+    packed = ffi.new("pyfa_prefill_packed *", {"total_q": 10, "total_k": 11})
+    enc = device.encoder()
+    assert lib.pyfa_flash_attn_prefill_varlen(enc, params, packed, bq.handle, bk.handle, bv.handle, cq.handle,
+                                              ck.handle, out.handle, lse.handle) == 0, ffi.string(lib.pyfa_last_error())
+    # Sequence 0: q rows [0, 8) (-7 clamps to 0), k rows [3, 3): 8 rows over no key, of which the first
+    # max_seqlen_q = 6 are written (zeros, lse -inf). Sequence 1: q rows [8, 10) (1000 clamps to 10),
+    # k rows [2, 11) (99 clamps to 11): 2 rows at positions 7, 8 over 9 keys.
+    cq.numpy()[:] = [-7, 8, 1000]
+    ck.numpy()[:] = [3, 2, 99]
+    assert lib.pyfa_encoder_commit(enc) == 0 and lib.pyfa_encoder_wait(enc) == 0, ffi.string(lib.pyfa_last_error())
+    o, l = out.numpy(), lse.numpy()
+    assert (o[:6] == 0).all() and np.isneginf(l[:, :6]).all()
+    assert (o[6:8] == 7.0).all() and (l[:, 6:8] == 7.0).all()
+    ref, ref_lse = reference.attention(q[None, 8:10], k[None, 2:11], v[None, 2:11], causal=True, layout="bshd",
+                                       return_lse=True)
+    check_close(o[8:10], ref[0], np.float32)
+    check_lse(l[:, 8:10], ref_lse[0])
+
+
+def test_cuda_device_values_clamped(rng):
+    """test_device_values_clamped's values as torch CUDA int32 arrays (not checked on the host): clamped."""
+    torch = _cuda_torch()
+    H, Hkv, D = 2, 1, 64
+    q, k, v = make(rng, [4, 6], [5, 6], H, Hkv, D, np.float16)
+    t = [torch.from_numpy(x).cuda() for x in (q, k, v)]
+    cq = torch.tensor([-7, 8, 1000], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([3, 2, 99], dtype=torch.int32, device="cuda")
+    out = torch.full(q.shape, 7.0, dtype=torch.float16, device="cuda")
+    o, l = pyfa.varlen_attention(*t, cq, ck, max_seqlen_q=6, max_seqlen_k=6, causal=True, out=out, return_lse=True,
+                                 device="cuda")
+    o, l = o.cpu().numpy(), l.cpu().numpy()
+    assert (o[:6] == 0).all() and np.isneginf(l[:, :6]).all()
+    assert (o[6:8] == 7.0).all()
+    ref, ref_lse = reference.attention(q[None, 8:10], k[None, 2:11], v[None, 2:11], causal=True, layout="bshd",
+                                       return_lse=True)
+    check_close(o[8:10], ref[0], np.float16)
+    check_lse(l[:, 8:10], ref_lse[0])
