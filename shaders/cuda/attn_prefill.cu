@@ -29,12 +29,13 @@
  * result with blk is bit-identical to the result without.
  *
  * Packed modes (KV_MODE, flash_attn_prefill_params.h "Packed sequences"):
- * block_info resolves the block's sequence (rows, keys, position of row 0,
- * first packed rows, block_table row) from the clamped metadata; varlen K/V
- * rows are the packed rows, paged K/V rows are addressed per row in the
- * cp.async loop (load_tile_paged). Every addition is under
- * `if constexpr (KV_MODE ...)`, so the rectangular specialisations compile as
- * before.
+ * block_info<VARLEN | PAGED> resolves the block's sequence (rows, keys,
+ * position of row 0, first packed rows, block_table row) from the clamped
+ * metadata; varlen K/V rows are the packed rows, paged K/V rows are
+ * addressed per row in the cp.async loop (load_tile_paged). Rectangular mode
+ * keeps its block_info and every kernel expression (the packed ones are under
+ * `if constexpr`): its specialisations compile to the same PTX as before the
+ * packed modes existed (checked by diffing NVRTC's PTX).
  *
  * Assumption: row strides of q, k, v and out are multiples of 16 bytes
  * (every layout pyfa builds; cp.async copies 16-byte chunks).
@@ -75,19 +76,26 @@ struct tile_rules {
 /* The score of (query row at absolute position pos, key) in the log2 domain:
  * scale (or softcap), mask, and the -inf rules. mrow is the query row's mask
  * row (nullptr: no read). */
-template <int DT>
+template <int DT, int KV_MODE>
 __device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_prefill_params &p, const flags &f,
                                               const tile_rules &tr, float scale_log2, const char *mrow, int64_t key,
-                                              int64_t pos, int64_t kv_len) {
+                                              int64_t pos, uint32_t seq_kv_len) {
+    /* The sequence's keys: params' in rectangular mode (read where the test is), else the block's sequence's. */
+    auto kv_len = [&]() -> int64_t {
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT)
+            return (int64_t)p.kv_len;
+        else
+            return (int64_t)seq_kv_len;
+    };
     float x = f.has_softcap ? p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E : dot * scale_log2;
-    if (tr.read_mask && mrow != nullptr && key < kv_len) {
+    if (tr.read_mask && mrow != nullptr && key < kv_len()) {
         if (f.bool_mask) {
             if (reinterpret_cast<const uint8_t *>(mrow)[key] == 0) x = -INFINITY;
         } else {
             x += pyfa_load_f32<DT>(mrow, (uint32_t)key) * PYFA_LOG2E;
         }
     }
-    if (tr.kv_edge && key >= kv_len) x = -INFINITY;
+    if (tr.kv_edge && key >= kv_len()) x = -INFINITY;
     if (tr.causal_edge && key > pos) x = -INFINITY;
     if (tr.window_edge && pos - key >= (int64_t)p.window) x = -INFINITY;
     return x;
@@ -96,14 +104,106 @@ __device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_p
 __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 /* The geometry of one block: its query tile, the key tiles it visits, its
- * mask and blk rows; in the packed modes its sequence's rows and keys. */
+ * mask and blk rows. This primary template serves the packed modes (no mask,
+ * no blk; the sequence's rows and keys from the clamped metadata of
+ * flash_attn_prefill_params.h); rectangular mode has its own below. */
 template <int KV_MODE>
 struct block_info {
+    static_assert(KV_MODE == PYFA_PREFILL_KV_VARLEN || KV_MODE == PYFA_PREFILL_KV_PAGED, "block_info: packed modes");
     uint32_t qtile, h, b, kvh, i0, nq;
     uint32_t q_len, kv_len;   /* the sequence's query rows (<= params.q_len) and keys */
     int64_t p_lo, p_hi;
-    int64_t q_row0, k_row0;   /* packed modes: packed q row of row 0; varlen: k row of key 0 */
+    int64_t q_row0, k_row0;   /* packed q row of the sequence's row 0; varlen: k row of its key 0 */
     const int32_t *bt;        /* paged: the sequence's block_table row */
+    uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
+    const char *mbase;        /* nullptr: no mask in the packed modes */
+    const uint8_t *blk_row;   /* nullptr */
+
+    __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t) {
+        /* Highest query tiles first: under causal masking they carry the most keys. */
+        qtile = p.num_q_blocks - 1 - blockIdx.x;
+        h = blockIdx.y;
+        b = blockIdx.z;
+        kvh = h / (p.num_heads / p.num_kv_heads);
+        i0 = qtile * BQ;
+        const pyfa_prefill_packed &pk = pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED);
+        const int32_t *cu_q = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_CU_SEQLENS_Q);
+        const int32_t *seq_k = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_SEQ_K);
+        const int64_t q_begin = clamp64(cu_q[b], 0, pk.total_q), q_end = clamp64(cu_q[b + 1], q_begin, pk.total_q);
+        int64_t keys;
+        k_row0 = 0;
+        bt = nullptr;
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_VARLEN) {
+            k_row0 = clamp64(seq_k[b], 0, pk.total_k);
+            keys = clamp64(seq_k[b + 1], k_row0, pk.total_k) - k_row0;
+        } else {
+            const pyfa_kv_pages &g = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
+            keys = clamp64(seq_k[b], 0, (int64_t)g.pages_per_seq * g.page_size);
+            bt = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_BLOCK_TABLE) + (size_t)b * g.pages_per_seq;
+        }
+        q_row0 = q_begin;
+        q_len = (uint32_t)(q_end - q_begin < (int64_t)p.q_len ? q_end - q_begin : p.q_len);
+        kv_len = (uint32_t)keys;
+        /* A tile past the sequence's rows has nq 0 (live() is false). */
+        nq = i0 >= q_len ? 0 : q_len - i0 < BQ ? q_len - i0 : BQ;
+        p_lo = keys - (q_end - q_begin) + i0;
+        p_hi = p_lo + nq - 1;
+        int64_t k_begin = 0, k_end = keys;
+        if (f.causal && p_hi + 1 < k_end) k_end = p_hi + 1;
+        if (f.has_window && p_lo - (int64_t)p.window + 1 > k_begin) k_begin = p_lo - (int64_t)p.window + 1;
+        if (k_end > k_begin) {
+            t_begin = (uint32_t)(k_begin / BK);
+            t_end = (uint32_t)((k_end + BK - 1) / BK);
+        } else {
+            t_begin = t_end = 0;
+        }
+        mbase = nullptr;
+        blk_row = nullptr;
+    }
+
+    __device__ __forceinline__ bool live() const { return nq > 0; }
+
+    /* The sequence's keys. */
+    __device__ __forceinline__ uint32_t seq_kv_len() const { return kv_len; }
+    __device__ __forceinline__ uint32_t keys(const pyfa_flash_attn_prefill_params &) const { return kv_len; }
+
+    /* Element offset of the block's row r in q / out (packed rows; no batch stride). */
+    __device__ __forceinline__ int64_t row_offset(const int64_t (&st)[3], uint32_t head, int r = 0) const {
+        return (int64_t)head * st[1] + (q_row0 + i0 + r) * st[2];
+    }
+
+    /* Element offset of key 0 of KV head kvh in k / v (varlen: packed rows). */
+    __device__ __forceinline__ int64_t key_offset(const int64_t (&st)[3]) const {
+        return k_row0 * st[2] + (int64_t)kvh * st[1];
+    }
+
+    /* Index of the block's row 0 in lse [num_heads, total_q]. */
+    __device__ __forceinline__ size_t lse_index(const pyfa_flash_attn_prefill_params &, const pyfa_cuda_args &a) const {
+        return (size_t)h * pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED).total_q + (size_t)(q_row0 + i0);
+    }
+
+    __device__ __forceinline__ uint32_t next_tile(uint32_t t) const { return t; }
+
+    __device__ __forceinline__ tile_rules rules(const pyfa_flash_attn_prefill_params &p, const flags &f, uint32_t t,
+                                                uint32_t BK) const {
+        const int64_t j0 = (int64_t)t * BK, j_last = j0 + BK - 1;
+        tile_rules r;
+        r.read_mask = false;
+        r.kv_edge = j_last >= (int64_t)kv_len;
+        r.causal_edge = f.causal && j_last > p_lo;
+        r.window_edge = f.has_window && j0 <= p_hi - (int64_t)p.window;
+        return r;
+    }
+};
+
+/* Rectangular mode: the block_info of the rectangular kernel as it was before
+ * the packed modes, verbatim, with the accessors the kernels call, which
+ * reduce to the expressions the kernels used (so its code is unchanged). */
+template <>
+struct block_info<PYFA_PREFILL_KV_RECT> {
+    uint32_t qtile, h, b, kvh, i0, nq;
+    int64_t p_lo, p_hi;
     uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
     const char *mbase;        /* mask at (b, h, row i0), or nullptr */
     const uint8_t *blk_row;   /* blk bytes of this query tile, or nullptr */
@@ -116,40 +216,10 @@ struct block_info {
         b = blockIdx.z;
         kvh = h / (p.num_heads / p.num_kv_heads);
         i0 = qtile * BQ;
-        int64_t q_offset;
-        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT) {
-            q_len = p.q_len;
-            kv_len = p.kv_len;
-            q_offset = p.q_offset;
-            q_row0 = k_row0 = 0;
-            bt = nullptr;
-        } else {
-            /* Clamped metadata (flash_attn_prefill_params.h). */
-            const pyfa_prefill_packed &pk = pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED);
-            const int32_t *cu_q = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_CU_SEQLENS_Q);
-            const int32_t *seq_k = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_SEQ_K);
-            const int64_t q_begin = clamp64(cu_q[b], 0, pk.total_q), q_end = clamp64(cu_q[b + 1], q_begin, pk.total_q);
-            int64_t keys;
-            k_row0 = 0;
-            bt = nullptr;
-            if constexpr (KV_MODE == PYFA_PREFILL_KV_VARLEN) {
-                k_row0 = clamp64(seq_k[b], 0, pk.total_k);
-                keys = clamp64(seq_k[b + 1], k_row0, pk.total_k) - k_row0;
-            } else {
-                const pyfa_kv_pages &g = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
-                keys = clamp64(seq_k[b], 0, (int64_t)g.pages_per_seq * g.page_size);
-                bt = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_BLOCK_TABLE) + (size_t)b * g.pages_per_seq;
-            }
-            q_row0 = q_begin;
-            q_len = (uint32_t)(q_end - q_begin < (int64_t)p.q_len ? q_end - q_begin : p.q_len);
-            kv_len = (uint32_t)keys;
-            q_offset = keys - (q_end - q_begin);
-        }
-        /* Packed modes: a tile past the sequence's rows has nq 0 (live() is false). */
-        nq = i0 >= q_len ? 0 : q_len - i0 < BQ ? q_len - i0 : BQ;
-        p_lo = q_offset + i0;
+        nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
+        p_lo = (int64_t)p.q_offset + i0;
         p_hi = p_lo + nq - 1;
-        int64_t k_begin = 0, k_end = kv_len;
+        int64_t k_begin = 0, k_end = p.kv_len;
         if (f.causal && p_hi + 1 < k_end) k_end = p_hi + 1;
         if (f.has_window && p_lo - (int64_t)p.window + 1 > k_begin) k_begin = p_lo - (int64_t)p.window + 1;
         if (k_end > k_begin) {
@@ -172,30 +242,22 @@ struct block_info {
         }
     }
 
-    __device__ __forceinline__ bool live() const { return nq > 0; }
+    /* Not read: finish_score reads params.kv_len in this mode. */
+    __device__ __forceinline__ uint32_t seq_kv_len() const { return 0; }
 
-    /* Element offsets of the block's row 0 in q / out (rectangular: by the batch stride). */
-    __device__ __forceinline__ int64_t row_offset(const int64_t (&st)[3], uint32_t head) const {
-        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT)
-            return (int64_t)b * st[0] + (int64_t)head * st[1] + (int64_t)i0 * st[2];
-        else
-            return (int64_t)head * st[1] + (q_row0 + i0) * st[2];
+    __device__ __forceinline__ uint32_t keys(const pyfa_flash_attn_prefill_params &p) const { return p.kv_len; }
+
+    /* Element offset of the block's row r in q / out. */
+    __device__ __forceinline__ int64_t row_offset(const int64_t (&st)[3], uint32_t head, int r = 0) const {
+        return (int64_t)b * st[0] + (int64_t)head * st[1] + (int64_t)(i0 + r) * st[2];
     }
 
-    /* Element offset of key 0 of KV head kvh in k / v (rectangular, varlen). */
     __device__ __forceinline__ int64_t key_offset(const int64_t (&st)[3]) const {
-        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT)
-            return (int64_t)b * st[0] + (int64_t)kvh * st[1];
-        else
-            return k_row0 * st[2] + (int64_t)kvh * st[1];
+        return (int64_t)b * st[0] + (int64_t)kvh * st[1];
     }
 
-    /* Index of the block's row 0 in lse: [batch, heads, q_len] or [heads, total_q]. */
-    __device__ __forceinline__ size_t lse_index(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a) const {
-        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT)
-            return ((size_t)b * p.num_heads + h) * p.q_len + i0;
-        else
-            return (size_t)h * pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED).total_q + (size_t)(q_row0 + i0);
+    __device__ __forceinline__ size_t lse_index(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &) const {
+        return ((size_t)b * p.num_heads + h) * p.q_len + i0;
     }
 
     /* The first key tile >= t that is not a blk SKIP tile (t_end if none). */
@@ -210,12 +272,13 @@ struct block_info {
         const int64_t j0 = (int64_t)t * BK, j_last = j0 + BK - 1;
         tile_rules r;
         r.read_mask = f.has_mask && (blk_row == nullptr || blk_row[t] != PYFA_BLK_ZERO);
-        r.kv_edge = j_last >= (int64_t)kv_len;
+        r.kv_edge = j_last >= (int64_t)p.kv_len;
         r.causal_edge = f.causal && j_last > p_lo;
         r.window_edge = f.has_window && j0 <= p_hi - (int64_t)p.window;
         return r;
     }
 };
+
 
 /* Copies rows [0, n) of a tile of `rows` rows (CH 16-byte chunks from chunk c0
  * of each source row) into shared memory with row pitch `ld` bytes; rows
@@ -334,7 +397,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
 
         uint32_t kt = bi.next_tile(bi.t_begin);
         auto load_k = [&](uint32_t t) {
-            const uint32_t j0 = t * BK, n = bi.kv_len - j0 < (uint32_t)BK ? bi.kv_len - j0 : BK;
+            const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
             if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
                 load_tile_paged<D / 8>(sk, LDK * 2, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K), (int64_t)D * 2,
                                        pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt, p.num_kv_heads,
@@ -343,7 +406,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
                 load_tile<D / 8>(sk, LDK * 2, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
         };
         auto load_v = [&](uint32_t t) {
-            const uint32_t j0 = t * BK, n = bi.kv_len - j0 < (uint32_t)BK ? bi.kv_len - j0 : BK;
+            const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
             if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
                 load_tile_paged<DO / 8>(sv, LDV * 2, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V), (int64_t)D * 2,
                                         pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt, p.num_kv_heads,
@@ -386,7 +449,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
                     for (int e = 0; e < 4; e++) {
                         const int r = e >> 1;
                         const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-                        s[n][e] = finish_score<DT>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.kv_len);
+                        s[n][e] = finish_score<DT, KV_MODE>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.seq_kv_len());
                     }
             } else { /* an interior tile: scale only */
 #pragma unroll
@@ -527,7 +590,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
 
 #pragma unroll 1
     for (uint32_t kt = bi.next_tile(bi.t_begin); kt < bi.t_end; kt = bi.next_tile(kt + 1)) {
-        const uint32_t j0 = kt * BK, n = bi.kv_len - j0 < (uint32_t)BK ? bi.kv_len - j0 : BK;
+        const uint32_t j0 = kt * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
         if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
             load_tile_paged<D / 4>(reinterpret_cast<char *>(skv), LD * 4, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K),
                                    (int64_t)D * 4, pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt,
@@ -558,7 +621,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < KPL; i++) {
-            s[i] = finish_score<PYFA_DTYPE_F32>(s[i], p, f, tr, scale_log2, mrow, (int64_t)j0 + c8 + 8 * i, pos, bi.kv_len);
+            s[i] = finish_score<PYFA_DTYPE_F32, KV_MODE>(s[i], p, f, tr, scale_log2, mrow, (int64_t)j0 + c8 + 8 * i, pos,
+                                                         bi.seq_kv_len());
             mx = fmaxf(mx, s[i]);
         }
 #pragma unroll
@@ -602,7 +666,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
 
     if ((uint32_t)r < bi.nq) {
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float *orow = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) + (int64_t)r * p.out_strides[2];
+        float *orow = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h, r);
 #pragma unroll
         for (int u = 0; u < CPL; u++) orow[c8 + 8 * u] = o[u] * inv;
         if (f.has_lse && c8 == 0) {
