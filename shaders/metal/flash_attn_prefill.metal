@@ -70,24 +70,28 @@ struct prefill_sequence {
     device const int *bt;
 };
 
+// x clamped to [lo, hi] (64-bit; written out rather than relying on the
+// integer overloads of clamp / min for long).
+inline long prefill_clamp(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
+
 inline prefill_sequence prefill_sequence_of(constant pyfa_flash_attn_prefill_params &p, prefill_packed_args pk, uint b) {
     prefill_sequence s = {p.q_len, p.kv_len, long(p.q_offset), 0, 0, pk.block_table};
     if (fc_kv_mode == PYFA_PREFILL_KV_RECT) return s;
     const long tq = long(pk.packed.total_q);
-    const long q_begin = clamp(long(pk.cu_seqlens_q[b]), 0l, tq);
-    const long q_end = clamp(long(pk.cu_seqlens_q[b + 1]), q_begin, tq);
+    const long q_begin = prefill_clamp(long(pk.cu_seqlens_q[b]), 0l, tq);
+    const long q_end = prefill_clamp(long(pk.cu_seqlens_q[b + 1]), q_begin, tq);
     long kv_len;
     if (fc_kv_mode == PYFA_PREFILL_KV_VARLEN) {
         const long tk = long(pk.packed.total_k);
-        const long k_begin = clamp(long(pk.seq_k[b]), 0l, tk);
-        kv_len = clamp(long(pk.seq_k[b + 1]), k_begin, tk) - k_begin;
+        const long k_begin = prefill_clamp(long(pk.seq_k[b]), 0l, tk);
+        kv_len = prefill_clamp(long(pk.seq_k[b + 1]), k_begin, tk) - k_begin;
         s.k_row0 = k_begin;
     } else {
-        kv_len = clamp(long(pk.seq_k[b]), 0l, long(pk.pages.pages_per_seq) * long(pk.pages.page_size));
+        kv_len = prefill_clamp(long(pk.seq_k[b]), 0l, long(pk.pages.pages_per_seq) * long(pk.pages.page_size));
         s.bt = pk.block_table + ulong(b) * pk.pages.pages_per_seq;
     }
     s.q_row0 = q_begin;
-    s.q_len = uint(min(q_end - q_begin, long(p.q_len)));
+    s.q_len = uint(q_end - q_begin < long(p.q_len) ? q_end - q_begin : long(p.q_len));
     s.kv_len = uint(kv_len);
     s.q_offset = kv_len - (q_end - q_begin);
     return s;
