@@ -36,3 +36,6 @@ __all__ += ["paged_kv_append", "PagedKVCache", "TurboQuantPagedKVCache"]
 from .paged import paged_decode_attention  # noqa: E402
 
 __all__ += ["paged_decode_attention"]
+from .varlen import paged_attention, varlen_attention  # noqa: E402
+
+__all__ += ["varlen_attention", "paged_attention"]

@@ -105,7 +105,10 @@ def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, o
     def bind(field, a):
         t = getattr(args, field)
         if staged:
-            b = _io.to_device(device, a)
+            # Private memory: a run binds addresses, and only a buffer the queue
+            # knows gets its shared (pinned) host copy uploaded before a dispatch.
+            b = device.buffer(a.shape, a.dtype, storage="private")
+            b.write(a)
             keep.append(b)
             t.address = lib.pyfa_buffer_address(b.handle)
         else:
@@ -116,8 +119,10 @@ def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, o
     for field, a in pools:
         bind(field, a)
     lens.set(args.kv_len)
-    if isinstance(table, np.ndarray) and (staged or device.host_visible):
-        # Host tables go as memory the library reads (and checks): no inline-size limit.
+    if isinstance(table, np.ndarray) and device.host_visible:
+        # Host tables go as memory the library reads (and checks): no inline-size
+        # limit (Metal's setBytes takes 4 KB). On a GPU they go as host values,
+        # which the library checks and uploads with the launch.
         b = _io.to_device(device, table)
         keep += [b, table]
         args.block_table.host = ffi.NULL

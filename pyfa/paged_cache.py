@@ -36,6 +36,31 @@ from .errors import UnsupportedError, check, invalid
 _TABLES_KEPT = 8  # distinct seq_ids lists whose block_table / kv_len stay cached
 
 
+def _to_framework(a: np.ndarray, like):
+    """A copy of host array ``a`` on the GPU of ``like`` (a torch or cupy array)."""
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == dtypes.bfloat16 else torch.from_numpy(a)
+        return t.to(like.device)
+    import cupy
+
+    if a.dtype == dtypes.bfloat16:
+        raise UnsupportedError("q: bfloat16 host queries over cupy pools (cupy has no bfloat16); pass a GPU array")
+    with cupy.cuda.Device(like.device.id):
+        return cupy.asarray(a)
+
+
+def _to_host(x):
+    """A numpy copy of a torch or cupy GPU result."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        x = x.cpu()
+        return x.view(torch.int16).numpy().view(dtypes.bfloat16) if x.dtype == torch.bfloat16 else x.numpy()
+    return x.get()
+
+
 def _device_zeros(device: Device, shape, dtype):
     """Zeros of ``shape``: a numpy array where the device reads host memory, else a torch CUDA
     tensor (cupy when torch is absent) on device 0."""
@@ -298,6 +323,19 @@ class _PagedPool:
         return dict(page_layout=self.page_layout, scale=scale, softcap=softcap, window=window,
                     out_dtype=out_dtype, return_lse=return_lse, device=self.device)
 
+    def _attend(self, decode, q, seq_ids, pools, kwargs):
+        """decode(q, *pools, block_table, kv_len, **kwargs) for ``seq_ids``. A host q over pools on
+        a GPU is copied to the pools' GPU and the results come back as numpy arrays (as a ring
+        cache's attend does); GPU queries are read in place."""
+        table, lens = self.block_table(seq_ids), self.kv_len(seq_ids)
+        if self.device.host_visible or cuda_interop.is_gpu_array(q):
+            return decode(q, *pools, table, lens, **kwargs)
+        q = _io.as_array(q, "q", allowed=dtypes.FLOAT_TYPES + (np.dtype(np.float64),), ndims=(3,))
+        if q.dtype == np.float64:
+            q = q.astype(np.float32)
+        res = decode(_to_framework(q, pools[0]), *pools, table, lens, **kwargs)
+        return tuple(_to_host(r) for r in res) if isinstance(res, tuple) else _to_host(res)
+
     # -- reading back ------------------------------------------------------------------------------
     def _rows_of(self, pool: np.ndarray, seq: _Sequence) -> np.ndarray:
         """``[Hkv, length, ...]`` of a host copy of a pool, for one sequence."""
@@ -365,9 +403,8 @@ class PagedKVCache(_PagedPool):
         from . import paged_decode_attention
 
         with self._lock:
-            table, lens = self.block_table(seq_ids), self.kv_len(seq_ids)
-            return paged_decode_attention(q, self.k_pages, self.v_pages, table, lens,
-                                          **self._decode_args(scale, softcap, window, out_dtype, return_lse))
+            return self._attend(paged_decode_attention, q, seq_ids, (self.k_pages, self.v_pages),
+                                self._decode_args(scale, softcap, window, out_dtype, return_lse))
 
     def gather(self, seq_id):
         """(k, v): copies of sequence ``seq_id``'s rows, ``[num_kv_heads, length, head_dim]`` of the
@@ -430,10 +467,9 @@ class TurboQuantPagedKVCache(_PagedPool):
         """Paged decode of ``q [len(seq_ids), H, head_dim]`` over the codes of ``seq_ids`` with
         :func:`pyfa.turboquant.paged_decode` (its conventions, as :func:`pyfa.paged_decode_attention`)."""
         with self._lock:
-            table, lens = self.block_table(seq_ids), self.kv_len(seq_ids)
-            return tq.paged_decode(q, self.k_codes, self.k_scales, self.v_codes, self.v_scales, table, lens,
-                                   k_bits=self.k_bits, v_bits=self.v_bits, seed=self.seed,
-                                   **self._decode_args(scale, softcap, window, out_dtype, return_lse))
+            return self._attend(tq.paged_decode, q, seq_ids, (self.k_codes, self.k_scales, self.v_codes, self.v_scales),
+                                dict(self._decode_args(scale, softcap, window, out_dtype, return_lse),
+                                     k_bits=self.k_bits, v_bits=self.v_bits, seed=self.seed))
 
     def codes(self, seq_id):
         """Copies of sequence ``seq_id``'s ``(k_codes, k_scales, v_codes, v_scales)``: codes uint8

@@ -228,6 +228,67 @@ class Fuzzer:
             self.check(status)
         self.finish(enc, status)
 
+    def call_packed_prefill(self, paged: bool, mutate_after: bool):
+        """Varlen / paged prefill with metadata that is valid, near-valid or garbage; with mutate_after the
+        metadata is rewritten with garbage after recording, so the kernels' clamps (not the host checks) meet it."""
+        r = self.rng
+        Hkv = self.small(1, 2)
+        B, H, D = self.small(1, 3), Hkv * self.small(1, 2), r.choice(HEAD_DIMS[:3])
+        q_lens = [self.small(0, 6) for _ in range(B)]
+        q_lens[0] = max(q_lens[0], 1)
+        k_lens = [n + self.small(0, 12) for n in q_lens]
+        tq, tk = max(sum(q_lens), 1), max(sum(k_lens), 1)
+        fields = {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": max(max(q_lens), 1),
+                  "kv_len": max(max(k_lens), 1), "window": r.choice([0, 0, self.small(1, 20)]), "scale": 0.125,
+                  "softcap": r.choice([0.0, 5.0]), "causal": r.choice([0, 1]),
+                  "q_strides": [0, D, H * D], "k_strides": [0, D, Hkv * D], "v_strides": [0, D, Hkv * D],
+                  "out_strides": [0, D, H * D]}
+        # One struct of three mutated at most (each mutation usually ends the call with an error).
+        mutated = r.choice(["params", "packed", "pages", None, None, None])
+        mut = lambda name, ctype, f: self.mutate(ctype, f) if mutated == name else f
+        fields = mut("params", "pyfa_flash_attn_prefill_params", fields)
+        p = ffi.new("pyfa_flash_attn_prefill_params *", fields)
+        packed = ffi.new("pyfa_prefill_packed *", mut("packed", "pyfa_prefill_packed",
+                                                      {"total_q": tq, "total_k": 0 if paged else tk}))
+        F = [r.choice([lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16])]
+        cu = lambda lens: np.concatenate([[0], np.cumsum(lens)]).tolist()
+        garbage = lambda n: [r.choice(I32_EDGES + [0, 1, 3]) for _ in range(n)]
+        meta = lambda values: self.buffer(len(values), [lib.PYFA_DTYPE_I32],
+                                          (lambda n: (values + garbage(n))[:n]) if r.random() < 0.85 else garbage)
+        q, out = self.buffer(tq * H * D, F), self.buffer(tq * H * D, r.choice([F, [lib.PYFA_DTYPE_F32]]))
+        lse = self.buffer(H * tq, [lib.PYFA_DTYPE_F32]) if r.random() < 0.5 else (ffi.NULL, None)
+        cq = meta(cu(q_lens))
+        enc = self.encoder()
+        if paged:
+            ps = r.choice([1, 4, 16])
+            pps = max(max((n + ps - 1) // ps for n in k_lens), 1)
+            num_pages = B * pps + self.small(0, 2)
+            pages = ffi.new("pyfa_kv_pages *", mut("pages", "pyfa_kv_pages", {
+                "page_size": ps, "num_pages": num_pages, "pages_per_seq": pps, "layout": r.choice([0, 1])}))
+            pool = num_pages * ps * Hkv * D
+            if pool > 1 << 20:
+                return
+            k, v = self.buffer(pool, F), self.buffer(pool, F)
+            lens = meta(k_lens)
+            table = meta([r.randrange(num_pages) for _ in range(B * pps)])
+            self.trace_call("flash_attn_prefill_paged", fields)
+            status = lib.pyfa_flash_attn_prefill_paged(enc, p, packed, pages, q[0], k[0], v[0], cq[0], lens[0],
+                                                       table[0], out[0], lse[0])
+            mutable = [cq, lens, table]
+        else:
+            k, v = self.buffer(tk * Hkv * D, F), self.buffer(tk * Hkv * D, F)
+            ck = meta(cu(k_lens))
+            self.trace_call("flash_attn_prefill_varlen", fields)
+            status = lib.pyfa_flash_attn_prefill_varlen(enc, p, packed, q[0], k[0], v[0], cq[0], ck[0], out[0],
+                                                        lse[0])
+            mutable = [cq, ck]
+        self.check(status)
+        if status == lib.PYFA_OK and mutate_after:
+            for _, arr in mutable:
+                if arr is not None and arr.size:
+                    arr[r.randrange(arr.size)] = np.int64(r.choice(I32_EDGES)).astype(arr.dtype)
+        self.finish(enc, status)
+
     def call_merge(self):
         r = self.rng
         B, H, L, D = self.small(1, 2), self.small(1, 3), self.small(1, 6), 8 * self.small(1, 16)
@@ -395,7 +456,9 @@ class Fuzzer:
     def run(self, calls: int):
         entries = [lambda: self.call_vec(False, False), lambda: self.call_vec(True, False),
                    lambda: self.call_vec(False, True), lambda: self.call_vec(True, True),
-                   self.call_prefill, self.call_merge, lambda: self.call_tq_codec("quantize"),
+                   self.call_prefill, self.call_merge,
+                   lambda: self.call_packed_prefill(False, False), lambda: self.call_packed_prefill(True, False),
+                   lambda: self.call_packed_prefill(False, True), lambda: self.call_packed_prefill(True, True), lambda: self.call_tq_codec("quantize"),
                    lambda: self.call_tq_codec("dequantize"), lambda: self.call_tq_codec("fwht"), self.call_kv_append,
                    self.call_buffer_io, lambda: self.call_paged_append(False), lambda: self.call_paged_append(True)]
         for _ in range(calls):

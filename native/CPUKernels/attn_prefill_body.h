@@ -137,6 +137,64 @@ PYFA_INLINE void pf_load_tile(float *dst, const char *base, int64_t row_stride_b
     if (n < PF_BK) memset(dst + (size_t)n * D, 0, (size_t)(PF_BK - n) * D * sizeof(float));
 }
 
+/* Converts keys [j0, j0 + n) of KV head kvh of a paged sequence (its
+ * block_table row bt) to f32 rows and zeroes rows [n, PF_BK). Pool rows are
+ * head_dim elements, contiguous; a page entry outside the pool reads the last
+ * page (paged_kv_params.h). */
+PYFA_INLINE void pf_load_tile_paged(float *dst, const char *pool, const pyfa_kv_pages *pg, const int32_t *bt,
+                                    uint32_t num_kv_heads, uint32_t kvh, int64_t j0, uint32_t n, const int dt,
+                                    const uint32_t D) {
+    const uint32_t es = dtype_size(dt);
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t s = (uint32_t)(j0 + j);
+        int32_t page = bt[s / pg->page_size];
+        if (page < 0 || (uint32_t)page >= pg->num_pages) page = (int32_t)pg->num_pages - 1;
+        const uint32_t row = PYFA_PAGE_ROW(pg->layout, pg->page_size, num_kv_heads, (uint32_t)page,
+                                           s % pg->page_size, kvh);
+        row_to_f32(dst + (size_t)j * D, pool + (int64_t)row * D * es, D, dt);
+    }
+    if (n < PF_BK) memset(dst + (size_t)n * D, 0, (size_t)(PF_BK - n) * D * sizeof(float));
+}
+
+/* One sequence of a dispatch: its rows, keys and positions. Rectangular mode:
+ * params' q_len, kv_len, q_offset. Packed modes: the clamped cu_seqlens /
+ * kv_len values of flash_attn_prefill_params.h. */
+typedef struct pf_sequence {
+    uint32_t q_len;   /* query rows of the sequence this dispatch writes (<= params.q_len) */
+    uint32_t kv_len;  /* keys */
+    int64_t q_offset; /* position of query row 0 */
+    int64_t q_row0;   /* packed modes: q / out row of query row 0 */
+    int64_t k_row0;   /* varlen: k / v row of key 0 */
+    const int32_t *block_table; /* paged: the sequence's row of block_table */
+} pf_sequence;
+
+PYFA_INLINE int64_t pf_clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+PYFA_INLINE pf_sequence pf_sequence_of(const pyfa_cpu_dispatch *d, const pyfa_flash_attn_prefill_params *p,
+                                       uint32_t b, int kv_mode) {
+    pf_sequence s = {p->q_len, p->kv_len, p->q_offset, 0, 0, NULL};
+    if (kv_mode == PYFA_PREFILL_KV_RECT) return s;
+    const pyfa_prefill_packed *pk = (const pyfa_prefill_packed *)d->args[PYFA_PREFILL_ARG_PACKED];
+    const int32_t *cu_q = (const int32_t *)d->args[PYFA_PREFILL_ARG_CU_SEQLENS_Q];
+    const int32_t *seq_k = (const int32_t *)d->args[PYFA_PREFILL_ARG_SEQ_K];
+    const int64_t q_begin = pf_clamp(cu_q[b], 0, pk->total_q), q_end = pf_clamp(cu_q[b + 1], q_begin, pk->total_q);
+    int64_t kv_len;
+    if (kv_mode == PYFA_PREFILL_KV_VARLEN) {
+        const int64_t k_begin = pf_clamp(seq_k[b], 0, pk->total_k);
+        kv_len = pf_clamp(seq_k[b + 1], k_begin, pk->total_k) - k_begin;
+        s.k_row0 = k_begin;
+    } else {
+        const pyfa_kv_pages *pg = (const pyfa_kv_pages *)d->args[PYFA_PREFILL_ARG_PAGES];
+        kv_len = pf_clamp(seq_k[b], 0, (int64_t)pg->pages_per_seq * pg->page_size);
+        s.block_table = (const int32_t *)d->args[PYFA_PREFILL_ARG_BLOCK_TABLE] + (size_t)b * pg->pages_per_seq;
+    }
+    s.q_row0 = q_begin;
+    s.q_len = (uint32_t)(q_end - q_begin < (int64_t)p->q_len ? q_end - q_begin : p->q_len);
+    s.kv_len = (uint32_t)kv_len;
+    s.q_offset = kv_len - (q_end - q_begin);
+    return s;
+}
+
 PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h, uint32_t b, float *scratch,
                               const int dt, const uint32_t D) {
     const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
@@ -147,13 +205,16 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     const int has_softcap = d->constants[PYFA_PREFILL_FC_HAS_SOFTCAP];
     const int has_blk = d->constants[PYFA_PREFILL_FC_HAS_BLK];
     const int has_lse = d->constants[PYFA_PREFILL_FC_HAS_LSE];
+    const int kv_mode = d->constants[PYFA_PREFILL_FC_KV_MODE];
     const uint32_t es = dtype_size(dt);
+    const pf_sequence seq = pf_sequence_of(d, p, b, kv_mode);
 
     /* Highest query tiles first: under causal masking they carry the most
      * keys, so the pool's tail is made of short tiles. */
     const uint32_t qtile = p->num_q_blocks - 1 - x;
     const uint32_t i0 = qtile * PF_BQ;
-    const uint32_t nq = p->q_len - i0 < PF_BQ ? p->q_len - i0 : PF_BQ;
+    if (i0 >= seq.q_len) return; /* a tile past a packed sequence's rows */
+    const uint32_t nq = seq.q_len - i0 < PF_BQ ? seq.q_len - i0 : PF_BQ;
     /* Rows each stage covers, nested so every stage reads rows the previous
      * one wrote: P V in blocks of 6, softmax in 8s, scores in 16s (<= PF_BQ). */
     const uint32_t rows_used = (nq + PF_PV_ROWS - 1) / PF_PV_ROWS * PF_PV_ROWS;
@@ -175,8 +236,12 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
 
     /* Q tile -> f32 (rows staged in o), scaled, transposed into panels. */
     const float qscale = has_softcap ? 1.0f : scale * PF_LOG2E;
+    /* Packed modes: row r of the sequence is packed row q_row0 + r (no batch stride). */
+    const int64_t q_batch = kv_mode == PYFA_PREFILL_KV_RECT ? b * p->q_strides[0] : 0;
+    const int64_t out_batch = kv_mode == PYFA_PREFILL_KV_RECT ? b * p->out_strides[0] : 0;
+    const int64_t row0 = seq.q_row0 + i0;
     const char *qbase = (const char *)d->args[PYFA_PREFILL_ARG_Q] +
-                        (b * p->q_strides[0] + h * p->q_strides[1] + (int64_t)i0 * p->q_strides[2]) * es;
+                        (q_batch + h * p->q_strides[1] + row0 * p->q_strides[2]) * es;
     for (uint32_t i = 0; i < PF_BQ; i++) {
         float *row = o + (size_t)i * D;
         if (i < nq) row_to_f32(row, qbase + (int64_t)i * p->q_strides[2] * es, D, dt);
@@ -191,13 +256,18 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     }
 
     /* Keys any row of this tile can see. */
-    const int64_t p_lo = (int64_t)p->q_offset + i0, p_hi = p_lo + nq - 1;
-    int64_t k_begin = 0, k_end = p->kv_len;
+    const int64_t p_lo = seq.q_offset + i0, p_hi = p_lo + nq - 1;
+    int64_t k_begin = 0, k_end = seq.kv_len;
     if (causal && p_hi + 1 < k_end) k_end = p_hi + 1;
     if (has_window && p_lo - window + 1 > k_begin) k_begin = p_lo - window + 1;
 
-    const char *kbase = (const char *)d->args[PYFA_PREFILL_ARG_K] + (b * p->k_strides[0] + kvh * p->k_strides[1]) * es;
-    const char *vbase = (const char *)d->args[PYFA_PREFILL_ARG_V] + (b * p->v_strides[0] + kvh * p->v_strides[1]) * es;
+    /* Varlen: key j is packed row k_row0 + j; paged: rows through the block table. */
+    const int64_t k_first = kv_mode == PYFA_PREFILL_KV_RECT ? b * p->k_strides[0] : seq.k_row0 * p->k_strides[2];
+    const int64_t v_first = kv_mode == PYFA_PREFILL_KV_RECT ? b * p->v_strides[0] : seq.k_row0 * p->v_strides[2];
+    const char *kbase = (const char *)d->args[PYFA_PREFILL_ARG_K] + (k_first + kvh * p->k_strides[1]) * es;
+    const char *vbase = (const char *)d->args[PYFA_PREFILL_ARG_V] + (v_first + kvh * p->v_strides[1]) * es;
+    const pyfa_kv_pages *pages = (const pyfa_kv_pages *)d->args[PYFA_PREFILL_ARG_PAGES];
+    const int paged = kv_mode == PYFA_PREFILL_KV_PAGED;
     const char *mbase = NULL;
     const uint8_t *blk_row = NULL;
     if (has_mask) {
@@ -213,11 +283,15 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     }
 
     for (int64_t j0 = k_end > k_begin ? k_begin / PF_BK * PF_BK : k_end; j0 < k_end; j0 += PF_BK) {
-        const uint32_t nk = p->kv_len - j0 < PF_BK ? (uint32_t)(p->kv_len - j0) : PF_BK;
+        const uint32_t nk = seq.kv_len - j0 < PF_BK ? (uint32_t)(seq.kv_len - j0) : PF_BK;
         const uint8_t cls = blk_row ? blk_row[j0 / PF_BK] : PYFA_BLK_MIXED;
         if (cls == PYFA_BLK_SKIP) continue;
 
-        pf_load_tile(kt, kbase + j0 * p->k_strides[2] * es, p->k_strides[2] * es, nk, dt, D);
+        if (paged)
+            pf_load_tile_paged(kt, (const char *)d->args[PYFA_PREFILL_ARG_K], pages, seq.block_table, p->num_kv_heads,
+                               kvh, j0, nk, dt, D);
+        else
+            pf_load_tile(kt, kbase + j0 * p->k_strides[2] * es, p->k_strides[2] * es, nk, dt, D);
         const uint32_t jn = (nk + PF_QK_KEYS - 1) / PF_QK_KEYS * PF_QK_KEYS;
         pf_scores(st, qt, kt, jn, rows_scores, D);
         for (uint32_t j = nk; j < PF_BK; j++)
@@ -276,7 +350,11 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
             vf8_store(alpha + i, a);
         }
 
-        pf_load_tile(vt, vbase + j0 * p->v_strides[2] * es, p->v_strides[2] * es, nk, dt, D);
+        if (paged)
+            pf_load_tile_paged(vt, (const char *)d->args[PYFA_PREFILL_ARG_V], pages, seq.block_table, p->num_kv_heads,
+                               kvh, j0, nk, dt, D);
+        else
+            pf_load_tile(vt, vbase + j0 * p->v_strides[2] * es, p->v_strides[2] * es, nk, dt, D);
         pf_accumulate(o, st, vt, alpha, nk, rows_used, D);
     }
 
@@ -284,8 +362,15 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     const int out_dt = d->constants[PYFA_PREFILL_FC_OUT_DTYPE];
     const uint32_t oes = dtype_size(out_dt);
     char *obase = (char *)d->args[PYFA_PREFILL_ARG_OUT] +
-                  (b * p->out_strides[0] + h * p->out_strides[1] + (int64_t)i0 * p->out_strides[2]) * oes;
-    float *lse = has_lse ? (float *)d->args[PYFA_PREFILL_ARG_LSE] + ((size_t)b * p->num_heads + h) * p->q_len + i0 : NULL;
+                  (out_batch + h * p->out_strides[1] + row0 * p->out_strides[2]) * oes;
+    /* lse: [batch, num_heads, q_len], or [num_heads, total_q] in the packed modes. */
+    float *lse = NULL;
+    if (has_lse) {
+        const pyfa_prefill_packed *pk = (const pyfa_prefill_packed *)d->args[PYFA_PREFILL_ARG_PACKED];
+        lse = (float *)d->args[PYFA_PREFILL_ARG_LSE] +
+              (kv_mode == PYFA_PREFILL_KV_RECT ? ((size_t)b * p->num_heads + h) * p->q_len + i0
+                                               : (size_t)h * pk->total_q + (size_t)row0);
+    }
     for (uint32_t i = 0; i < nq; i++) {
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         char *orow = obase + (int64_t)i * p->out_strides[2] * oes;

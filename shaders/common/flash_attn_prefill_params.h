@@ -75,6 +75,63 @@ typedef struct pyfa_flash_attn_prefill_params {
 #define PYFA_PREFILL_ARG_OUT 6
 #define PYFA_PREFILL_ARG_LSE 7
 
+/* ---------------------------------------------------------------------------
+ * Packed sequences: flash_attn_prefill with PYFA_PREFILL_FC_KV_MODE set.
+ *
+ * PYFA_PREFILL_KV_VARLEN (flash-attn's flash_attn_varlen_func):
+ *   q   rows [total_q, num_heads, head_dim]     packed; head/row strides from
+ *   k,v rows [total_k, num_kv_heads, head_dim]  q_strides[1..2] etc.; the
+ *   out rows [total_q, num_heads, head_dim]     batch strides are not read
+ *   cu_seqlens_q int32 [batch + 1]: sequence b owns q rows
+ *     [cu_seqlens_q[b], cu_seqlens_q[b + 1]); cu_seqlens_k likewise k rows.
+ * PYFA_PREFILL_KV_PAGED (flash-attn's varlen with block_table / seqused_k):
+ *   q, out packed by cu_seqlens_q as above;
+ *   k,v pools of paged_kv_params.h (pyfa_kv_pages at slot PAGES; rows of
+ *     head_dim elements, contiguous: the strides of k and v are not read);
+ *   block_table int32 [batch, pages_per_seq], kv_len int32 [batch] (slot
+ *     SEQ_K): sequence b's keys are its positions [0, kv_len[b]), which
+ *     include its new rows (the caller appended them before the call).
+ * Both modes:
+ *   params.batch is the number of sequences; params.q_len and params.kv_len
+ *   are the longest sequence's (the grid's x covers ceil(q_len / block_q)
+ *   tiles per sequence; a tile past its sequence's rows exits at once);
+ *   params.q_offset and mask_strides are not read (no mask, no blk: the
+ *   dispatchers refuse them). Sequence b with q_len_b query rows and kv_len_b
+ *   keys puts query row i at position kv_len_b - q_len_b + i (bottom-right,
+ *   per sequence); causal, window, softcap and GQA as above, per sequence.
+ *   lse [num_heads, total_q] f32 (flash-attn's varlen layout: row r of head h
+ *   at h * total_q + r), so merge_attention_states with batch 1 and seq_len
+ *   total_q merges two packed calls over the same queries.
+ *   The inline pyfa_prefill_packed gives total_q (and total_k for varlen).
+ * Device values are clamped so no value makes a kernel touch memory outside
+ * q, k, v, out, lse or the pools:
+ *   sequence b's q rows are [q_begin, q_end) with q_begin = cu_seqlens_q[b]
+ *   clamped to [0, total_q] and q_end = cu_seqlens_q[b + 1] clamped to
+ *   [q_begin, total_q]; the same for k with total_k (varlen); paged kv_len and
+ *   block_table as paged_kv_params.h says; a sequence's rows past
+ *   params.q_len are not written (their positions still count all its rows).
+ *   A sequence with q_len_b > kv_len_b (only from device values; the
+ *   dispatchers refuse host ones) has rows before position 0: under causal
+ *   they see no key (zeros, lse -inf), as flash-attn.
+ * ------------------------------------------------------------------------- */
+#define PYFA_PREFILL_KV_RECT 0   /**< [batch, heads, len, D] by strides, as above */
+#define PYFA_PREFILL_KV_VARLEN 1 /**< packed q, k, v by cu_seqlens */
+#define PYFA_PREFILL_KV_PAGED 2  /**< packed q, K/V in page pools */
+
+typedef struct pyfa_prefill_packed {
+    uint32_t total_q;  /**< rows of q and out (packed) */
+    uint32_t total_k;  /**< varlen: rows of k and v; paged: 0 */
+    uint32_t reserved[2];
+} pyfa_prefill_packed;
+
+/* Slots of the packed modes (bound in every dispatch: without KV_MODE they
+ * hold stand-ins the kernels do not read). */
+#define PYFA_PREFILL_ARG_CU_SEQLENS_Q 8 /**< int32 [batch + 1] */
+#define PYFA_PREFILL_ARG_SEQ_K 9        /**< varlen: cu_seqlens_k [batch + 1]; paged: kv_len [batch] */
+#define PYFA_PREFILL_ARG_BLOCK_TABLE 10 /**< paged: int32 [batch, pages_per_seq] */
+#define PYFA_PREFILL_ARG_PAGES 11       /**< inline pyfa_kv_pages (paged; zeros otherwise) */
+#define PYFA_PREFILL_ARG_PACKED 12      /**< inline pyfa_prefill_packed (zeros in rectangular mode) */
+
 /* Function constants of flash_attn_prefill (flash_attn_prefill_blk reads
  * DTYPE, MASK_KIND, BLOCK_Q and BLOCK_K). Booleans are 0/1. */
 #define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v (and an additive mask) */
@@ -89,7 +146,8 @@ typedef struct pyfa_flash_attn_prefill_params {
 #define PYFA_PREFILL_FC_HAS_BLK 9     /**< a blk buffer is bound */
 #define PYFA_PREFILL_FC_HAS_LSE 10    /**< an lse buffer is bound */
 #define PYFA_PREFILL_FC_OUT_DTYPE 11  /**< dtype code of out: PREFILL_FC_DTYPE's or PYFA_DTYPE_F32 */
-#define PYFA_PREFILL_FC_COUNT 12
+#define PYFA_PREFILL_FC_KV_MODE 12     /**< PYFA_PREFILL_KV_RECT, _VARLEN or _PAGED */
+#define PYFA_PREFILL_FC_COUNT 13
 
 /* Function constants of flash_attn_prefill_blk: the tile of the prefill
  * dispatch it serves and how to read the mask. */

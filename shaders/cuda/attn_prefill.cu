@@ -28,6 +28,15 @@
  * max is unchanged, the rescale factor is exactly 1, every p is 0), so the
  * result with blk is bit-identical to the result without.
  *
+ * Packed modes (KV_MODE, flash_attn_prefill_params.h "Packed sequences"):
+ * block_info<VARLEN | PAGED> resolves the block's sequence (rows, keys,
+ * position of row 0, first packed rows, block_table row) from the clamped
+ * metadata; varlen K/V rows are the packed rows, paged K/V rows are
+ * addressed per row in the cp.async loop (load_tile_paged). Rectangular mode
+ * keeps its block_info and every kernel expression (the packed ones are under
+ * `if constexpr`): its specialisations compile to the same PTX as before the
+ * packed modes existed (checked by diffing NVRTC's PTX).
+ *
  * Assumption: row strides of q, k, v and out are multiples of 16 bytes
  * (every layout pyfa builds; cp.async copies 16-byte chunks).
  */
@@ -67,27 +76,132 @@ struct tile_rules {
 /* The score of (query row at absolute position pos, key) in the log2 domain:
  * scale (or softcap), mask, and the -inf rules. mrow is the query row's mask
  * row (nullptr: no read). */
-template <int DT>
+template <int DT, int KV_MODE>
 __device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_prefill_params &p, const flags &f,
                                               const tile_rules &tr, float scale_log2, const char *mrow, int64_t key,
-                                              int64_t pos) {
+                                              int64_t pos, uint32_t seq_kv_len) {
+    /* The sequence's keys: params' in rectangular mode (read where the test is), else the block's sequence's. */
+    auto kv_len = [&]() -> int64_t {
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_RECT)
+            return (int64_t)p.kv_len;
+        else
+            return (int64_t)seq_kv_len;
+    };
     float x = f.has_softcap ? p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E : dot * scale_log2;
-    if (tr.read_mask && mrow != nullptr && key < (int64_t)p.kv_len) {
+    if (tr.read_mask && mrow != nullptr && key < kv_len()) {
         if (f.bool_mask) {
             if (reinterpret_cast<const uint8_t *>(mrow)[key] == 0) x = -INFINITY;
         } else {
             x += pyfa_load_f32<DT>(mrow, (uint32_t)key) * PYFA_LOG2E;
         }
     }
-    if (tr.kv_edge && key >= (int64_t)p.kv_len) x = -INFINITY;
+    if (tr.kv_edge && key >= kv_len()) x = -INFINITY;
     if (tr.causal_edge && key > pos) x = -INFINITY;
     if (tr.window_edge && pos - key >= (int64_t)p.window) x = -INFINITY;
     return x;
 }
 
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
 /* The geometry of one block: its query tile, the key tiles it visits, its
- * mask and blk rows. */
+ * mask and blk rows. This primary template serves the packed modes (no mask,
+ * no blk; the sequence's rows and keys from the clamped metadata of
+ * flash_attn_prefill_params.h); rectangular mode has its own below. */
+template <int KV_MODE>
 struct block_info {
+    static_assert(KV_MODE == PYFA_PREFILL_KV_VARLEN || KV_MODE == PYFA_PREFILL_KV_PAGED, "block_info: packed modes");
+    uint32_t qtile, h, b, kvh, i0, nq;
+    uint32_t q_len, kv_len;   /* the sequence's query rows (<= params.q_len) and keys */
+    int64_t p_lo, p_hi;
+    int64_t q_row0, k_row0;   /* packed q row of the sequence's row 0; varlen: k row of its key 0 */
+    const int32_t *bt;        /* paged: the sequence's block_table row */
+    uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
+    const char *mbase;        /* nullptr: no mask in the packed modes */
+    const uint8_t *blk_row;   /* nullptr */
+
+    __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t) {
+        /* Highest query tiles first: under causal masking they carry the most keys. */
+        qtile = p.num_q_blocks - 1 - blockIdx.x;
+        h = blockIdx.y;
+        b = blockIdx.z;
+        kvh = h / (p.num_heads / p.num_kv_heads);
+        i0 = qtile * BQ;
+        const pyfa_prefill_packed &pk = pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED);
+        const int32_t *cu_q = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_CU_SEQLENS_Q);
+        const int32_t *seq_k = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_SEQ_K);
+        const int64_t q_begin = clamp64(cu_q[b], 0, pk.total_q), q_end = clamp64(cu_q[b + 1], q_begin, pk.total_q);
+        int64_t keys;
+        k_row0 = 0;
+        bt = nullptr;
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_VARLEN) {
+            k_row0 = clamp64(seq_k[b], 0, pk.total_k);
+            keys = clamp64(seq_k[b + 1], k_row0, pk.total_k) - k_row0;
+        } else {
+            const pyfa_kv_pages &g = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
+            keys = clamp64(seq_k[b], 0, (int64_t)g.pages_per_seq * g.page_size);
+            bt = pyfa_ptr<const int32_t>(a, PYFA_PREFILL_ARG_BLOCK_TABLE) + (size_t)b * g.pages_per_seq;
+        }
+        q_row0 = q_begin;
+        q_len = (uint32_t)(q_end - q_begin < (int64_t)p.q_len ? q_end - q_begin : p.q_len);
+        kv_len = (uint32_t)keys;
+        /* A tile past the sequence's rows has nq 0 (live() is false). */
+        nq = i0 >= q_len ? 0 : q_len - i0 < BQ ? q_len - i0 : BQ;
+        p_lo = keys - (q_end - q_begin) + i0;
+        p_hi = p_lo + nq - 1;
+        int64_t k_begin = 0, k_end = keys;
+        if (f.causal && p_hi + 1 < k_end) k_end = p_hi + 1;
+        if (f.has_window && p_lo - (int64_t)p.window + 1 > k_begin) k_begin = p_lo - (int64_t)p.window + 1;
+        if (k_end > k_begin) {
+            t_begin = (uint32_t)(k_begin / BK);
+            t_end = (uint32_t)((k_end + BK - 1) / BK);
+        } else {
+            t_begin = t_end = 0;
+        }
+        mbase = nullptr;
+        blk_row = nullptr;
+    }
+
+    __device__ __forceinline__ bool live() const { return nq > 0; }
+
+    /* The sequence's keys. */
+    __device__ __forceinline__ uint32_t seq_kv_len() const { return kv_len; }
+    __device__ __forceinline__ uint32_t keys(const pyfa_flash_attn_prefill_params &) const { return kv_len; }
+
+    /* Element offset of the block's row r in q / out (packed rows; no batch stride). */
+    __device__ __forceinline__ int64_t row_offset(const int64_t (&st)[3], uint32_t head, int r = 0) const {
+        return (int64_t)head * st[1] + (q_row0 + i0 + r) * st[2];
+    }
+
+    /* Element offset of key 0 of KV head kvh in k / v (varlen: packed rows). */
+    __device__ __forceinline__ int64_t key_offset(const int64_t (&st)[3]) const {
+        return k_row0 * st[2] + (int64_t)kvh * st[1];
+    }
+
+    /* Index of the block's row 0 in lse [num_heads, total_q]. */
+    __device__ __forceinline__ size_t lse_index(const pyfa_flash_attn_prefill_params &, const pyfa_cuda_args &a) const {
+        return (size_t)h * pyfa_param<pyfa_prefill_packed>(a, PYFA_PREFILL_ARG_PACKED).total_q + (size_t)(q_row0 + i0);
+    }
+
+    __device__ __forceinline__ uint32_t next_tile(uint32_t t) const { return t; }
+
+    __device__ __forceinline__ tile_rules rules(const pyfa_flash_attn_prefill_params &p, const flags &f, uint32_t t,
+                                                uint32_t BK) const {
+        const int64_t j0 = (int64_t)t * BK, j_last = j0 + BK - 1;
+        tile_rules r;
+        r.read_mask = false;
+        r.kv_edge = j_last >= (int64_t)kv_len;
+        r.causal_edge = f.causal && j_last > p_lo;
+        r.window_edge = f.has_window && j0 <= p_hi - (int64_t)p.window;
+        return r;
+    }
+};
+
+/* Rectangular mode: the block_info of the rectangular kernel as it was before
+ * the packed modes, verbatim, with the accessors the kernels call, which
+ * reduce to the expressions the kernels used (so its code is unchanged). */
+template <>
+struct block_info<PYFA_PREFILL_KV_RECT> {
     uint32_t qtile, h, b, kvh, i0, nq;
     int64_t p_lo, p_hi;
     uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
@@ -128,6 +242,24 @@ struct block_info {
         }
     }
 
+    /* Not read: finish_score reads params.kv_len in this mode. */
+    __device__ __forceinline__ uint32_t seq_kv_len() const { return 0; }
+
+    __device__ __forceinline__ uint32_t keys(const pyfa_flash_attn_prefill_params &p) const { return p.kv_len; }
+
+    /* Element offset of the block's row r in q / out. */
+    __device__ __forceinline__ int64_t row_offset(const int64_t (&st)[3], uint32_t head, int r = 0) const {
+        return (int64_t)b * st[0] + (int64_t)head * st[1] + (int64_t)(i0 + r) * st[2];
+    }
+
+    __device__ __forceinline__ int64_t key_offset(const int64_t (&st)[3]) const {
+        return (int64_t)b * st[0] + (int64_t)kvh * st[1];
+    }
+
+    __device__ __forceinline__ size_t lse_index(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &) const {
+        return ((size_t)b * p.num_heads + h) * p.q_len + i0;
+    }
+
     /* The first key tile >= t that is not a blk SKIP tile (t_end if none). */
     __device__ __forceinline__ uint32_t next_tile(uint32_t t) const {
         if (blk_row != nullptr)
@@ -147,6 +279,7 @@ struct block_info {
     }
 };
 
+
 /* Copies rows [0, n) of a tile of `rows` rows (CH 16-byte chunks from chunk c0
  * of each source row) into shared memory with row pitch `ld` bytes; rows
  * [n, rows) are zero-filled. */
@@ -157,6 +290,28 @@ __device__ __forceinline__ void load_tile(char *dst, int ld, const char *src, in
         const int r = idx / CH, c = idx % CH;
         const bool live = (uint32_t)r < n;
         pyfa_cp_async16(dst + r * ld + c * 16, src + (live ? r * row_bytes : 0) + (int64_t)(c0 + c) * 16, live ? 16u : 0u);
+    }
+}
+
+/* load_tile for keys [j0, j0 + n) of a paged sequence: row r's source is its
+ * pool row (row_bytes apart; a block_table entry outside the pool reads the
+ * last page). */
+template <int CH>
+__device__ __forceinline__ void load_tile_paged(char *dst, int ld, const char *pool, int64_t row_bytes,
+                                                const pyfa_kv_pages &g, const int32_t *bt, uint32_t num_kv_heads,
+                                                uint32_t kvh, uint32_t j0, uint32_t c0, int rows, uint32_t n) {
+    const uint32_t shift = __ffs(g.page_size) - 1, tmask = g.page_size - 1; /* page_size: a power of two */
+    for (int idx = threadIdx.x; idx < rows * CH; idx += THREADS) {
+        const int r = idx / CH, c = idx % CH;
+        const bool live = (uint32_t)r < n;
+        int64_t off = 0;
+        if (live) {
+            const uint32_t s = j0 + r;
+            int32_t page = bt[s >> shift];
+            if (page < 0 || (uint32_t)page >= g.num_pages) page = (int32_t)g.num_pages - 1;
+            off = (int64_t)PYFA_PAGE_ROW(g.layout, g.page_size, num_kv_heads, (uint32_t)page, s & tmask, kvh) * row_bytes;
+        }
+        pyfa_cp_async16(dst + r * ld + c * 16, pool + off + (int64_t)(c0 + c) * 16, live ? 16u : 0u);
     }
 }
 
@@ -185,7 +340,7 @@ struct mma_shape {
     static_assert(BK % 16 == 0 && DO % 16 == 0 && D % 16 == 0, "mma path: 16-multiples");
 };
 
-template <int DT, int D, int BQ, int BK>
+template <int DT, int D, int BQ, int BK, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, const flags f) {
     using S = mma_shape<D, BQ, BK>;
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
@@ -193,7 +348,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
     constexpr int NPASS = S::NPASS, DO = S::DO, LDQ = S::LDQ, LDK = S::LDK, LDV = S::LDV, NT = S::NT, KD = S::KD,
                   ND = S::ND;
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
-    const block_info bi(p, a, f, BQ, BK, 2);
+    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2);
+    if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
+        if (!bi.live()) return; /* uniform per block, before any barrier */
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
 
     extern __shared__ uint4 smem_raw[];
@@ -201,12 +359,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
     char *sk = sq + BQ * LDQ * 2;
     char *sv = sk + BK * LDK * 2;
 
-    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) +
-                        ((int64_t)bi.b * p.q_strides[0] + (int64_t)bi.h * p.q_strides[1] + (int64_t)bi.i0 * p.q_strides[2]) * 2;
-    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) +
-                        ((int64_t)bi.b * p.k_strides[0] + (int64_t)bi.kvh * p.k_strides[1]) * 2;
-    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) +
-                        ((int64_t)bi.b * p.v_strides[0] + (int64_t)bi.kvh * p.v_strides[1]) * 2;
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) + bi.key_offset(p.v_strides) * 2;
     const int64_t krow = p.k_strides[2] * 2, vrow = p.v_strides[2] * 2;
     const float scale_log2 = p.scale * PYFA_LOG2E;
 
@@ -242,12 +397,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
 
         uint32_t kt = bi.next_tile(bi.t_begin);
         auto load_k = [&](uint32_t t) {
-            const uint32_t j0 = t * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
-            load_tile<D / 8>(sk, LDK * 2, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
+            const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
+            if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
+                load_tile_paged<D / 8>(sk, LDK * 2, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K), (int64_t)D * 2,
+                                       pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt, p.num_kv_heads,
+                                       bi.kvh, j0, 0, BK, n);
+            else
+                load_tile<D / 8>(sk, LDK * 2, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
         };
         auto load_v = [&](uint32_t t) {
-            const uint32_t j0 = t * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
-            load_tile<DO / 8>(sv, LDV * 2, vbase + (int64_t)j0 * vrow, vrow, pass * (DO / 8), BK, n);
+            const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
+            if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
+                load_tile_paged<DO / 8>(sv, LDV * 2, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V), (int64_t)D * 2,
+                                        pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt, p.num_kv_heads,
+                                        bi.kvh, j0, pass * (DO / 8), BK, n);
+            else
+                load_tile<DO / 8>(sv, LDV * 2, vbase + (int64_t)j0 * vrow, vrow, pass * (DO / 8), BK, n);
         };
         if (kt < bi.t_end) load_k(kt);
         pyfa_cp_async_commit();
@@ -284,7 +449,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
                     for (int e = 0; e < 4; e++) {
                         const int r = e >> 1;
                         const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-                        s[n][e] = finish_score<DT>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r]);
+                        s[n][e] = finish_score<DT, KV_MODE>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.seq_kv_len());
                     }
             } else { /* an interior tile: scale only */
 #pragma unroll
@@ -360,8 +525,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
         __syncthreads(); /* the next pass reloads K and V */
 
         const int64_t oes = f.out_f32 ? 4 : 2;
-        char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) +
-                      ((int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)bi.i0 * p.out_strides[2]) * oes;
+        char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float total = l[r];
@@ -380,8 +544,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
             }
             if (f.has_lse && pass == NPASS - 1 && t4 == 0) {
                 float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-                lse[((size_t)bi.b * p.num_heads + bi.h) * p.q_len + bi.i0 + row[r]] =
-                    total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
+                lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
             }
         }
     }
@@ -391,12 +554,15 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
 /* f32: BQ = 16 rows, BK = 32 keys; lane group (8 lanes) r owns query row r:
  * keys c8 + 8i of each score tile and output columns c8 + 8u. Shared floats:
  * Q [BQ][D+4], K or V [BK][D+4] (one buffer, loaded in turn), P [BQ][BK]. */
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, const flags f) {
     static_assert(BQ == 16 && BK == 32, "SIMT path: 16 rows x 8 lanes, 4 keys per lane");
     constexpr int LD = D + 4, KPL = BK / 8, CPL = D / 8;
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
-    const block_info bi(p, a, f, BQ, BK, 4);
+    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 4);
+    if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
+        if (!bi.live()) return; /* uniform per block, before any barrier */
+    }
     const int r = threadIdx.x >> 3, c8 = threadIdx.x & 7;
 
     extern __shared__ uint4 smem_raw[];
@@ -404,12 +570,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
     float *skv = sq + BQ * LD;
     float *sp = skv + BK * LD;
 
-    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) +
-                        ((int64_t)bi.b * p.q_strides[0] + (int64_t)bi.h * p.q_strides[1] + (int64_t)bi.i0 * p.q_strides[2]) * 4;
-    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) +
-                        ((int64_t)bi.b * p.k_strides[0] + (int64_t)bi.kvh * p.k_strides[1]) * 4;
-    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) +
-                        ((int64_t)bi.b * p.v_strides[0] + (int64_t)bi.kvh * p.v_strides[1]) * 4;
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 4;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 4;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) + bi.key_offset(p.v_strides) * 4;
     const int64_t krow = p.k_strides[2] * 4, vrow = p.v_strides[2] * 4;
     const float scale_log2 = p.scale * PYFA_LOG2E;
     const int64_t pos = bi.p_lo + r;
@@ -427,8 +590,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
 
 #pragma unroll 1
     for (uint32_t kt = bi.next_tile(bi.t_begin); kt < bi.t_end; kt = bi.next_tile(kt + 1)) {
-        const uint32_t j0 = kt * BK, n = p.kv_len - j0 < (uint32_t)BK ? p.kv_len - j0 : BK;
-        load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
+        const uint32_t j0 = kt * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
+            load_tile_paged<D / 4>(reinterpret_cast<char *>(skv), LD * 4, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K),
+                                   (int64_t)D * 4, pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt,
+                                   p.num_kv_heads, bi.kvh, j0, 0, BK, n);
+        else
+            load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, kbase + (int64_t)j0 * krow, krow, 0, BK, n);
         pyfa_cp_async_commit();
         pyfa_cp_async_wait<0>();
         __syncthreads(); /* K (and Q) landed */
@@ -453,7 +621,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < KPL; i++) {
-            s[i] = finish_score<PYFA_DTYPE_F32>(s[i], p, f, tr, scale_log2, mrow, (int64_t)j0 + c8 + 8 * i, pos);
+            s[i] = finish_score<PYFA_DTYPE_F32, KV_MODE>(s[i], p, f, tr, scale_log2, mrow, (int64_t)j0 + c8 + 8 * i, pos,
+                                                         bi.seq_kv_len());
             mx = fmaxf(mx, s[i]);
         }
 #pragma unroll
@@ -474,7 +643,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
         m = m_new;
         __syncthreads(); /* every lane is done with K; P is written */
 
-        load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, vbase + (int64_t)j0 * vrow, vrow, 0, BK, n);
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED)
+            load_tile_paged<D / 4>(reinterpret_cast<char *>(skv), LD * 4, pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V),
+                                   (int64_t)D * 4, pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES), bi.bt,
+                                   p.num_kv_heads, bi.kvh, j0, 0, BK, n);
+        else
+            load_tile<D / 4>(reinterpret_cast<char *>(skv), LD * 4, vbase + (int64_t)j0 * vrow, vrow, 0, BK, n);
         pyfa_cp_async_commit();
         pyfa_cp_async_wait<0>();
         __syncthreads(); /* V landed */
@@ -492,13 +666,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
 
     if ((uint32_t)r < bi.nq) {
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float *orow = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_OUT) +
-                      (int64_t)bi.b * p.out_strides[0] + (int64_t)bi.h * p.out_strides[1] + (int64_t)(bi.i0 + r) * p.out_strides[2];
+        float *orow = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h, r);
 #pragma unroll
         for (int u = 0; u < CPL; u++) orow[c8 + 8 * u] = o[u] * inv;
         if (f.has_lse && c8 == 0) {
             float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-            lse[((size_t)bi.b * p.num_heads + bi.h) * p.q_len + bi.i0 + r] = l > 0.0f ? (m + log2f(l)) * PYFA_LN2 : -INFINITY;
+            lse[bi.lse_index(p, a) + r] = l > 0.0f ? (m + log2f(l)) * PYFA_LN2 : -INFINITY;
         }
     }
 }
@@ -578,18 +751,20 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
 template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
-          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE, int OUT_DT>
+          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE, int OUT_DT, int KV_MODE>
 __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(DT) && pyfa_is_head_dim(D), "flash_attn_prefill: dtype / head_dim");
     static_assert(MASK_KIND == PYFA_MASK_ADDITIVE || MASK_KIND == PYFA_MASK_BOOL, "flash_attn_prefill: mask kind");
     static_assert(OUT_DT == DT || OUT_DT == PYFA_DTYPE_F32, "flash_attn_prefill: out dtype (the I/O dtype or f32)");
+    static_assert(KV_MODE == PYFA_PREFILL_KV_RECT || (KV_MODE == PYFA_PREFILL_KV_VARLEN || KV_MODE == PYFA_PREFILL_KV_PAGED) &&
+                  HAS_MASK == 0 && HAS_BLK == 0, "flash_attn_prefill: KV mode (the packed modes take no mask)");
     const prefill::flags f = {HAS_MASK != 0, HAS_MASK != 0 && MASK_KIND == PYFA_MASK_BOOL, DO_CAUSAL != 0,
                               HAS_WINDOW != 0, HAS_SOFTCAP != 0, HAS_MASK != 0 && HAS_BLK != 0, HAS_LSE != 0,
                               OUT_DT == PYFA_DTYPE_F32};
     if constexpr (DT == PYFA_DTYPE_F32) {
-        prefill::prefill_simt<D, BQ, BK>(a, f);
+        prefill::prefill_simt<D, BQ, BK, KV_MODE>(a, f);
     } else {
-        prefill::prefill_mma<DT, D, BQ, BK>(a, f);
+        prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);
     }
 }
 

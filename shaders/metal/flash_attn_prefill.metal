@@ -34,6 +34,7 @@ constant int fc_has_softcap [[function_constant(PYFA_PREFILL_FC_HAS_SOFTCAP)]];
 constant int fc_has_blk [[function_constant(PYFA_PREFILL_FC_HAS_BLK)]];
 constant int fc_has_lse [[function_constant(PYFA_PREFILL_FC_HAS_LSE)]];
 constant int fc_out_dtype [[function_constant(PYFA_PREFILL_FC_OUT_DTYPE)]];
+constant int fc_kv_mode [[function_constant(PYFA_PREFILL_FC_KV_MODE)]];
 
 #define PYFA_LOG2E 1.44269504088896340736f
 #define PYFA_LN2 0.69314718055994530942f
@@ -52,13 +53,78 @@ inline void prefill_stage(threadgroup T *dst, device const T *src, long row_stri
     }
 }
 
+// The packed modes' inputs (flash_attn_prefill_params.h, "Packed sequences").
+struct prefill_packed_args {
+    device const int *cu_seqlens_q;
+    device const int *seq_k;       // cu_seqlens_k (varlen) or kv_len (paged)
+    device const int *block_table; // paged
+    pyfa_kv_pages pages;
+    pyfa_prefill_packed packed;
+};
+
+// One sequence: its query rows (at most params.q_len), keys, the position of
+// its row 0, its first packed q row and k row, and its block_table row.
+struct prefill_sequence {
+    uint q_len, kv_len;
+    long q_offset, q_row0, k_row0;
+    device const int *bt;
+};
+
+// x clamped to [lo, hi] (64-bit; written out rather than relying on the
+// integer overloads of clamp / min for long).
+inline long prefill_clamp(long x, long lo, long hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+inline prefill_sequence prefill_sequence_of(constant pyfa_flash_attn_prefill_params &p, prefill_packed_args pk, uint b) {
+    prefill_sequence s = {p.q_len, p.kv_len, long(p.q_offset), 0, 0, pk.block_table};
+    if (fc_kv_mode == PYFA_PREFILL_KV_RECT) return s;
+    const long tq = long(pk.packed.total_q);
+    const long q_begin = prefill_clamp(long(pk.cu_seqlens_q[b]), 0l, tq);
+    const long q_end = prefill_clamp(long(pk.cu_seqlens_q[b + 1]), q_begin, tq);
+    long kv_len;
+    if (fc_kv_mode == PYFA_PREFILL_KV_VARLEN) {
+        const long tk = long(pk.packed.total_k);
+        const long k_begin = prefill_clamp(long(pk.seq_k[b]), 0l, tk);
+        kv_len = prefill_clamp(long(pk.seq_k[b + 1]), k_begin, tk) - k_begin;
+        s.k_row0 = k_begin;
+    } else {
+        kv_len = prefill_clamp(long(pk.seq_k[b]), 0l, long(pk.pages.pages_per_seq) * long(pk.pages.page_size));
+        s.bt = pk.block_table + ulong(b) * pk.pages.pages_per_seq;
+    }
+    s.q_row0 = q_begin;
+    s.q_len = uint(q_end - q_begin < long(p.q_len) ? q_end - q_begin : long(p.q_len));
+    s.kv_len = uint(kv_len);
+    s.q_offset = kv_len - (q_end - q_begin);
+    return s;
+}
+
+// prefill_stage for keys [j0, j0 + rows) of a paged sequence (pool rows of D
+// elements; a page outside the pool reads the last page).
+template <typename T>
+inline void prefill_stage_paged(threadgroup T *dst, device const T *pool, const pyfa_kv_pages g, device const int *bt,
+                                uint num_kv_heads, uint kvh, long j0, uint D, uint rows, uint tile_rows, uint c0,
+                                uint cols, uint tid) {
+    for (uint e = tid; e < tile_rows * cols; e += PYFA_METAL_PREFILL_THREADS) {
+        const uint r = e / cols, c = e - r * cols;
+        T x = T(0.0f);
+        if (r < rows) {
+            const uint s = uint(j0) + r;
+            int page = bt[s / g.page_size];
+            if (page < 0 || uint(page) >= g.num_pages) page = int(g.num_pages) - 1;
+            const uint row = PYFA_PAGE_ROW(g.layout, g.page_size, num_kv_heads, uint(page), s % g.page_size, kvh);
+            x = pool[ulong(row) * D + c0 + c];
+        }
+        dst[e] = x;
+    }
+}
+
 // One query tile of one head, I/O element type T, output element type O (T
 // or float). Constants come from the specialisation; `shared` is laid out as
 // metal_layout.h states.
 template <typename T, typename O>
 void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar *q, device const uchar *k,
                   device const uchar *v, device const uchar *mask, device const uchar *blk, device uchar *out,
-                  device float *lse, threadgroup float *shared, uint3 tg, uint tid, uint sg, uint lane) {
+                  device float *lse, prefill_packed_args pk, threadgroup float *shared, uint3 tg, uint tid, uint sg,
+                  uint lane) {
     const uint NSG = PYFA_METAL_PREFILL_SIMDGROUPS, NT = PYFA_METAL_PREFILL_THREADS;
     const uint D = uint(fc_head_dim), es = pyfa_dtype_size(fc_dtype);
     const uint BQ = uint(fc_block_q), BK = uint(fc_block_k), KC = pyfa_metal_prefill_kv_cols(D, es);
@@ -66,25 +132,33 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
     const uint n_score = (BQ / 8) * KB, n_out = (BQ / 8) * CB / NSG;
     const uint n_mine = (n_score + NSG - 1 - sg) / NSG; // score tiles sg, sg + NSG, ...
     const uint qtile = tg.x, h = tg.y, b = tg.z;
-    const uint i0 = qtile * BQ, nq = min(BQ, p.q_len - i0);
+    const prefill_sequence seq = prefill_sequence_of(p, pk, b);
+    const bool packed = fc_kv_mode != PYFA_PREFILL_KV_RECT, paged = fc_kv_mode == PYFA_PREFILL_KV_PAGED;
+    const uint i0 = qtile * BQ;
+    if (i0 >= seq.q_len) return; // a tile past a packed sequence's rows (uniform)
+    const uint nq = min(BQ, seq.q_len - i0);
     const uint kvh = h / (p.num_heads / p.num_kv_heads);
+    // Packed modes: row r of the sequence is packed row q_row0 + r (no batch stride).
+    const long row0 = seq.q_row0 + long(i0);
 
     threadgroup T *q_s = (threadgroup T *)shared;                  // [BQ][D]
     threadgroup T *kv_s = q_s + BQ * D;                            // [BK][KC]
     threadgroup float *s_s = (threadgroup float *)(kv_s + BK * KC); // [BQ][BK]
     threadgroup float *alpha_s = s_s + BQ * BK;                    // [BQ]
 
-    device const T *q_tile = (device const T *)q + (long(b) * p.q_strides[0] + long(h) * p.q_strides[1] +
-                                                    long(i0) * p.q_strides[2]);
-    device const T *k_head = (device const T *)k + (long(b) * p.k_strides[0] + long(kvh) * p.k_strides[1]);
-    device const T *v_head = (device const T *)v + (long(b) * p.v_strides[0] + long(kvh) * p.v_strides[1]);
+    device const T *q_tile = (device const T *)q + ((packed ? 0l : long(b) * p.q_strides[0]) +
+                                                    long(h) * p.q_strides[1] + row0 * p.q_strides[2]);
+    device const T *k_head = (device const T *)k + ((packed ? seq.k_row0 * p.k_strides[2] : long(b) * p.k_strides[0]) +
+                                                    long(kvh) * p.k_strides[1]);
+    device const T *v_head = (device const T *)v + ((packed ? seq.k_row0 * p.v_strides[2] : long(b) * p.v_strides[0]) +
+                                                    long(kvh) * p.v_strides[1]);
     prefill_stage(q_s, q_tile, p.q_strides[2], nq, BQ, 0, D, tid);
 
     // This thread's softmax row and its state.
     const uint TPR = NT / BQ, KPT = BK / TPR;
     const uint row = tid / TPR, sub = tid - row * TPR;
     const bool row_live = row < nq;
-    const long pos = long(p.q_offset) + long(i0) + long(row);
+    const long pos = seq.q_offset + long(i0) + long(row);
     float m = PYFA_MASKED_SCORE, l = 0.0f;
     device const uchar *mask_row = mask;
     if (fc_has_mask) {
@@ -99,8 +173,8 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
     }
 
     // Keys any row of the tile can see.
-    const long p_lo = long(p.q_offset) + long(i0), p_hi = p_lo + long(nq) - 1;
-    long k_begin = 0, k_end = long(p.kv_len);
+    const long p_lo = seq.q_offset + long(i0), p_hi = p_lo + long(nq) - 1;
+    long k_begin = 0, k_end = long(seq.kv_len);
     if (fc_causal && p_hi + 1 < k_end) k_end = p_hi + 1;
     if (fc_has_window && p_lo - long(p.window) + 1 > k_begin) k_begin = p_lo - long(p.window) + 1;
 
@@ -109,7 +183,7 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
     const float qk_scale = p.scale * PYFA_LOG2E;
 
     for (long j0 = k_end > k_begin ? k_begin / BK * BK : k_end; j0 < k_end; j0 += BK) {
-        const uint nk = min(BK, uint(long(p.kv_len) - j0));
+        const uint nk = min(BK, uint(long(seq.kv_len) - j0));
         const uint cls = fc_has_mask && fc_has_blk ? uint(blk_row[j0 / BK]) : uint(PYFA_BLK_MIXED);
         if (cls == PYFA_BLK_SKIP) continue; // uniform: every thread reads the same byte
 
@@ -118,7 +192,11 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
         for (uint i = 0; i < n_mine; i++) s_acc[i] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         for (uint c0 = 0; c0 < D; c0 += KC) {
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            prefill_stage(kv_s, k_head + j0 * p.k_strides[2], p.k_strides[2], nk, BK, c0, KC, tid);
+            if (paged)
+                prefill_stage_paged(kv_s, (device const T *)k, pk.pages, seq.bt, p.num_kv_heads, kvh, j0, D, nk, BK, c0,
+                                    KC, tid);
+            else
+                prefill_stage(kv_s, k_head + j0 * p.k_strides[2], p.k_strides[2], nk, BK, c0, KC, tid);
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint i = 0; i < n_mine; i++) {
                 const uint t = sg + NSG * i, stripe = t / KB, kb = t - stripe * KB;
@@ -180,7 +258,11 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
         // O = O * alpha + P V over column chunks of V; each O tile in its chunk.
         for (uint c0 = 0; c0 < D; c0 += KC) {
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            prefill_stage(kv_s, v_head + j0 * p.v_strides[2], p.v_strides[2], nk, BK, c0, KC, tid);
+            if (paged)
+                prefill_stage_paged(kv_s, (device const T *)v, pk.pages, seq.bt, p.num_kv_heads, kvh, j0, D, nk, BK, c0,
+                                    KC, tid);
+            else
+                prefill_stage(kv_s, v_head + j0 * p.v_strides[2], p.v_strides[2], nk, BK, c0, KC, tid);
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint i = 0; i < n_out; i++) {
                 const uint t = sg + NSG * i, stripe = t / CB, cb = t - stripe * CB;
@@ -203,10 +285,11 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (sub == 0) alpha_s[row] = l > 0.0f ? 1.0f / l : 0.0f;
     if (fc_has_lse && sub == 0 && row_live)
-        lse[(ulong(b) * p.num_heads + h) * p.q_len + i0 + row] = l > 0.0f ? (m + log2(l)) * PYFA_LN2 : pyfa_neg_inf();
+        lse[packed ? ulong(h) * pk.packed.total_q + ulong(row0) + row : (ulong(b) * p.num_heads + h) * p.q_len + i0 + row] =
+            l > 0.0f ? (m + log2(l)) * PYFA_LN2 : pyfa_neg_inf();
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    device O *o_tile = (device O *)out + (long(b) * p.out_strides[0] + long(h) * p.out_strides[1] +
-                                          long(i0) * p.out_strides[2]);
+    device O *o_tile = (device O *)out + ((packed ? 0l : long(b) * p.out_strides[0]) + long(h) * p.out_strides[1] +
+                                          row0 * p.out_strides[2]);
     const uint r_lane = pyfa_mat_row(lane), c_lane = pyfa_mat_col(lane);
     for (uint i = 0; i < n_out; i++) {
         const uint t = sg + NSG * i, stripe = t / CB, cb = t - stripe * CB;
@@ -225,6 +308,7 @@ void prefill_tile(constant pyfa_flash_attn_prefill_params &p, device const uchar
 // (an unknown out dtype written as the narrowest, never past the buffer).
 inline void prefill_poison(constant pyfa_flash_attn_prefill_params &p, device uchar *out, device float *lse,
                            uint3 tg, uint tid) {
+    if (fc_kv_mode != PYFA_PREFILL_KV_RECT) return; // packed rows: nothing to address without valid constants
     const uint i0 = tg.x * p.block_q, nq = min(p.block_q, p.q_len - i0);
     for (uint e = tid; e < nq * p.head_dim; e += PYFA_METAL_PREFILL_THREADS) {
         const uint r = e / p.head_dim, c = e - r * p.head_dim;
@@ -249,6 +333,11 @@ kernel void flash_attn_prefill(
     device const uchar *blk [[buffer(PYFA_PREFILL_ARG_BLK)]],
     device uchar *out [[buffer(PYFA_PREFILL_ARG_OUT)]],
     device float *lse [[buffer(PYFA_PREFILL_ARG_LSE)]],
+    device const int *cu_seqlens_q [[buffer(PYFA_PREFILL_ARG_CU_SEQLENS_Q)]],
+    device const int *seq_k [[buffer(PYFA_PREFILL_ARG_SEQ_K)]],
+    device const int *block_table [[buffer(PYFA_PREFILL_ARG_BLOCK_TABLE)]],
+    constant pyfa_kv_pages &pages [[buffer(PYFA_PREFILL_ARG_PAGES)]],
+    constant pyfa_prefill_packed &packed [[buffer(PYFA_PREFILL_ARG_PACKED)]],
     threadgroup float *shared [[threadgroup(0)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort tid [[thread_index_in_threadgroup]],
@@ -257,20 +346,21 @@ kernel void flash_attn_prefill(
 {
     const uint D = uint(fc_head_dim), es = pyfa_dtype_size(fc_dtype);
     if (!pyfa_is_attn_dtype(fc_dtype) || !pyfa_is_head_dim(fc_head_dim) ||
-        (fc_out_dtype != fc_dtype && fc_out_dtype != PYFA_DTYPE_F32) ||
+        (fc_out_dtype != fc_dtype && fc_out_dtype != PYFA_DTYPE_F32) || uint(fc_kv_mode) > PYFA_PREFILL_KV_PAGED ||
         uint(fc_block_q) != pyfa_metal_prefill_block_q(D, es) || uint(fc_block_k) != pyfa_metal_prefill_block_k(D, es)) {
         prefill_poison(p, out, lse, tg, tid);
         return;
     }
     const bool f32_out = fc_out_dtype == PYFA_DTYPE_F32;
+    const prefill_packed_args pk = {cu_seqlens_q, seq_k, block_table, pages, packed};
     if (fc_dtype == PYFA_DTYPE_F16 && f32_out)
-        prefill_tile<half, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+        prefill_tile<half, float>(p, q, k, v, mask, blk, out, lse, pk, shared, tg, tid, sg, lane);
     else if (fc_dtype == PYFA_DTYPE_F16)
-        prefill_tile<half, half>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+        prefill_tile<half, half>(p, q, k, v, mask, blk, out, lse, pk, shared, tg, tid, sg, lane);
     else if (fc_dtype == PYFA_DTYPE_BF16 && f32_out)
-        prefill_tile<bfloat, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+        prefill_tile<bfloat, float>(p, q, k, v, mask, blk, out, lse, pk, shared, tg, tid, sg, lane);
     else if (fc_dtype == PYFA_DTYPE_BF16)
-        prefill_tile<bfloat, bfloat>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+        prefill_tile<bfloat, bfloat>(p, q, k, v, mask, blk, out, lse, pk, shared, tg, tid, sg, lane);
     else
-        prefill_tile<float, float>(p, q, k, v, mask, blk, out, lse, shared, tg, tid, sg, lane);
+        prefill_tile<float, float>(p, q, k, v, mask, blk, out, lse, pk, shared, tg, tid, sg, lane);
 }

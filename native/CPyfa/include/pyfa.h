@@ -170,6 +170,26 @@ int pyfa_flash_attn_prefill(pyfa_encoder *encoder, const pyfa_flash_attn_prefill
 int pyfa_merge_attention_states(pyfa_encoder *encoder, const pyfa_merge_attn_params *params, pyfa_buffer *o_a,
                                 pyfa_buffer *lse_a, pyfa_buffer *o_b, pyfa_buffer *lse_b, pyfa_buffer *out,
                                 pyfa_buffer *lse_out);
+/* ---- packed prefill: varlen and paged (flash_attn_prefill's KV modes) ----
+ * Contract in flash_attn_prefill_params.h ("Packed sequences") and
+ * paged_kv_params.h. params->batch is the number of sequences, q_len /
+ * kv_len the longest sequence's; head and row strides of q, k, v, out as in
+ * the rectangular op (batch strides not read); mask_strides and q_offset 0
+ * (masks are refused). Metadata buffers are int32; host-visible values are
+ * checked (cu_seqlens from 0, non-decreasing, ending at packed->total_q /
+ * total_k; q_len_b <= kv_len_b; block_table entries in range), device values
+ * clamped. lse (may be NULL): f32 [num_heads, total_q]. */
+int pyfa_flash_attn_prefill_varlen(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
+                                   const pyfa_prefill_packed *packed, pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v,
+                                   pyfa_buffer *cu_seqlens_q, pyfa_buffer *cu_seqlens_k, pyfa_buffer *out,
+                                   pyfa_buffer *lse);
+/* k_pages / v_pages: pools [num_pages, page_size, num_kv_heads, head_dim] (NHD)
+ * or [num_pages, num_kv_heads, page_size, head_dim] (HND), contiguous;
+ * kv_len [batch] includes the new rows (appended before the call). */
+int pyfa_flash_attn_prefill_paged(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
+                                  const pyfa_prefill_packed *packed, const pyfa_kv_pages *pages, pyfa_buffer *q,
+                                  pyfa_buffer *k_pages, pyfa_buffer *v_pages, pyfa_buffer *cu_seqlens_q,
+                                  pyfa_buffer *kv_len, pyfa_buffer *block_table, pyfa_buffer *out, pyfa_buffer *lse);
 /* ---- TurboQuant compressed KV cache (codec and contracts: turboquant_params.h) ----
  * Every encode call records dispatches on the encoder; commit + wait run them. */
 /* The f32 Lloyd-Max codebook of N(0,1) at bits in {2, 3, 4, 8}: count = 2^bits
@@ -324,6 +344,33 @@ typedef struct pyfa_prefill_run_args {
     uint32_t flags;        /* PYFA_RUN_FINISH, or 0 */
     uint32_t reserved;
 } pyfa_prefill_run_args;
+
+/* Packed prefill (pyfa_flash_attn_prefill_varlen / _paged), one plan for
+ * either kv_mode: attn and pages as those calls take them (pages zero for
+ * varlen); a run gives the memory and the packed lengths. */
+typedef struct pyfa_varlen_prefill_plan_desc {
+    pyfa_flash_attn_prefill_params attn;
+    pyfa_kv_pages pages;
+    uint32_t kv_mode;      /* PYFA_PREFILL_KV_VARLEN or PYFA_PREFILL_KV_PAGED */
+    pyfa_dtype dtype;      /* of q, k and v (or the pools) */
+    pyfa_dtype out_dtype;  /* dtype or f32 */
+    uint32_t return_lse;
+} pyfa_varlen_prefill_plan_desc;
+
+typedef struct pyfa_varlen_prefill_run_args {
+    pyfa_tensor q, k, v;     /* varlen: packed k, v; paged: k_pages, v_pages */
+    pyfa_tensor cu_seqlens_q;
+    pyfa_tensor seq_k;       /* varlen: cu_seqlens_k [batch + 1]; paged: kv_len [batch] */
+    pyfa_tensor block_table; /* paged: [batch, pages_per_seq] */
+    pyfa_tensor out;
+    pyfa_tensor lse;         /* [num_heads, total_q] f32 when planned with return_lse */
+    uint32_t total_q, total_k; /* packed rows of q (and of k / v for varlen; 0 paged) */
+    uint32_t flags;          /* PYFA_RUN_FINISH, or 0 */
+    uint32_t reserved;
+} pyfa_varlen_prefill_run_args;
+
+int pyfa_varlen_prefill_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_varlen_prefill_plan_desc *desc);
+int pyfa_varlen_prefill_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_varlen_prefill_run_args *args);
 
 int pyfa_decode_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_decode_plan_desc *desc);
 int pyfa_prefill_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_prefill_plan_desc *desc);

@@ -109,3 +109,20 @@ public func pyfa_encoder_finish_impl(_ encoder: OpaquePointer?) -> Int32 {
     abiCall { try (object(encoder, "encoder") as CommandEncoder).finish() }
 }
 
+
+// ---- packed prefill (varlen / paged) plans ----
+
+@_cdecl("pyfa_varlen_prefill_plan_new")
+public func pyfa_varlen_prefill_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePointer?>?, _ device: OpaquePointer?,
+                                              _ desc: UnsafePointer<pyfa_varlen_prefill_plan_desc>?) -> Int32 {
+    newPlan(out, device, desc) { try PackedPrefillPlan(device: $0, desc: $1) }
+}
+
+@_cdecl("pyfa_varlen_prefill_run")
+public func pyfa_varlen_prefill_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
+                                         _ args: UnsafePointer<pyfa_varlen_prefill_run_args>?) -> Int32 {
+    runPlan(plan, encoder, args, flags: \.flags) { (p: PackedPrefillPlan, e, a) in
+        try require(a.reserved == 0, "reserved: must be 0")
+        try p.run(e, args: a)
+    }
+}

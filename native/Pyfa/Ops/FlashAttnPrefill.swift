@@ -71,7 +71,7 @@ public enum FlashAttnPrefill {
     /// maskKind nil: no mask bound.
     static func prefillConstants(dtype: DType, headDim: UInt32, blockQ: UInt32, blockK: UInt32, maskKind: Int32?,
                                  causal: Bool, window: Bool, softcap: Bool, blk: Bool, lse: Bool,
-                                 out: DType) throws -> FunctionConstants {
+                                 out: DType, kvMode: Int32 = PYFA_PREFILL_KV_RECT) throws -> FunctionConstants {
         let flag: (Bool) -> Int32 = { $0 ? 1 : 0 }
         return try FunctionConstants(count: PYFA_PREFILL_FC_COUNT, [
             PYFA_PREFILL_FC_DTYPE: dtype.rawValue,
@@ -86,6 +86,7 @@ public enum FlashAttnPrefill {
             PYFA_PREFILL_FC_HAS_BLK: flag(blk),
             PYFA_PREFILL_FC_HAS_LSE: flag(lse),
             PYFA_PREFILL_FC_OUT_DTYPE: out.rawValue,
+            PYFA_PREFILL_FC_KV_MODE: kvMode,
         ])
     }
 
@@ -156,7 +157,7 @@ public enum FlashAttnPrefill {
             (Int(PYFA_PREFILL_ARG_MASK), .buffer(mask ?? q)),
             (Int(PYFA_PREFILL_ARG_BLK), .buffer(blk ?? q)),
             (Int(PYFA_PREFILL_ARG_LSE), .buffer(lse ?? out)),
-        ]
+        ] + FlashAttnPrefillPacked.rectangularStandIns(q)
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)

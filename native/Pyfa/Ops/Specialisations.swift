@@ -115,6 +115,7 @@ public enum KernelSpecialisations {
                         }
                     }
                 }
+                attn += try packedPrefill(dtype: dtype, headDim: d, blockQ: g.blockQ, blockK: g.blockK)
                 for kind in [PYFA_MASK_ADDITIVE, PYFA_MASK_BOOL] {
                     let c = try FlashAttnPrefill.blkConstants(dtype: dtype, blockQ: g.blockQ, blockK: g.blockK, maskKind: kind)
                     if !blk.contains(c) { blk.append(c) }
@@ -125,6 +126,28 @@ public enum KernelSpecialisations {
             }
         }
         return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
+    }
+
+    /// flash_attn_prefill in the packed modes (varlen, paged): no mask or blk.
+    static func packedPrefill(dtype: DType, headDim: UInt32, blockQ: UInt32, blockK: UInt32) throws -> [FunctionConstants] {
+        var all: [FunctionConstants] = []
+        for mode in [PYFA_PREFILL_KV_VARLEN, PYFA_PREFILL_KV_PAGED] {
+            for causal in flags {
+                for window in flags {
+                    for softcap in flags {
+                        for lse in flags {
+                            for out in FlashAttnPrefill.outTypes(dtype) {
+                                all.append(try FlashAttnPrefill.prefillConstants(
+                                    dtype: dtype, headDim: headDim, blockQ: blockQ, blockK: blockK, maskKind: nil,
+                                    causal: causal, window: window, softcap: softcap, blk: false, lse: lse, out: out,
+                                    kvMode: mode))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        return all
     }
 
     static func turboQuant() throws -> [(name: String, constants: [FunctionConstants])] {
