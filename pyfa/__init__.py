@@ -36,6 +36,8 @@ __all__ += ["paged_kv_append", "PagedKVCache", "TurboQuantPagedKVCache"]
 from .paged import paged_decode_attention  # noqa: E402
 
 __all__ += ["paged_decode_attention"]
+
+# Packed (varlen) prefill, and prefill over paged pools (chunked prefill).
 from .varlen import paged_attention, varlen_attention  # noqa: E402
 
 __all__ += ["varlen_attention", "paged_attention"]

@@ -126,7 +126,8 @@ fi
 if has paged; then
     echo "== paged KV: tests (paged ops + the dense decode and prefill they share kernels with), benchmarks"
     timeout ${PYFA_PAGED_TEST_TIMEOUT:-300} python3 -m pytest -q -rs -n ${PYFA_TEST_WORKERS:-12} ${PYFA_PAGED_TESTS:-tests/test_paged_decode.py \
-        tests/test_paged_append.py tests/test_paged_cache.py tests/test_decode.py tests/test_turboquant.py} \
+        tests/test_paged_append.py tests/test_paged_cache.py tests/test_varlen.py tests/test_paged_prefill.py \
+        tests/test_decode.py tests/test_turboquant.py tests/test_prefill.py} \
         > "$out/paged_tests.txt" 2>&1 || status=1
     tail -6 "$out/paged_tests.txt"
     timeout ${PYFA_PAGED_BENCH_TIMEOUT:-240} python3 scripts/gpu_paged_bench.py --json "$out/paged.json" \
@@ -134,7 +135,10 @@ if has paged; then
     timeout ${PYFA_PAGED_BENCH_TIMEOUT:-240} python3 -m pytest -q -rs -p no:cacheprovider benchmarks/test_paged_append_bench.py \
         -k cuda --benchmark-enable --benchmark-columns=median --benchmark-json="$out/paged_append.json" \
         >> "$out/paged_bench.txt" 2>&1 || status=1
-    cat "$out/paged_bench.txt" | tail -60
+    timeout ${PYFA_PAGED_BENCH_TIMEOUT:-240} python3 -m pytest -q -rs -s -p no:cacheprovider benchmarks/test_cuda_varlen.py \
+        --benchmark-enable --benchmark-columns=median --benchmark-json="$out/varlen.json" \
+        >> "$out/paged_bench.txt" 2>&1 || status=1
+    grep -v "^\s*$" "$out/paged_bench.txt" | tail -60
 fi
 if has variants; then
     echo "== decode kernel variants (quick cases)"
