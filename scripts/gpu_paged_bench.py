@@ -47,9 +47,9 @@ def copy_gbs():
     return 2 * x.numel() * 2 / (us * 1e-6) / 1e9
 
 
-def pools(lens, page_size, gen, dtype=torch.bfloat16, row=None):
-    """Shuffled NHD pools covering `lens` and a block table [B, pages_per_seq] (int32, on the GPU).
-    row: bytes of a uint8 row (TurboQuant codes), else D elements of `dtype`."""
+def pools(lens, page_size, gen, dtype=torch.bfloat16, row=None, layout="nhd"):
+    """Shuffled pools of `layout` covering `lens` and a block table [B, pages_per_seq] (int32, on
+    the GPU). row: bytes of a uint8 row (TurboQuant codes), else D elements of `dtype`."""
     B = len(lens)
     pps = max(-(-n // page_size) for n in lens)
     num_pages = sum(-(-n // page_size) for n in lens)
@@ -60,12 +60,13 @@ def pools(lens, page_size, gen, dtype=torch.bfloat16, row=None):
         used = -(-n // page_size)
         table[b, :used] = order[at:at + used]
         at += used
+    dims = (num_pages, page_size, HKV) if layout == "nhd" else (num_pages, HKV, page_size)
     if row is None:
-        k = torch.randn((num_pages, page_size, HKV, D), dtype=dtype, device="cuda")
+        k = torch.randn(dims + (D,), dtype=dtype, device="cuda")
         v = torch.randn_like(k)
     else:
-        k = torch.randint(0, 256, (num_pages, page_size, HKV, row), dtype=torch.uint8, device="cuda")
-        v = torch.randint(0, 256, (num_pages, page_size, HKV, row), dtype=torch.uint8, device="cuda")
+        k = torch.randint(0, 256, dims + (row,), dtype=torch.uint8, device="cuda")
+        v = torch.randint(0, 256, dims + (row,), dtype=torch.uint8, device="cuda")
     return k, v, table.cuda()
 
 
@@ -78,16 +79,19 @@ def contiguous_vs_paged(dev, gen, results):
         lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
         t_cont = timed_us(lambda: pyfa.decode_attention(q, k, v, lens, device=dev))
         del k, v
-        kp, vp, table = pools([L] * B, 16, gen)
-        t_paged = timed_us(lambda: pyfa.paged_decode_attention(q, kp, vp, table, lens, device=dev))
-        kv_bytes = 2 * B * HKV * L * D * 2
-        row = {"case": f"B={B} L={L} bf16", "contiguous_us": round(t_cont, 1), "paged16_us": round(t_paged, 1),
-               "paged_over_contiguous": round(t_paged / t_cont, 3),
-               "contiguous_GBs": round(kv_bytes / t_cont / 1e3, 1), "paged16_GBs": round(kv_bytes / t_paged / 1e3, 1)}
-        results.append(row)
-        print(row, flush=True)
-        del kp, vp
-        torch.cuda.empty_cache()
+        for layout in ("nhd", "hnd"):
+            kp, vp, table = pools([L] * B, 16, gen, layout=layout)
+            t_paged = timed_us(lambda: pyfa.paged_decode_attention(q, kp, vp, table, lens, page_layout=layout,
+                                                                   device=dev))
+            kv_bytes = 2 * B * HKV * L * D * 2
+            row = {"case": f"B={B} L={L} bf16 {layout}", "contiguous_us": round(t_cont, 1),
+                   "paged16_us": round(t_paged, 1), "paged_over_contiguous": round(t_paged / t_cont, 3),
+                   "contiguous_GBs": round(kv_bytes / t_cont / 1e3, 1),
+                   "paged16_GBs": round(kv_bytes / t_paged / 1e3, 1)}
+            results.append(row)
+            print(row, flush=True)
+            del kp, vp
+            torch.cuda.empty_cache()
 
 
 def mixed_batch(dev, gen, results, copy):
@@ -97,14 +101,14 @@ def mixed_batch(dev, gen, results, copy):
     q = torch.randn((64, HQ, D), dtype=torch.bfloat16, device="cuda")
     tl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     kv_bytes = 2 * sum(lens) * HKV * D * 2
-    for ps in (16, 128):
-        kp, vp, table = pools(lens, ps, gen)
+    for ps, layout in ((16, "nhd"), (128, "nhd"), (16, "hnd"), (128, "hnd")):
+        kp, vp, table = pools(lens, ps, gen, layout=layout)
         # Host lengths: the split is planned for the batch's mix (Paged.splitBatch); device lengths: as if full.
         for label, kv_len in (("host kv_len", lens), ("device kv_len", tl)):
-            t = timed_us(lambda: pyfa.paged_decode_attention(q, kp, vp, table, kv_len, device=dev))
+            t = timed_us(lambda: pyfa.paged_decode_attention(q, kp, vp, table, kv_len, page_layout=layout, device=dev))
             gbs = kv_bytes / t / 1e3
-            row = {"case": f"B=64 lens 512..32K page {ps} bf16 ({label})", "us": round(t, 1), "GBs": round(gbs, 1),
-                   "of_copy": round(gbs / copy, 3)}
+            row = {"case": f"B=64 lens 512..32K page {ps} {layout} bf16 ({label})", "us": round(t, 1),
+                   "GBs": round(gbs, 1), "of_copy": round(gbs / copy, 3)}
             results.append(row)
             print(row, flush=True)
         del kp, vp
