@@ -229,8 +229,7 @@ class _PagedPool:
             try:
                 # GPU rows: the slots go up as a tensor of the rows' framework on its stream (no
                 # host staging buffer per append); the pool computed them, so they need no check.
-                slot_arg = slots if like is None else _device_ints(self.device, slots, like.obj)
-                self._run(k, v, like, slot_arg)
+                self._run(k, v, like, slots)
             except BaseException:
                 self._release(taken)
                 raise
@@ -259,7 +258,7 @@ class _PagedPool:
         through device copies, and the run then waits for its work."""
         args = ffi.new("pyfa_paged_append_run_args *")
         keep = []  # device copies that must live until the run is recorded
-        for field, a in (("k", k), ("v", v), ("slot_mapping", slots)):
+        for field, a in (("k", k), ("v", v)):
             if not isinstance(a, GpuArray) and cuda_interop.is_gpu_array(a):
                 a = cuda_interop.describe(a, field)
             if isinstance(a, GpuArray) or self.device.host_visible:
@@ -271,6 +270,17 @@ class _PagedPool:
                 address, nbytes = lib.pyfa_buffer_address(b.handle), b.nbytes
             t = getattr(args, field)
             t.address, t.nbytes = address, nbytes
+        if not isinstance(slots, np.ndarray):  # a GPU int32 array the kernel reads
+            g = slots if isinstance(slots, GpuArray) else cuda_interop.describe(slots, "slot_mapping")
+            args.slot_mapping.device.address, args.slot_mapping.device.nbytes = g.ptr, g.nbytes
+        elif self.device.host_visible:
+            # The array itself: no inline-size limit (Metal's setBytes takes 4 KB).
+            args.slot_mapping.device.address, args.slot_mapping.device.nbytes = _io.address(slots), slots.nbytes
+        else:
+            # On a GPU the slots travel with the launch (no copy, no allocation); the library checks them.
+            host = ffi.from_buffer("int32_t[]", slots)
+            keep.append(slots)
+            args.slot_mapping.host = host
         for field, (address, nbytes) in zip(self._pool_fields, self._pool_tensors):
             t = getattr(args, field)
             t.address, t.nbytes = address, nbytes
@@ -327,7 +337,14 @@ class _PagedPool:
         """decode(q, *pools, block_table, kv_len, **kwargs) for ``seq_ids``. A host q over pools on
         a GPU is copied to the pools' GPU and the results come back as numpy arrays (as a ring
         cache's attend does); GPU queries are read in place."""
-        table, lens = self.block_table(seq_ids), self.kv_len(seq_ids)
+        table = self.block_table(seq_ids)
+        if self.device.host_visible:
+            lens = self.kv_len(seq_ids)
+        else:
+            # Host lengths travel with the launch (no upload per step; they change every step)
+            # and let the plan size the split for the batch's actual lengths.
+            ids = self._seq_ids(seq_ids)
+            lens = np.fromiter((self._seqs[s].length for s in ids), np.int32, len(ids))
         if self.device.host_visible or cuda_interop.is_gpu_array(q):
             return decode(q, *pools, table, lens, **kwargs)
         q = _io.as_array(q, "q", allowed=dtypes.FLOAT_TYPES + (np.dtype(np.float64),), ndims=(3,))

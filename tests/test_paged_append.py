@@ -402,8 +402,9 @@ def test_plan_run_writes_what_the_buffer_form_writes(device, rng, tq_pool):
     status, plan = _new_plan(device, desc)
     assert status == lib.PYFA_OK, plan
     args = ffi.new("pyfa_paged_append_run_args *")
-    for field, a in zip(("k", "v", "slot_mapping") + fields, [k, v, slots] + pools):
+    for field, a in zip(("k", "v") + fields, [k, v] + pools):
         _tensor(getattr(args, field), a)
+    _tensor(args.slot_mapping.device, slots)
     args.num_tokens, args.flags = 3, lib.PYFA_RUN_FINISH
     enc = device.encoder()
     assert lib.pyfa_paged_append_run(plan, enc, args) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error()).decode()
@@ -418,11 +419,15 @@ def test_plan_run_rules(cpu):
     k = np.zeros((2, 1, 64), np.float32)
     pools = [np.zeros((2, 16, 1, 64), np.float16) for _ in range(2)]
 
-    def run(change, slots=(0, 1)):
+    def run(change, slots=(0, 1), host=False):
         args = ffi.new("pyfa_paged_append_run_args *")
         s = np.array(slots, np.int32)
-        for field, a in zip(("k", "v", "slot_mapping", "k_pages", "v_pages"), [k, k, s] + pools):
+        for field, a in zip(("k", "v", "k_pages", "v_pages"), [k, k] + pools):
             _tensor(getattr(args, field), a)
+        if host:  # values the library reads during the run and sends with the launch
+            args.slot_mapping.host = host_values = ffi.new("int32_t[]", list(slots))  # noqa: F841 (kept alive)
+        else:
+            _tensor(args.slot_mapping.device, s)
         args.num_tokens = 2
         change(args)
         status = lib.pyfa_paged_append_run(plan, cpu.encoder(), args)
@@ -440,4 +445,13 @@ def test_plan_run_rules(cpu):
     ]:
         status, msg = run(change, slots)
         assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
+    for slots, match in [((7, 7), "slot_mapping[1]: slot 7 is also token 0's"),
+                         ((32, 0), "slot_mapping[0]: slot 32 is outside the pool")]:
+        status, msg = run(lambda a: None, slots, host=True)
+        assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
     assert not pools[0].any()
+    # Host slot values write where device memory does (-1: padding, nothing written).
+    k[...] = 1.0
+    status, msg = run(lambda a: setattr(a, "flags", lib.PYFA_RUN_FINISH), (3, -1), host=True)
+    assert status == lib.PYFA_OK, msg
+    assert pools[0][0, 3].any() and not pools[0][0, 4:].any() and not pools[0][0, :3].any()

@@ -42,7 +42,7 @@ __device__ void kv_append_paged_body(const pyfa_cuda_args &a) {
     const pyfa_kv_append_paged_params &p = pyfa_param<pyfa_kv_append_paged_params>(a, PYFA_KV_APPEND_PAGED_ARG_PARAMS);
     constexpr int SSZ = SDT == PYFA_DTYPE_F32 ? 4 : 2, CSZ = CDT == PYFA_DTYPE_F32 ? 4 : 2;
     const uint32_t token = blockIdx.x, head = blockIdx.y, D = p.head_dim;
-    const int32_t slot = pyfa_ptr<const int32_t>(a, PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING)[token];
+    const int32_t slot = pyfa_values<int32_t>(a, PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING)[token];
     if (slot < 0 || (uint32_t)slot >= p.pages.num_pages * p.pages.page_size) return;
     const uint32_t page = (uint32_t)slot / p.pages.page_size, t = (uint32_t)slot % p.pages.page_size;
     const size_t row = PYFA_PAGE_ROW(p.pages.layout, p.pages.page_size, p.num_kv_heads, page, t, head);

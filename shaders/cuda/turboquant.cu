@@ -337,7 +337,7 @@ __device__ void tq_quantize_paged_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_bits(KB) && pyfa_is_tq_head_dim(D) && pyfa_is_tq_bits(VB),
                   "tq_quantize_paged: src dtype / k_bits / head_dim / v_bits");
     const pyfa_tq_quantize_paged_params &p = pyfa_param<pyfa_tq_quantize_paged_params>(a, PYFA_TQ_QUANT_PAGED_ARG_PARAMS);
-    const int32_t slot = pyfa_ptr<const int32_t>(a, PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING)[blockIdx.x];
+    const int32_t slot = pyfa_values<int32_t>(a, PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING)[blockIdx.x];
     if (slot < 0 || (uint32_t)slot >= p.pages.num_pages * p.pages.page_size) return;
     const uint32_t page = (uint32_t)slot / p.pages.page_size, t = (uint32_t)slot % p.pages.page_size;
     const size_t r = PYFA_PAGE_ROW(p.pages.layout, p.pages.page_size, p.num_kv_heads, page, t, blockIdx.y);

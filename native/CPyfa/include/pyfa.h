@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 3
+#define PYFA_ABI_VERSION 4
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -485,7 +485,7 @@ typedef struct pyfa_paged_append_run_args {
     pyfa_tensor k, v;               /* [num_tokens, num_kv_heads, head_dim] of src_dtype */
     pyfa_tensor k_pages, v_pages;   /* dense pools, or TurboQuant codes */
     pyfa_tensor k_scales, v_scales; /* TurboQuant scales (absent for dense pools) */
-    pyfa_tensor slot_mapping;       /* int32 [num_tokens] */
+    pyfa_seq_values slot_mapping;   /* int32 [num_tokens]: host values (checked, sent with the launch) or device memory */
     uint32_t num_tokens;
     uint32_t flags;                 /* PYFA_RUN_FINISH, or 0 */
 } pyfa_paged_append_run_args;

@@ -10,7 +10,7 @@ public func pyfa_kv_append_paged_impl(_ encoder: OpaquePointer?, _ params: Unsaf
         try PagedAppend.encodeDense(e, try value(params, "params"), srcK: optionalObject(srcK, "src_k"),
                                     srcV: optionalObject(srcV, "src_v"), kPages: optionalObject(kPages, "k_pages"),
                                     vPages: optionalObject(vPages, "v_pages"),
-                                    slotMapping: optionalObject(slotMapping, "slot_mapping"))
+                                    slotMapping: optionalObject(slotMapping, "slot_mapping").map { SequenceValues.buffer($0) })
     }
 }
 
@@ -26,7 +26,7 @@ public func pyfa_tq_quantize_paged_impl(_ encoder: OpaquePointer?, _ params: Uns
                                          kScales: optionalObject(kScales, "k_scales"),
                                          vCodes: optionalObject(vCodes, "v_codes"),
                                          vScales: optionalObject(vScales, "v_scales"),
-                                         slotMapping: optionalObject(slotMapping, "slot_mapping"))
+                                         slotMapping: optionalObject(slotMapping, "slot_mapping").map { SequenceValues.buffer($0) })
     }
 }
 
@@ -42,6 +42,6 @@ public func pyfa_paged_append_run_impl(_ plan: OpaquePointer?, _ encoder: Opaque
     runPlan(plan, encoder, args, flags: \.flags) { (p: PagedAppendPlan, e, a) in
         try p.run(e, k: TensorRef(a.k), v: TensorRef(a.v), kPages: TensorRef(a.k_pages), vPages: TensorRef(a.v_pages),
                   kScales: TensorRef(a.k_scales), vScales: TensorRef(a.v_scales),
-                  slotMapping: TensorRef(a.slot_mapping), numTokens: a.num_tokens)
+                  slotMapping: sequenceRef(a.slot_mapping, count: a.num_tokens), numTokens: a.num_tokens)
     }
 }

@@ -6,7 +6,7 @@ extension TensorRef {
 }
 
 /// pyfa_seq_values as a run takes them: host values are read here, once.
-private func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
+func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
     guard let host = s.host else { return .device(TensorRef(s.device)) }
     return .host(Array(UnsafeBufferPointer(start: host, count: Int(count))))
 }

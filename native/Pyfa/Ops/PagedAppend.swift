@@ -28,17 +28,18 @@ public enum PagedAppend {
         return Int(rows)
     }
 
-    /// slot_mapping: int32 [num_tokens]. Where the host can read it, each value
-    /// is a slot of the pool or negative (padding), and no two tokens name one
-    /// slot: a duplicate would leave the row to whichever write lands last.
-    /// Device values are only clamped by the kernels (out of range: nothing
-    /// written; duplicates: the last writer is unspecified).
-    static func checkSlotMapping(_ b: Buffer?, numTokens: Int, slots: Int) throws -> Buffer {
-        let b = try Check.buffer(b, "slot_mapping", dtypes: [.i32], elements: numTokens)
-        guard let p = b.contents else { return b }
+    /// slot_mapping: int32 [num_tokens], host values (sent with the launch) or
+    /// memory. Where the host can read them, each value is a slot of the pool
+    /// or negative (padding), and no two tokens name one slot: a duplicate
+    /// would leave the row to whichever write lands last. Device values are
+    /// only clamped by the kernels (out of range: nothing written; duplicates:
+    /// the last writer is unspecified).
+    static func checkSlotMapping(_ v: SequenceValues?, numTokens: Int, slots: Int) throws -> SequenceValues {
+        let v = try SequenceValues.check(v, "slot_mapping", count: numTokens)
+        if case .buffer(let b) = v { try Check.buffer(b, "slot_mapping", dtypes: [.i32], elements: numTokens) }
+        guard let values = try v.hostValues(count: numTokens, "slot_mapping") else { return v }
         var owner = [Int32: Int](minimumCapacity: numTokens)
-        for i in 0..<numTokens {
-            let s = p.load(fromByteOffset: i * 4, as: Int32.self)
+        for (i, s) in values.enumerated() {
             if s < 0 { continue }
             try require(Int(s) < slots,
                         "slot_mapping[\(i)]: slot \(s) is outside the pool (num_pages * page_size = \(slots)); negative values mark padding")
@@ -46,7 +47,7 @@ public enum PagedAppend {
                 throw PyfaError.invalid("slot_mapping[\(i)]: slot \(s) is also token \(j)'s; each slot takes at most one token per append")
             }
         }
-        return b
+        return v
     }
 
     /// src_k and src_v: one float dtype, num_tokens x num_kv_heads x head_dim each.
@@ -58,10 +59,10 @@ public enum PagedAppend {
     }
 
     /// Outputs overlap nothing the kernel reads, nor each other.
-    static func checkNoOverlap(outputs: [(String, Buffer)], inputs: [(String, Buffer)]) throws {
+    static func checkNoOverlap(outputs: [(String, Buffer)], inputs: [(String, Buffer?)]) throws {
         for (i, (name, out)) in outputs.enumerated() {
             let others = outputs.enumerated().filter { $0.offset != i }.map { ($0.element.0, Optional($0.element.1)) }
-            try Check.noOverlap(out, name, inputs: inputs.map { ($0.0, Optional($0.1)) } + others)
+            try Check.noOverlap(out, name, inputs: inputs + others)
         }
     }
 
@@ -75,7 +76,7 @@ public enum PagedAppend {
     }
 
     public static func encodeDense(_ encoder: CommandEncoder, _ p: pyfa_kv_append_paged_params, srcK: Buffer?,
-                                   srcV: Buffer?, kPages: Buffer?, vPages: Buffer?, slotMapping: Buffer?) throws {
+                                   srcV: Buffer?, kPages: Buffer?, vPages: Buffer?, slotMapping: SequenceValues?) throws {
         let rows = try checkPages(p.pages, numKvHeads: p.num_kv_heads)
         try require(p.head_dim > 0, "head_dim: must be > 0")
         try require(p.num_tokens > 0, "num_tokens: must be > 0")
@@ -88,9 +89,9 @@ public enum PagedAppend {
         try require(vp.dtype == kp.dtype, "v_pages: dtype \(vp.dtype.name) must equal k_pages' (\(kp.dtype.name))")
         let slots = try checkSlotMapping(slotMapping, numTokens: Int(p.num_tokens),
                                          slots: Int(p.pages.num_pages) * Int(p.pages.page_size))
-        try Check.sameDevice([sk, sv, kp, vp, slots], encoder.device)
+        try Check.sameDevice([sk, sv, kp, vp, slots.buffer], encoder.device)
         try checkNoOverlap(outputs: [("k_pages", kp), ("v_pages", vp)],
-                           inputs: [("src_k", sk), ("src_v", sv), ("slot_mapping", slots)])
+                           inputs: [("src_k", sk), ("src_v", sv), ("slot_mapping", slots.buffer)])
         let pipeline = try encoder.device.registry.pipeline(denseKernel, constants: denseConstants(src: sk.dtype,
                                                                                                   cache: kp.dtype))
         encoder.setOpKind(.other)
@@ -100,7 +101,7 @@ public enum PagedAppend {
             (Int(PYFA_KV_APPEND_PAGED_ARG_SRC_V), .buffer(sv)),
             (Int(PYFA_KV_APPEND_PAGED_ARG_K_PAGES), .buffer(kp)),
             (Int(PYFA_KV_APPEND_PAGED_ARG_V_PAGES), .buffer(vp)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING), .buffer(slots)),
+            (Int(PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING), slots.argument),
         ], grid: (p.num_tokens, p.num_kv_heads, 2),
            threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
     }
@@ -118,7 +119,7 @@ public enum PagedAppend {
 
     public static func encodeTurboQuant(_ encoder: CommandEncoder, _ p: pyfa_tq_quantize_paged_params,
                                         srcK: Buffer?, srcV: Buffer?, kCodes: Buffer?, kScales: Buffer?,
-                                        vCodes: Buffer?, vScales: Buffer?, slotMapping: Buffer?) throws {
+                                        vCodes: Buffer?, vScales: Buffer?, slotMapping: SequenceValues?) throws {
         let rows = try checkPages(p.pages, numKvHeads: p.num_kv_heads)
         try TurboQuant.checkHeadDim(p.head_dim)
         try TurboQuant.checkBits(p.k_bits, "k_bits")
@@ -136,9 +137,9 @@ public enum PagedAppend {
         let vs = try Check.buffer(vScales, "v_scales", dtypes: [.f32], elements: rows)
         let slots = try checkSlotMapping(slotMapping, numTokens: Int(p.num_tokens),
                                          slots: Int(p.pages.num_pages) * Int(p.pages.page_size))
-        try Check.sameDevice([sk, sv, kc, ks, vc, vs, slots], encoder.device)
+        try Check.sameDevice([sk, sv, kc, ks, vc, vs, slots.buffer], encoder.device)
         try checkNoOverlap(outputs: [("k_codes", kc), ("k_scales", ks), ("v_codes", vc), ("v_scales", vs)],
-                           inputs: [("src_k", sk), ("src_v", sv), ("slot_mapping", slots)])
+                           inputs: [("src_k", sk), ("src_v", sv), ("slot_mapping", slots.buffer)])
         let pipeline = try encoder.device.registry.pipeline(
             turboQuantKernel, constants: turboQuantConstants(src: sk.dtype, kBits: p.k_bits, vBits: p.v_bits,
                                                              headDim: p.head_dim))
@@ -152,7 +153,7 @@ public enum PagedAppend {
             (Int(PYFA_TQ_QUANT_PAGED_ARG_K_SCALES), .buffer(ks)),
             (Int(PYFA_TQ_QUANT_PAGED_ARG_V_CODES), .buffer(vc)),
             (Int(PYFA_TQ_QUANT_PAGED_ARG_V_SCALES), .buffer(vs)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING), .buffer(slots)),
+            (Int(PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING), slots.argument),
             (Int(PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
             (Int(PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
         ], grid: (p.num_tokens, p.num_kv_heads, 2), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)

@@ -40,13 +40,13 @@ public final class PagedAppendPlan: OpPlan {
     }
 
     public func run(_ encoder: CommandEncoder, k: TensorRef, v: TensorRef, kPages: TensorRef, vPages: TensorRef,
-                    kScales: TensorRef, vScales: TensorRef, slotMapping: TensorRef, numTokens: UInt32) throws {
+                    kScales: TensorRef, vScales: TensorRef, slotMapping: SequenceRef, numTokens: UInt32) throws {
         try require(encoder.device === device, "encoder: belongs to another device than the plan")
         try require(numTokens > 0, "num_tokens: must be > 0")
         let rowElements = try checkedProduct([Int(numTokens), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
         let sk = try bind(k, "k", dtype: srcDType, elements: rowElements)
         let sv = try bind(v, "v", dtype: srcDType, elements: rowElements)
-        let slots = try bind(slotMapping, "slot_mapping", dtype: .i32, elements: Int(numTokens))
+        let slots = try sequence(slotMapping, "slot_mapping", count: Int(numTokens))
         if turboQuant {
             let kRow = TurboQuant.rowBytes(desc.head_dim, desc.k_bits), vRow = TurboQuant.rowBytes(desc.head_dim, desc.v_bits)
             let p = pyfa_tq_quantize_paged_params(pages: desc.pages, num_tokens: numTokens, num_kv_heads: desc.num_kv_heads,
