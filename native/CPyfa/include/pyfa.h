@@ -485,7 +485,9 @@ typedef struct pyfa_paged_append_run_args {
     pyfa_tensor k, v;               /* [num_tokens, num_kv_heads, head_dim] of src_dtype */
     pyfa_tensor k_pages, v_pages;   /* dense pools, or TurboQuant codes */
     pyfa_tensor k_scales, v_scales; /* TurboQuant scales (absent for dense pools) */
-    pyfa_seq_values slot_mapping;   /* int32 [num_tokens]: host values (checked, sent with the launch) or device memory */
+    /* int32 [num_tokens]: host values (checked, sent with the launch; Metal's
+     * setBytes carries at most 4 KB, 1024 tokens: pass memory for more there) or memory. */
+    pyfa_seq_values slot_mapping;
     uint32_t num_tokens;
     uint32_t flags;                 /* PYFA_RUN_FINISH, or 0 */
 } pyfa_paged_append_run_args;
