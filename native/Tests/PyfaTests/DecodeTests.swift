@@ -61,6 +61,8 @@ final class DecodeTests: XCTestCase {
             (Int(PYFA_VEC_ARG_V), .buffer(kv)), (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)),
             (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)), (Int(PYFA_VEC_ARG_TMP), .buffer(out)),
             (Int(PYFA_VEC_ARG_OUT), .buffer(out)), (Int(PYFA_VEC_ARG_LSE), .buffer(out)),
+            // Not paged: a zero page geometry and an unread block table (every declared slot is bound).
+            (Int(PYFA_VEC_ARG_PAGES), .value(pyfa_kv_pages())), (Int(PYFA_VEC_ARG_BLOCK_TABLE), .buffer(lens)),
         ], grid: (1, 1, 1), threads: (32, 1, 1), threadgroupMemory: 4096)
         try encoder.commit()
         try encoder.wait()
