@@ -42,6 +42,6 @@ public func pyfa_paged_append_run_impl(_ plan: OpaquePointer?, _ encoder: Opaque
     runPlan(plan, encoder, args, flags: \.flags) { (p: PagedAppendPlan, e, a) in
         try p.run(e, k: TensorRef(a.k), v: TensorRef(a.v), kPages: TensorRef(a.k_pages), vPages: TensorRef(a.v_pages),
                   kScales: TensorRef(a.k_scales), vScales: TensorRef(a.v_scales),
-                  slotMapping: sequenceRef(a.slot_mapping, count: a.num_tokens), numTokens: a.num_tokens)
+                  slotMapping: sequenceRef(a.slot_mapping, count: Int(a.num_tokens)), numTokens: a.num_tokens)
     }
 }

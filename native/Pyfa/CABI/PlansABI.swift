@@ -6,9 +6,11 @@ extension TensorRef {
 }
 
 /// pyfa_seq_values as a run takes them: host values are read here, once.
-func sequenceRef(_ s: pyfa_seq_values, count: UInt32) -> SequenceRef {
+/// `count`: the values the op reads (a batch's kv_len, a block table's
+/// batch * pages_per_seq entries, an append's slots).
+func sequenceRef(_ s: pyfa_seq_values, count: Int) -> SequenceRef {
     guard let host = s.host else { return .device(TensorRef(s.device)) }
-    return .host(Array(UnsafeBufferPointer(start: host, count: Int(count))))
+    return .host(Array(UnsafeBufferPointer(start: host, count: count)))
 }
 
 /// The body of every pyfa_*_plan_new: a plan made from `desc` on `device`, or NULL and the error.
@@ -85,7 +87,7 @@ public func pyfa_plan_workspace_bytes_impl(_ plan: OpaquePointer?, _ bytes: Unsa
 public func pyfa_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                  _ args: UnsafePointer<pyfa_decode_run_args>?) -> Int32 {
     runPlan(plan, encoder, args, flags: \.flags) { (p: DecodePlan, e, a) in
-        let B = p.params.batch
+        let B = Int(p.params.batch)
         try p.run(e, q: TensorRef(a.q), k: TensorRef(a.k_cache), v: TensorRef(a.v_cache), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
                   ringStart: sequenceRef(a.ring_start, count: B), kvCapacity: a.kv_capacity)
@@ -96,7 +98,7 @@ public func pyfa_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointe
 public func pyfa_tq_decode_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                     _ args: UnsafePointer<pyfa_tq_decode_run_args>?) -> Int32 {
     runPlan(plan, encoder, args, flags: \.flags) { (p: TQDecodePlan, e, a) in
-        let B = p.params.attn.batch
+        let B = Int(p.params.attn.batch)
         try p.run(e, q: TensorRef(a.q), kCodes: TensorRef(a.k_codes), kScales: TensorRef(a.k_scales),
                   vCodes: TensorRef(a.v_codes), vScales: TensorRef(a.v_scales), out: TensorRef(a.out),
                   lse: TensorRef(a.lse), workspace: TensorRef(a.workspace), kvLen: sequenceRef(a.kv_len, count: B),
