@@ -21,6 +21,25 @@ PYFA_INLINE void kv_append_row(char *dst, const char *src, uint32_t D, int sdt, 
 #define KV_APPEND_CASE(S, C)                                                                       \
     case (S) * 16 + (C): kv_append_row(dst, src, D, S, C); return;
 
+/* One row into the cache or pool (`what` names it in the failure message):
+ * equal dtypes copy the bits, others convert through f32. */
+PYFA_INLINE void kv_append_convert(const pyfa_cpu_dispatch *d, char *dst, const char *src, uint32_t D, int sdt,
+                                   int cdt, const char *what) {
+    if (sdt == cdt && (sdt == PYFA_DTYPE_F32 || sdt == PYFA_DTYPE_F16 || sdt == PYFA_DTYPE_BF16)) {
+        memcpy(dst, src, (size_t)D * dtype_size(sdt));
+        return;
+    }
+    switch (sdt * 16 + cdt) {
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_F16)
+        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_BF16)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F32)
+        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F16)
+    default: pyfa_cpu_fail(d, "unsupported src / %s dtype %d / %d", what, sdt, cdt); return;
+    }
+}
+
 /* Token x of KV head y. */
 void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
     (void)z, (void)scratch;
@@ -33,19 +52,7 @@ void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32
                       ((size_t)x * p->num_kv_heads + y) * D * dtype_size(sdt);
     char *dst = (char *)d->args[PYFA_KV_APPEND_ARG_CACHE] +
                 (((size_t)p->sequence * p->num_kv_heads + y) * cap + slot) * D * dtype_size(cdt);
-    if (sdt == cdt && (sdt == PYFA_DTYPE_F32 || sdt == PYFA_DTYPE_F16 || sdt == PYFA_DTYPE_BF16)) {
-        memcpy(dst, src, (size_t)D * dtype_size(sdt));
-        return;
-    }
-    switch (sdt * 16 + cdt) {
-        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_F16)
-        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_BF16)
-        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_F32)
-        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_BF16)
-        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F32)
-        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F16)
-    default: pyfa_cpu_fail(d, "unsupported src / cache dtype %d / %d", sdt, cdt); return;
-    }
+    kv_append_convert(d, dst, src, D, sdt, cdt, "cache");
 }
 
 /* The pool row of slot `slot` for KV head `head`, or -1 for a slot outside
@@ -73,19 +80,7 @@ void PYFA_ISA(pyfa_cpu_kv_append_paged)(const pyfa_cpu_dispatch *d, uint32_t x, 
                       ((size_t)x * p->num_kv_heads + y) * D * dtype_size(sdt);
     char *dst = (char *)d->args[z ? PYFA_KV_APPEND_PAGED_ARG_V_PAGES : PYFA_KV_APPEND_PAGED_ARG_K_PAGES] +
                 (size_t)row * D * dtype_size(cdt);
-    if (sdt == cdt && (sdt == PYFA_DTYPE_F32 || sdt == PYFA_DTYPE_F16 || sdt == PYFA_DTYPE_BF16)) {
-        memcpy(dst, src, (size_t)D * dtype_size(sdt));
-        return;
-    }
-    switch (sdt * 16 + cdt) {
-        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_F16)
-        KV_APPEND_CASE(PYFA_DTYPE_F32, PYFA_DTYPE_BF16)
-        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_F32)
-        KV_APPEND_CASE(PYFA_DTYPE_F16, PYFA_DTYPE_BF16)
-        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F32)
-        KV_APPEND_CASE(PYFA_DTYPE_BF16, PYFA_DTYPE_F16)
-    default: pyfa_cpu_fail(d, "unsupported src / pool dtype %d / %d", sdt, cdt); return;
-    }
+    kv_append_convert(d, dst, src, D, sdt, cdt, "pool");
 }
 
 #undef KV_APPEND_CASE
