@@ -66,6 +66,14 @@ public class OpPlan {
         }
     }
 
+    /// What every run checks first: the encoder is the plan's device's, and
+    /// lse memory is given exactly when the plan was made with return_lse.
+    func checkRun(_ encoder: CommandEncoder, lse: TensorRef, returnLse: Bool) throws {
+        try require(encoder.device === device, "encoder: belongs to another device than the plan")
+        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
+        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+    }
+
     /// The caller's workspace when given, else the plan's own.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
         guard workspaceBytes > 0 else { return nil }
@@ -115,9 +123,7 @@ public final class DecodePlan: OpPlan {
         var p = params
         if kvCapacity != 0 { p.kv_capacity = kvCapacity }
         try FlashAttnVec.validate(p)
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         let B = Int(p.batch), H = Int(p.num_heads), D = Int(p.head_dim)
         let cache = B * Int(p.num_kv_heads) * Int(p.kv_capacity) * D
         try FlashAttnVec.encode(
@@ -155,9 +161,7 @@ public final class TQDecodePlan: OpPlan {
         var p = params
         if kvCapacity != 0 { p.attn.kv_capacity = kvCapacity }
         try FlashAttnVecTQ.validate(p)
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
         let rows = B * Int(a.num_kv_heads) * Int(a.kv_capacity)
@@ -209,9 +213,7 @@ public final class PrefillPlan: OpPlan {
     public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, mask: TensorRef,
                     out: TensorRef, lse: TensorRef, workspace: TensorRef) throws {
         let p = params
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         try require(mask.isAbsent || maskDType != nil, "mask: the plan was made without a mask")
         try require(!mask.isAbsent || maskDType == nil, "mask: the plan was made with a mask; pass its memory")
         let D = Int(p.head_dim)

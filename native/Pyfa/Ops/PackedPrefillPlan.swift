@@ -38,10 +38,8 @@ public final class PackedPrefillPlan: OpPlan {
 
     public func run(_ encoder: CommandEncoder, args a: pyfa_varlen_prefill_run_args) throws {
         let p = params
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
         let lse = TensorRef(a.lse)
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         let packed = pyfa_prefill_packed(total_q: a.total_q, total_k: a.total_k, reserved: (0, 0))
         try FlashAttnPrefillPacked.validate(p, mode: mode, packed: packed, pages: pages)
         let paged = mode == PYFA_PREFILL_KV_PAGED

@@ -44,9 +44,7 @@ public final class PagedDecodePlan: OpPlan {
     public func run(_ encoder: CommandEncoder, q: TensorRef, kPages: TensorRef, vPages: TensorRef, out: TensorRef,
                     lse: TensorRef, workspace: TensorRef, kvLen: SequenceRef, blockTable: SequenceRef) throws {
         let p = params
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         let B = Int(p.batch), H = Int(p.num_heads), D = Int(p.head_dim)
         let pool = try checkedProduct([poolRows, D], what: "k_pages")
         let table = try sequence(blockTable, "block_table", count: Paged.tableCount(batch: p.batch, pages))
@@ -92,9 +90,7 @@ public final class PagedTQDecodePlan: OpPlan {
                     vScales: TensorRef, out: TensorRef, lse: TensorRef, workspace: TensorRef, kvLen: SequenceRef,
                     blockTable: SequenceRef) throws {
         let p = params
-        try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(lse.isAbsent || returnLse, "lse: the plan was made without return_lse")
-        try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
+        try checkRun(encoder, lse: lse, returnLse: returnLse)
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
         let kRow = TurboQuant.rowBytes(a.head_dim, p.k_bits), vRow = TurboQuant.rowBytes(a.head_dim, p.v_bits)
