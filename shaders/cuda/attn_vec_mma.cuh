@@ -108,22 +108,43 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
 
+    /* This thread's copies in a tile: chunk k is row (tid + k NT) / CPR. */
+    constexpr int NT = NW * 32, PER = TP * CPR / NT;
+    static_assert(TP * CPR % NT == 0, "every thread copies the same number of chunks per tile");
+    /* PAGED: the block_table entries of this thread's chunks in the next tile
+     * issue() copies, loaded one tile ahead (tiles are issued in order) and
+     * only turned into rows when used, so the loads fly under a whole tile of
+     * work instead of stalling the copies. A position past `end` loads entry 0
+     * (always in the table) and is never copied. */
+    uint32_t next_entry[PER];
+    auto look_up = [&](uint32_t base) {
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const uint32_t pos = base + (tid + k * NT) / CPR;
+            next_entry[k] = pg.entry(pos < end ? pos : 0u);
+        }
+    };
+
     /* Copies the K and V rows of positions [base, base + TP) into ring stage
      * `stage` (rows past `end` as zeros) and commits them as one group, empty
      * for a tile wholly past `end`, which is never read. */
     auto issue = [&](uint32_t base, int stage) {
         char *kdst = s_ring + stage * S::STAGE_BYTES, *vdst = kdst + TP * LD;
-        for (int i = tid; base < end && i < TP * CPR; i += NW * 32) {
-            const int r = i / CPR, ch = i % CPR;
-            const uint32_t pos = base + r;
-            uint32_t slot = pos + ring;
-            slot = slot >= cap ? slot - cap : slot;
-            const bool live = pos < end;
-            if (PAGED) slot = live ? pg.row(pos) : 0u;
-            const size_t off = (live ? slot * row_bytes : 0) + ch * 16;
-            pyfa_cp_async16(kdst + r * LD + ch * 16, kbase + off, live ? 16u : 0u);
-            pyfa_cp_async16(vdst + r * LD + ch * 16, vbase + off, live ? 16u : 0u);
+        if (base < end) {
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                const int i = tid + k * NT, r = i / CPR, ch = i % CPR;
+                const uint32_t pos = base + r;
+                uint32_t slot = pos + ring;
+                slot = slot >= cap ? slot - cap : slot;
+                const bool live = pos < end;
+                if (PAGED) slot = live ? pg.row_at(next_entry[k], pos) : 0u;
+                const size_t off = (live ? slot * row_bytes : 0) + ch * 16;
+                pyfa_cp_async16(kdst + r * LD + ch * 16, kbase + off, live ? 16u : 0u);
+                pyfa_cp_async16(vdst + r * LD + ch * 16, vbase + off, live ? 16u : 0u);
+            }
         }
+        if (PAGED) look_up(base + TP);
         pyfa_cp_async_commit();
     };
 
@@ -131,6 +152,7 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
         const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
         const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
+        if (PAGED) look_up(begin);
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
         vec_mma::store_q_fragments<S::KSTEPS, KVDT>(s_q, gn, [&](int h, int d) {

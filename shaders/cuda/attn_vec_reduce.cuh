@@ -115,31 +115,36 @@ __device__ __forceinline__ attn_vec_span attn_vec_workgroup_span(const pyfa_cuda
  * workgroup with the PAGED constant: row(s) is the pool row of position s
  * (s < pages_per_seq * page_size, which the kv_len clamp guarantees), with
  * a block_table entry outside 0..num_pages-1 read as page num_pages - 1.
+ * Both layouts' PYFA_PAGE_ROW is page * page_size * num_kv_heads + t *
+ * t_stride + head_row (NHD: t_stride = num_kv_heads, head_row = kvh; HND:
+ * 1 and kvh * page_size), so a row costs a clamp and two multiply-adds.
  * page_size is a power of two: shifts and masks. 32-bit rows are exact (the
  * dispatchers check num_pages * page_size * num_kv_heads fits); callers
  * widen a row to 64 bits before multiplying it by a row's bytes. */
 struct attn_vec_pages {
     const int32_t *table; /* this sequence's block_table row (device memory or launch bytes) */
-    uint32_t shift, mask, num_pages, num_kv_heads, kvh, layout;
+    uint32_t shift, mask, last_page, page_rows, t_stride, head_row;
 
-    __device__ __forceinline__ uint32_t row(uint32_t s) const {
-        uint32_t page = (uint32_t)table[s >> shift];
-        page = page < num_pages ? page : num_pages - 1;
-        const uint32_t t = s & mask;
-        return PYFA_PAGE_ROW(layout, mask + 1, num_kv_heads, page, t, kvh);
+    /* The block_table entry of position s, as stored (unclamped). */
+    __device__ __forceinline__ uint32_t entry(uint32_t s) const { return (uint32_t)table[s >> shift]; }
+    /* The pool row of position s given its entry. */
+    __device__ __forceinline__ uint32_t row_at(uint32_t entry, uint32_t s) const {
+        return min(entry, last_page) * page_rows + (s & mask) * t_stride + head_row;
     }
+    __device__ __forceinline__ uint32_t row(uint32_t s) const { return row_at(entry(s), s); }
 };
 
 __device__ __forceinline__ attn_vec_pages attn_vec_pages_of(const pyfa_cuda_args &a, uint32_t b, uint32_t kvh,
                                                             uint32_t num_kv_heads) {
     const pyfa_kv_pages &kp = pyfa_param<pyfa_kv_pages>(a, PYFA_VEC_ARG_PAGES);
+    const bool nhd = kp.layout == PYFA_PAGES_NHD;
     attn_vec_pages pg;
     pg.table = pyfa_values<int32_t>(a, PYFA_VEC_ARG_BLOCK_TABLE) + (size_t)b * kp.pages_per_seq;
     pg.shift = (uint32_t)(__ffs((int)kp.page_size) - 1);
     pg.mask = kp.page_size - 1;
-    pg.num_pages = kp.num_pages;
-    pg.num_kv_heads = num_kv_heads;
-    pg.kvh = kvh;
-    pg.layout = kp.layout;
+    pg.last_page = kp.num_pages - 1;
+    pg.page_rows = kp.page_size * num_kv_heads;
+    pg.t_stride = nhd ? num_kv_heads : 1u;
+    pg.head_row = nhd ? kvh : kvh * kp.page_size;
     return pg;
 }

@@ -101,37 +101,59 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
 
+    /* This thread's copies in a tile: code chunk k is row (tid + k NT) / CPR,
+     * and scale entry tid is position tid mod TP (K scales, then V scales). */
+    constexpr int NT = NW * 32, PER = TP * CPR / NT;
+    static_assert(TP * CPR % NT == 0 && 2 * TP == NT, "every thread copies the same chunks per tile, one scale");
+    /* PAGED: the block_table entries of this thread's copies in the next tile
+     * issue() copies, loaded one tile ahead and turned into rows when used, so
+     * the loads fly under a tile of work (as in attn_vec_mma.cuh). */
+    uint32_t next_entry[PER], next_scale_entry = 0;
+    auto look_up = [&](uint32_t base) {
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const uint32_t pos = base + (tid + k * NT) / CPR;
+            next_entry[k] = pg.entry(pos < end ? pos : 0u);
+        }
+        const uint32_t pos = base + tid % TP;
+        next_scale_entry = pg.entry(pos < end ? pos : 0u);
+    };
+
     /* Copies the codes and scales of positions [base, base + TP) into ring
      * stage `stage` (rows past `end` as zeros) and commits them as one group,
      * empty for a tile wholly past `end`, which is never read. */
     auto issue = [&](uint32_t base, int stage) {
         char *dst = s_ring + stage * S::STAGE_BYTES;
         if (base < end) {
-            for (int i = tid; i < TP * CPR; i += NW * 32) {
-                const int r = i / CPR, ch = i % CPR;
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                const int i = tid + k * NT, r = i / CPR, ch = i % CPR;
                 const uint32_t pos = base + r;
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
                 const bool live = pos < end;
-                if (PAGED) slot = live ? pg.row(pos) : 0u;
+                if (PAGED) slot = live ? pg.row_at(next_entry[k], pos) : 0u;
                 const size_t off = (live ? (size_t)slot * S::ROW : 0) + ch * 16;
                 pyfa_cp_async16(dst + r * LDC + ch * 16, kcodes + off, live ? 16u : 0u);
                 pyfa_cp_async16(dst + S::V_OFF + r * LDC + ch * 16, vcodes + off, live ? 16u : 0u);
             }
-            for (int i = tid; i < 2 * TP; i += NW * 32) { /* K scales, then V scales */
+            { /* K scales, then V scales */
+                const int i = tid;
                 const uint32_t pos = base + (i % TP);
                 uint32_t slot = pos + ring;
                 slot = slot >= cap ? slot - cap : slot;
                 const bool live = pos < end;
-                if (PAGED) slot = live ? pg.row(pos) : 0u;
+                if (PAGED) slot = live ? pg.row_at(next_scale_entry, pos) : 0u;
                 const float *src = (i < TP ? kscales : vscales) + (live ? slot : 0);
                 tq_vec::cp_async<4>(dst + S::S_OFF + i * 4, src, live ? 4u : 0u);
             }
         }
+        if (PAGED) look_up(base + TP);
         pyfa_cp_async_commit();
     };
 
     /* Start the first tiles' copies, then build the table while they fly. */
+    if (PAGED) look_up(begin);
     for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
     {
         const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
@@ -148,8 +170,10 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
         const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
         const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
-        if (!first_pass)
+        if (!first_pass) {
+            if (PAGED) look_up(begin);
             for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+        }
         first_pass = false;
         vec_mma::store_q_fragments<S::KSTEPS, PYFA_DTYPE_F16>(
             s_q, gn, [&](int h, int d) { return qrot[(row0 + h) * D + d] * qscale; });
