@@ -25,6 +25,12 @@ public enum FlashAttnVec {
         var sized = params
         if let splitBatch { sized.batch = max(1, min(splitBatch, params.batch)) }
         var geometry = device.backend.plan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+        if sized.batch < params.batch {
+            sized.batch = 1
+            let single = device.backend.plan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen)).nwg
+            geometry.nwg = Paged.mixedSplit(planned: geometry.nwg, single: single, splitBatch: splitBatch ?? params.batch,
+                                            batch: params.batch)
+        }
         if params.nwg == 0 {
             params.nwg = geometry.nwg
         } else {

@@ -35,6 +35,12 @@ public enum FlashAttnVecTQ {
         var sized = params
         if let splitBatch { sized.attn.batch = max(1, min(splitBatch, params.attn.batch)) }
         var geometry = device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen))
+        if sized.attn.batch < params.attn.batch {
+            sized.attn.batch = 1
+            let single = device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen)).nwg
+            geometry.nwg = Paged.mixedSplit(planned: geometry.nwg, single: single,
+                                            splitBatch: splitBatch ?? params.attn.batch, batch: params.attn.batch)
+        }
         if params.attn.nwg == 0 {
             params.attn.nwg = geometry.nwg
         } else {

@@ -95,6 +95,24 @@ enum Paged {
         return UInt32(max(1, min(UInt64(batch), (total + UInt64(maxLen) - 1) / UInt64(maxLen))))
     }
 
+    /// The split of a mixed-length batch. Asked for `splitBatch` sequences
+    /// of the longest length, the backend answers `planned`, sized to fill
+    /// its block slots in whole waves, which assumes equal workgroups. In a
+    /// mixed batch they are not, and the longest sequence's workgroups end
+    /// last when they start late; so each may carry at most 1/mixedTail of a
+    /// slot's share of the work. `single` is the split the backend gives ONE
+    /// longest sequence (its block slots per KV head): a slot's share of the
+    /// batch is splitBatch / single of a longest sequence, and one of its
+    /// workgroups (1/nwg of it) stays within 1/mixedTail of that share when
+    /// nwg >= mixedTail * single / splitBatch. Equal lengths (splitBatch ==
+    /// batch) keep the planned split.
+    static let mixedTail: UInt64 = 8
+    static func mixedSplit(planned: UInt32, single: UInt32, splitBatch: UInt32, batch: UInt32) -> UInt32 {
+        guard splitBatch < batch else { return planned }
+        let floor = (mixedTail * UInt64(single) + UInt64(splitBatch) - 1) / UInt64(max(1, splitBatch))
+        return max(planned, UInt32(clamping: min(floor, UInt64(single))))
+    }
+
     /// The block table's element count: batch * pages_per_seq (fits Int: both 32-bit).
     static func tableCount(batch: UInt32, _ pg: pyfa_kv_pages) -> Int { Int(batch) * Int(pg.pages_per_seq) }
 
