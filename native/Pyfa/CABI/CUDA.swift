@@ -1,4 +1,9 @@
 import CPyfa
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 @_cdecl("pyfa_encoder_set_stream")
 public func pyfa_encoder_set_stream_impl(_ encoder: OpaquePointer?, _ stream: UInt64) -> Int32 {
@@ -15,8 +20,12 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         // NVRTC's time grows faster than linearly with the entries of one
         // program: compile them in programs of at most `chunk` entries.
         let chunk = 512
+        // PYFA_CUDA_COMPILE_ONLY=<prefix>: only the entries whose names start with it
+        // (e.g. flash_attn_vec__fc2_2_128_), to look at a few kernels' code quickly.
+        let only = getenv("PYFA_CUDA_COMPILE_ONLY").map { String(cString: $0) } ?? ""
         for (name, all) in try KernelSpecialisations.all(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 })) {
-            let specs = all.map(\.values)
+            let specs = all.map(\.values).filter { only.isEmpty || CUDACompiler.entryName(name, $0).hasPrefix(only) }
+            if specs.isEmpty { continue }
             for start in stride(from: 0, to: specs.count, by: chunk) {
                 _ = try compiler.cubin(name: name, specialisations: Array(specs[start..<min(start + chunk, specs.count)]),
                                        check: true)
