@@ -108,6 +108,17 @@ def choice_arg(value, name: str, choices) -> str:
     return value
 
 
+PAGE_LAYOUTS = ("hnd", "nhd")
+
+
+def page_layout_arg(value) -> str:
+    """A paged pool's layout, ``"nhd"`` or ``"hnd"`` in either case (FlashInfer writes
+    ``"NHD"`` / ``"HND"``), as lower case."""
+    if not isinstance(value, str) or value.lower() not in PAGE_LAYOUTS:
+        raise invalid(f"page_layout: must be one of 'hnd', 'nhd' (either case), got {show(value)}")
+    return value.lower()
+
+
 def out_dtype_arg(value, default, allowed) -> np.dtype:
     """The ``out_dtype`` of an op: ``default`` (its input's dtype) for None,
     else one of ``allowed``."""

@@ -17,9 +17,7 @@ LAYOUTS = {"nhd": 0, "hnd": 1}  # PYFA_PAGES_NHD, PYFA_PAGES_HND
 
 
 def layout_code(page_layout) -> int:
-    if not isinstance(page_layout, str) or page_layout not in LAYOUTS:
-        raise invalid(f"page_layout: must be 'nhd' or 'hnd', got {_args.show(page_layout)}")
-    return LAYOUTS[page_layout]
+    return LAYOUTS[_args.page_layout_arg(page_layout)]
 
 
 def pool_dims(shape, layout: int, name: str):

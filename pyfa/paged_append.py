@@ -31,7 +31,7 @@ _ROWS = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
 
 
 def layout_arg(page_layout) -> str:
-    return _args.choice_arg(page_layout, "page_layout", sorted(LAYOUTS))
+    return _args.page_layout_arg(page_layout)
 
 
 def pool_shape(layout: str, num_pages: int, page_size: int, num_kv_heads: int, *row) -> tuple:

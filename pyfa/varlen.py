@@ -14,7 +14,6 @@ from .errors import check, invalid
 from .prefill import _out_dtype
 
 _I32_MAX = _args.I32_MAX
-PAGE_LAYOUTS = ("nhd", "hnd")
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
@@ -132,7 +131,7 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
     """
     device = _args.device_arg(device)
     q_arg, out_arg = q, out
-    page_layout = _args.choice_arg(page_layout, "page_layout", PAGE_LAYOUTS)
+    page_layout = _args.page_layout_arg(page_layout)
     q = _io.as_array(q, "q", ndims=(3,), gpu=True)
     k_pages = _io.as_array(k_pages, "k_pages", ndims=(4,), gpu=True)
     v_pages = _io.as_array(v_pages, "v_pages", ndims=(4,), gpu=True)

@@ -172,7 +172,7 @@ def _dense_args(rng, *, shape=(4, 16, 2, 64), n=3, dtype=np.float16):
     (lambda a: a.update(k_pages=np.zeros((4, 16, 2, 64), np.int32)), r"k_pages: dtype int32 not accepted"),
     (lambda a: a.update(k_pages=np.zeros((4, 16, 2, 128), np.float16)[..., ::2]), r"k_pages: must be C-contiguous"),
     (lambda a: a.update(k_pages=np.zeros((4, 16, 2), np.float16)), r"k_pages: expected 4-D"),
-    (lambda a: a.update(page_layout="bshd"), r"page_layout: must be one of 'hnd', 'nhd'"),
+    (lambda a: a.update(page_layout="bshd"), r"page_layout: must be one of 'hnd', 'nhd' \(either case\)"),
 ])
 def test_dense_bad_input(rng, change, match):
     k, v, kp, vp, slots = _dense_args(rng)

@@ -173,7 +173,7 @@ def test_decode_tables_are_kept_until_something_changes(device, rng):
     (lambda: pyfa.PagedKVCache(2**21, 1024, 4, 64), r"num_pages: .* must fit 32 bits"),
     (lambda: pyfa.PagedKVCache(4, 16, 0, 64), r"num_kv_heads: must be a positive int"),
     (lambda: pyfa.PagedKVCache(4, 16, 1, 64, dtype=np.int8), r"dtype: must be one of"),
-    (lambda: pyfa.PagedKVCache(4, 16, 1, 64, page_layout="bshd"), r"page_layout: must be one of 'hnd', 'nhd'"),
+    (lambda: pyfa.PagedKVCache(4, 16, 1, 64, page_layout="bshd"), r"page_layout: must be one of 'hnd', 'nhd' \(either case\)"),
     (lambda: pyfa.TurboQuantPagedKVCache(4, 16, 1, 100), r"head_dim: 100 is not supported by TurboQuant"),
     (lambda: pyfa.TurboQuantPagedKVCache(4, 16, 1, 64, v_bits=5), r"v_bits: 5 is not a TurboQuant bit width"),
     (lambda: pyfa.TurboQuantPagedKVCache(4, 16, 1, 64, seed=-1), r"seed: must be an int"),

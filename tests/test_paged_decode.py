@@ -277,7 +277,16 @@ def test_ring_start_not_accepted(rng):
 
 def test_bad_page_layout(rng):
     q, k, v, t = _args(rng)
-    _refused(r"page_layout: must be 'nhd' or 'hnd', got 'NHD'", q, k, v, t, [5, 5], page_layout="NHD")
+    _refused(r"page_layout: must be one of 'hnd', 'nhd' \(either case\), got 'bshd'", q, k, v, t, [5, 5],
+             page_layout="bshd")
+    _refused(r"page_layout: must be one of 'hnd', 'nhd' \(either case\), got 1", q, k, v, t, [5, 5], page_layout=1)
+
+
+def test_page_layout_either_case(rng):
+    # FlashInfer spells its layouts "NHD" / "HND": either case names the same layout.
+    q, k, v, t = _args(rng)
+    np.testing.assert_array_equal(pyfa.paged_decode_attention(q, k, v, t, [5, 9], page_layout="NHD"),
+                                  pyfa.paged_decode_attention(q, k, v, t, [5, 9], page_layout="nhd"))
 
 
 def test_bad_out_dtype(rng):
