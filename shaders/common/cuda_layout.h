@@ -88,11 +88,14 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_vec_smem_bytes(int32_t D, int32_t k_bits, in
 
 /* turboquant_mma.cuh: dynamic shared bytes of one block: the code-byte
  * table, Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring
- * (code rows padded to D/2 + 16 bytes, K and V scales) and the merge area. */
+ * (code rows padded to D/2 + 16 bytes, K and V scales) and the merge area;
+ * up to D = 256 every warp publishes its own state (the pairs and the merge
+ * area hold PYFA_CUDA_DECODE_WARPS of them). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
     const int32_t tile = PYFA_CUDA_TQ_MMA_TILE, row = D / 2 + 16; /* padded code row */
+    const int32_t states = D <= 256 ? PYFA_CUDA_DECODE_WARPS : 1;
     const int32_t table = 256 * PYFA_CUDA_TQ_MMA_TABLE_COPIES * 8, fragments = D / 16 * 32 * 16;
-    const int32_t scores = tile * PYFA_CUDA_MMA_HEADS * 4, ms = PYFA_CUDA_MMA_HEADS * 2 * 4;
-    const int32_t ring = stages * (2 * tile * row + 2 * tile * 4), merge = PYFA_CUDA_MMA_HEADS * D * 4;
+    const int32_t scores = tile * PYFA_CUDA_MMA_HEADS * 4, ms = states * PYFA_CUDA_MMA_HEADS * 2 * 4;
+    const int32_t ring = stages * (2 * tile * row + 2 * tile * 4), merge = states * PYFA_CUDA_MMA_HEADS * D * 4;
     return table + fragments + scores + ms + pyfa_layout_max(ring, merge);
 }

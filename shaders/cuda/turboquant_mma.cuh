@@ -45,12 +45,20 @@ struct shape {
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
     static constexpr int TABLE_BYTES = 256 * COPIES * 8;
     static constexpr int Q_BYTES = KSTEPS * 32 * 16;
+    /* D <= 256: each warp keeps its own softmax state and Oᵀ over every dim
+     * (KSTEPS m-blocks) for its 16 positions of a tile, and the NW states
+     * merge at the end of a pass; D = 512 would need 128 accumulator
+     * registers, so there the warps split the dims and share one state. */
+    static constexpr bool PER_WARP = D <= 256;
+    static constexpr int STATES = PER_WARP ? NW : 1;
+    static constexpr int ACC_BLOCKS = PER_WARP ? KSTEPS : MB; /* m-blocks a warp accumulates */
     static constexpr int SCORE_BYTES = TP * HEADS * 4;
-    static constexpr int MS_BYTES = HEADS * 2 * 4;
-    static constexpr int MERGE_BYTES = HEADS * D * 4;
+    static constexpr int MS_BYTES = STATES * HEADS * 2 * 4;
+    static constexpr int MERGE_BYTES = STATES * HEADS * D * 4;
     static constexpr int SMEM_BYTES =
         TABLE_BYTES + Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % NW == 0 && KSTEPS % 2 == 0, "D in {64, 128, 256, 512}");
+    static_assert(RING_BYTES >= MERGE_BYTES, "the merge area overlays the drained ring");
     static_assert(SMEM_BYTES == pyfa_cuda_tq_mma_smem_bytes(D, STAGES) && TP == PYFA_CUDA_TQ_MMA_TILE &&
                       COPIES == PYFA_CUDA_TQ_MMA_TABLE_COPIES,
                   "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
@@ -178,10 +186,10 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
         vec_mma::store_q_fragments<S::KSTEPS, PYFA_DTYPE_F16>(
             s_q, gn, [&](int h, int d) { return qrot[(row0 + h) * D + d] * qscale; });
 
-        float acc[S::MB][4];
+        float acc[S::ACC_BLOCKS][4];
 #pragma unroll
-        for (int i = 0; i < S::MB; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-        float m = -INFINITY, s = 0.0f;
+        for (int i = 0; i < S::ACC_BLOCKS; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        float m = -INFINITY, s = 0.0f; /* head g's running max (log2 domain) and sum: this warp's, or the block's */
 
         int stage = 0;
         for (uint32_t base = begin; base < end; base += TP) {
@@ -223,57 +231,117 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 *reinterpret_cast<float2 *>(dst) = make_float2(sc[0] * k0, sc[1] * k0);
                 *reinterpret_cast<float2 *>(dst + 8 * HEADS) = make_float2(sc[2] * k1, sc[3] * k1);
             }
-            __syncthreads();
-
-            /* B. The tile's softmax for head g; the weights carry the rows' V scales. */
-            float x[J][4];
-            vec_mma::tile_scores<J, 1>(s_score, base, end, SOFTCAP, p, x);
-            const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
-            const float a0 = alpha.x, a1 = alpha.y;
-            uint32_t phi[J][2], plo[J][2];
-            const float *vscale = tscale + TP;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
+            if constexpr (S::PER_WARP) {
+                __syncwarp(); /* this warp's scores are in s_score */
+                /* B. Softmax over this warp's 16 positions, then its Oᵀ over every
+                 * dim: Vᵀ of positions 16 warp + [0, 16) times Pᵀ. */
+                float x[1][4];
+                vec_mma::tile_scores<1, 1>(s_score + warp * 16 * HEADS, base + 16 * warp, end, SOFTCAP, p, x);
+                const float2 alpha = vec_mma::softmax_step<1>(x, m, s);
+                const float *vscale = tscale + TP + 16 * warp;
                 float w[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) w[e] = x[j][e] * (vscale[16 * j + 2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
-                pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[j][0], plo[j][0]);
-                pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[j][1], plo[j][1]);
-            }
-            /* Oᵀ rows of m-block mb: row g = coordinate 16 mb + 2g, row g + 8 = 16 mb + 2g + 1,
-             * both in byte 8 mb + g of a row (word 2 mb + g / 4, byte g % 4). */
-            const char *vt = tile + S::V_OFF;
+                for (int e = 0; e < 4; e++) w[e] = x[0][e] * (vscale[2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
+                uint32_t phi[2], plo[2];
+                pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[0], plo[0]);
+                pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[1], plo[1]);
+                /* Oᵀ rows of m-block i: row g = coordinate 16 i + 2g, row g + 8 = 16 i + 2g + 1,
+                 * both in byte 8 i + g of a row (word 2 i + g / 4, byte g % 4). */
+                const char *vrows = tile + S::V_OFF + (16 * warp + 2 * c) * LDC + 4 * (g >> 2);
 #pragma unroll
-            for (int i = 0; i < S::MB; i++) acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
-            /* Per 16 positions: every m-block's fragments, then the three product
-             * terms each over all m-blocks, so consecutive mmas are independent. */
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                uint32_t ahi[S::MB][4], alo[S::MB][4];
-#pragma unroll
-                for (int i = 0; i < S::MB; i++) {
-                    const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
+                for (int i = 0; i < S::KSTEPS; i++) {
+                    acc[i][0] *= alpha.x, acc[i][1] *= alpha.y, acc[i][2] *= alpha.x, acc[i][3] *= alpha.y;
+                    const char *rp = vrows + 8 * i;
                     const uint2 l0 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
                     const uint2 l1 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
                     const uint2 l2 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
                     const uint2 l3 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
-                    ahi[i][0] = __byte_perm(l0.x, l1.x, 0x5410), ahi[i][1] = __byte_perm(l0.x, l1.x, 0x7632);
-                    ahi[i][2] = __byte_perm(l2.x, l3.x, 0x5410), ahi[i][3] = __byte_perm(l2.x, l3.x, 0x7632);
-                    alo[i][0] = __byte_perm(l0.y, l1.y, 0x5410), alo[i][1] = __byte_perm(l0.y, l1.y, 0x7632);
-                    alo[i][2] = __byte_perm(l2.y, l3.y, 0x5410), alo[i][3] = __byte_perm(l2.y, l3.y, 0x7632);
+                    const uint32_t ahi[4] = {__byte_perm(l0.x, l1.x, 0x5410), __byte_perm(l0.x, l1.x, 0x7632),
+                                             __byte_perm(l2.x, l3.x, 0x5410), __byte_perm(l2.x, l3.x, 0x7632)};
+                    const uint32_t alo[4] = {__byte_perm(l0.y, l1.y, 0x5410), __byte_perm(l0.y, l1.y, 0x7632),
+                                             __byte_perm(l2.y, l3.y, 0x5410), __byte_perm(l2.y, l3.y, 0x7632)};
+                    mma16816<PYFA_DTYPE_F16>(acc[i], ahi, phi[0], phi[1]);
+                    mma16816<PYFA_DTYPE_F16>(acc[i], ahi, plo[0], plo[1]);
+                    mma16816<PYFA_DTYPE_F16>(acc[i], alo, phi[0], phi[1]);
                 }
+            } else {
+                __syncthreads();
+
+                /* B. The tile's softmax for head g; the weights carry the rows' V scales. */
+                float x[J][4];
+                vec_mma::tile_scores<J, 1>(s_score, base, end, SOFTCAP, p, x);
+                const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
+                const float a0 = alpha.x, a1 = alpha.y;
+                uint32_t phi[J][2], plo[J][2];
+                const float *vscale = tscale + TP;
 #pragma unroll
-                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], phi[j][0], phi[j][1]);
+                for (int j = 0; j < J; j++) {
+                    float w[4];
 #pragma unroll
-                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], plo[j][0], plo[j][1]);
+                    for (int e = 0; e < 4; e++)
+                        w[e] = x[j][e] * (vscale[16 * j + 2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
+                    pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[j][0], plo[j][0]);
+                    pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[j][1], plo[j][1]);
+                }
+                /* Oᵀ rows of m-block mb: row g = coordinate 16 mb + 2g, row g + 8 = 16 mb + 2g + 1,
+                 * both in byte 8 mb + g of a row (word 2 mb + g / 4, byte g % 4). */
+                const char *vt = tile + S::V_OFF;
 #pragma unroll
-                for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], alo[i], phi[j][0], phi[j][1]);
+                for (int i = 0; i < S::MB; i++) acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
+                /* Per 16 positions: every m-block's fragments, then the three product
+                 * terms each over all m-blocks, so consecutive mmas are independent. */
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    uint32_t ahi[S::MB][4], alo[S::MB][4];
+#pragma unroll
+                    for (int i = 0; i < S::MB; i++) {
+                        const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
+                        const uint2 l0 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
+                        const uint2 l1 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
+                        const uint2 l2 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
+                        const uint2 l3 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
+                        ahi[i][0] = __byte_perm(l0.x, l1.x, 0x5410), ahi[i][1] = __byte_perm(l0.x, l1.x, 0x7632);
+                        ahi[i][2] = __byte_perm(l2.x, l3.x, 0x5410), ahi[i][3] = __byte_perm(l2.x, l3.x, 0x7632);
+                        alo[i][0] = __byte_perm(l0.y, l1.y, 0x5410), alo[i][1] = __byte_perm(l0.y, l1.y, 0x7632);
+                        alo[i][2] = __byte_perm(l2.y, l3.y, 0x5410), alo[i][3] = __byte_perm(l2.y, l3.y, 0x7632);
+                    }
+#pragma unroll
+                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], phi[j][0], phi[j][1]);
+#pragma unroll
+                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], plo[j][0], plo[j][1]);
+#pragma unroll
+                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], alo[i], phi[j][0], phi[j][1]);
+                }
             }
         }
 
-        /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
         /* The direct output is the rotated f32 row the undo reads (o_rot). */
-        vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m, s,
-                                   gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+        if constexpr (S::PER_WARP) {
+            /* Each warp's state into merge slot `warp` (rows permuted: g is dim
+             * 16 i + 2g, g + 8 the next), merged in warp order. */
+            pyfa_cp_async_wait<0>();
+            __syncthreads();
+            float *mine = s_acc + warp * HEADS * D;
+#pragma unroll
+            for (int i = 0; i < S::KSTEPS; i++) {
+                const int d = 16 * i + 2 * g;
+                mine[(2 * c) * D + d] = acc[i][0];
+                mine[(2 * c + 1) * D + d] = acc[i][1];
+                mine[(2 * c) * D + d + 1] = acc[i][2];
+                mine[(2 * c + 1) * D + d + 1] = acc[i][3];
+            }
+            if (c == 0) {
+                s_ms[(warp * HEADS + g) * 2] = m;
+                s_ms[(warp * HEADS + g) * 2 + 1] = s;
+            }
+            __syncthreads();
+            attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, DIRECT,
+                                               PYFA_DTYPE_F32, LSE);
+            __syncthreads();
+        } else {
+            /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
+            vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m,
+                                       s, gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+        }
     }
 }
