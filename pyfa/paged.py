@@ -257,7 +257,6 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
     return (result, _io.host_result(lse, q_arg)) if return_lse else result
 
 
-
 # ---- the repeat path ---------------------------------------------------------------------------------
 # A decode loop calls paged_decode_attention with the same shapes, dtypes and defaults every step. After
 # one such call on numpy arrays (q, both pools and an int32 block_table, kv_len an int) on a host-visible
