@@ -7,6 +7,8 @@ decodes the whole batch (pyfa_paged_decode_run / pyfa_paged_tq_decode_run).
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import _args, _io, _plans, cuda_interop, dtypes
@@ -72,10 +74,13 @@ def length_hints(kv_len, batch: int, lens):
     return _plans.length_bucket(longest), batch if split >= batch else 1 << (split.bit_length() - 1)
 
 
-def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, out, out_dtype, return_lse):
+def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, out, out_dtype, return_lse,
+        remember=None):
     """One paged plan run. kind: "dense" (pools: k_pages, v_pages) or "tq" (k_codes,
     k_scales, v_codes, v_scales); attn: the pyfa_flash_attn_vec_params fields; extra: the
-    TurboQuant fields (k_bits, v_bits, seeds, fused). Returns (out, lse or None)."""
+    TurboQuant fields (k_bits, v_bits, seeds, fused). Returns (out, lse or None).
+    remember(plan, args): called after a run of host arrays on a host-visible device
+    (the repeat path below keeps them)."""
     B, H, D = q.shape
     table, pps = block_table
     pages = dict(pages, pages_per_seq=pps)
@@ -152,6 +157,8 @@ def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, o
         args.lse.nbytes = B * H * 4
     stream = like.stream if like is not None else 0
     _plans.run(device, runner, plan, _plans.encoder(device, stream), args)
+    if remember is not None and like is None:
+        remember(plan, args)
     return result, lse
 
 
@@ -208,6 +215,13 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
     >>> pyfa.paged_decode_attention(q, pool, pool, [[3, 1], [0, 2]], kv_len=[20, 5]).shape
     (2, 4, 64)
     """
+    defaults = (out is None and out_dtype is None and return_lse is False and window is None and ring_start is None
+                and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float)
+                and type(page_layout) is str)
+    if defaults:
+        result = _repeat_host(q, k_pages, v_pages, block_table, kv_len, page_layout, device, scale)
+        if result is not None:
+            return result
     if ring_start is not None:
         raise invalid(f"ring_start: paged sequences are not rings (pass none), got {_args.show(ring_start)}")
     device = _args.device_arg(device)
@@ -226,13 +240,76 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
     if Dk != D:
         raise invalid(f"k_pages: head_dim {Dk} (last dim of {k.shape}) does not match q's {D}")
     _args.u32_fields(batch=B, num_heads=H, num_kv_heads=Hkv, head_dim=D, num_pages=num_pages, page_size=page_size)
-    scale = _args.default_scale(scale, D)
+    scale_arg, scale = scale, _args.default_scale(scale, D)
     table = block_table_arg(block_table, B, like)
     attn = {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": 0, "nwg": 0,
             "window": window, "scale": scale, "softcap": softcap}
     pages = {"page_size": page_size, "num_pages": num_pages, "layout": layout}
+    remember = None
+    if defaults and _repeatable(q_arg, k_pages, v_pages, block_table, kv_len) and device.host_visible:
+        remember = lambda plan, args: _remember(device, scale_arg, page_layout, q, k, v, block_table, kv_len, plan,
+                                                args, page_size * table[1])
     result, lse = run("dense", device, like, q, (("k_pages", k), ("v_pages", v)), table, kv_len, pages, attn, None,
-                      out, out_dtype, return_lse)
+                      out, out_dtype, return_lse, remember)
     result = _io.host_result(result, q_arg, out)
     return (result, _io.host_result(lse, q_arg)) if return_lse else result
 
+
+# ---- the repeat path ---------------------------------------------------------------------------------
+# A decode loop calls paged_decode_attention with the same shapes, dtypes and defaults every step. After
+# one such call on numpy arrays (q, both pools and an int32 block_table, kv_len an int) on a host-visible
+# device has gone through every check above, its plan and run-argument struct are kept (per thread) under
+# everything those checks looked at: the device, the scale as given (None or a float), page_layout, each
+# array's shape and dtype, and kv_len's _plans.length_bucket (the plan's split is sized by it). A later
+# call that matches runs with only what changes checked here: contiguity, the kv_len value, and the
+# addresses. The library still checks every block_table entry and kv_len on each run (the run reads the
+# table from host memory), so a bad value raises the same error as on the full path.
+_repeat = threading.local()
+
+
+def _repeatable(q, k, v, block_table, kv_len) -> bool:
+    return (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray
+            and type(block_table) is np.ndarray and block_table.dtype == np.int32 and block_table.flags.c_contiguous
+            and type(kv_len) is int and kv_len >= 1 and ffi.sizeof("void *") == 8)  # slots alias 64-bit addresses
+
+
+def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
+    table = getattr(_repeat, "table", None)
+    if table is None:
+        table = _repeat.table = {}
+    elif len(table) >= 64:
+        table.pop(next(iter(table)))
+    B = q.shape[0]
+    host = ffi.new("int32_t[]", B)
+    reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
+    reused.kv_len.host = host
+    reused.block_table.host = ffi.NULL
+    # The five address fields seen as pointers, so a call stores ffi.from_buffer(...) into them as is.
+    slots = tuple(ffi.cast("void **", ffi.addressof(reused, *name)) for name in (
+        ("q",), ("k_pages",), ("v_pages",), ("out",), ("block_table", "device")))
+    key = (device, scale, page_layout, _plans.length_bucket(kv_len), q.shape, k.shape, v.shape, block_table.shape,
+           q.dtype, k.dtype, v.dtype)
+    table[key] = (plan, reused, host, B, capacity, slots)
+
+
+def _repeat_host(q, k, v, block_table, kv_len, page_layout, device, scale):
+    """The result of a call matching a remembered one, or None (take the full path)."""
+    table = getattr(_repeat, "table", None)
+    if table is None or not _repeatable(q, k, v, block_table, kv_len):
+        return None
+    device = _args.device_arg(device)
+    entry = table.get((device, scale, page_layout, 1 << (kv_len - 1).bit_length(), q.shape, k.shape, v.shape,
+                       block_table.shape, q.dtype, k.dtype, v.dtype))
+    if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
+        return None
+    plan, args, host, B, capacity, slots = entry
+    if kv_len > capacity:
+        return None
+    for i in range(B):
+        host[i] = kv_len
+    out = np.empty(q.shape, q.dtype)
+    from_buffer = ffi.from_buffer
+    for slot, a in zip(slots, (q, k, v, out, block_table)):
+        slot[0] = from_buffer(a)
+    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device), args)
+    return out

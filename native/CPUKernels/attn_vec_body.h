@@ -75,18 +75,36 @@ PYFA_INLINE uint32_t vec_page_row(const vec_pages *pg, uint32_t s) {
     return PYFA_PAGE_ROW(pg->layout, pg->mask + 1, pg->num_kv_heads, page, s & pg->mask, pg->kvh);
 }
 
-/* Paged rows lie in page_size-row runs spread over the pool, so the CPU's
- * prefetchers lose the stream at every page (a page of 16 f16 rows at
- * D = 128 is one 4 KB OS page per head): the rows of positions
- * [pos, pos + n) are prefetched by hand, one block ahead. */
-PYFA_INLINE void vec_prefetch_rows(const vec_pages *pg, const vec_rows *kr, const vec_rows *vr, uint32_t pos,
-                                   uint32_t n) {
-    for (uint32_t j = 0; j < n; j++) {
-        const uint32_t r = vec_page_row(pg, pos + j);
-        const char *k = kr->base + (size_t)r * kr->row_bytes, *v = vr->base + (size_t)r * vr->row_bytes;
-        for (size_t o = 0; o < kr->row_bytes; o += 64) __builtin_prefetch(k + o);
-        for (size_t o = 0; o < vr->row_bytes; o += 64) __builtin_prefetch(v + o);
+/* Pool rows of positions [pos, pos + nb) (nb <= VEC_BLOCK) into slots. A
+ * block inside one page is a run of rows a fixed step apart (1 row in HND,
+ * num_kv_heads rows in NHD): one block_table read serves the block, and the
+ * row loop addresses like the dense one. */
+PYFA_INLINE void vec_block_slots(const vec_pages *pg, uint32_t pos, uint32_t nb, uint32_t *slots) {
+    if ((pos & pg->mask) + nb <= pg->mask + 1) {
+        const uint32_t row0 = vec_page_row(pg, pos), step = pg->layout == PYFA_PAGES_NHD ? pg->num_kv_heads : 1;
+        for (uint32_t j = 0; j < nb; j++) slots[j] = row0 + j * step;
+    } else {
+        for (uint32_t j = 0; j < nb; j++) slots[j] = vec_page_row(pg, pos + j);
     }
+}
+
+/* How far ahead (positions) paged rows are prefetched. Paged rows lie in
+ * runs of page_size rows spread over the pool (a page of 16 f16 rows at
+ * D = 128 is one 4 KB OS page per head), and the hardware prefetchers
+ * restart at every run. Loading K row s prefetches K row s +
+ * VEC_PREFETCH_AHEAD, loading V row s the V row: one row per row loaded, so
+ * the misses stay spread over the block instead of arriving as one burst
+ * (a block's 32 K and V rows at once) that fills the core's miss buffers and
+ * stalls the loads behind it. Into L2 (locality 1; into L1 was slower): the
+ * rows are read once, two blocks later. On Zen 4, with the block slots
+ * above, paged decode takes 0.62x (HND) and 0.8x (NHD) the time it took with
+ * one burst per block one block ahead (docs/cuda/PAGED.md); 4 or 8 blocks
+ * ahead were no better than 2. */
+#define VEC_PREFETCH_AHEAD (2 * VEC_BLOCK)
+
+PYFA_INLINE void vec_prefetch_row(const vec_pages *pg, const vec_rows *r, uint32_t s) {
+    const char *p = r->base + (size_t)vec_page_row(pg, s) * r->row_bytes;
+    for (size_t o = 0; o < r->row_bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
 }
 
 /* Row `slot` as f32 in dst; returns the factor its dot products take. */
@@ -216,14 +234,12 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
 
     for (uint32_t pos = begin; pos < end; pos += VEC_BLOCK) {
         const uint32_t nb = end - pos < VEC_BLOCK ? end - pos : VEC_BLOCK;
-        if (paged && end - pos > VEC_BLOCK) {
-            const uint32_t next = end - pos - VEC_BLOCK;
-            vec_prefetch_rows(&pg, &kr, &vr, pos + VEC_BLOCK, next < VEC_BLOCK ? next : VEC_BLOCK);
-        }
         uint32_t slots[VEC_BLOCK];
+        if (paged) vec_block_slots(&pg, pos, nb, slots);
         for (uint32_t j = 0; j < nb; j++) {
-            uint32_t s = pos + j + ring;
-            slots[j] = paged ? vec_page_row(&pg, pos + j) : (s >= cap ? s - cap : s);
+            const uint32_t s = pos + j + ring;
+            if (!paged) slots[j] = s >= cap ? s - cap : s;
+            if (paged && pos + j + VEC_PREFETCH_AHEAD < end) vec_prefetch_row(&pg, &kr, pos + j + VEC_PREFETCH_AHEAD);
             kf[j] = vec_load_row(kb + (size_t)j * D, &kr, slots[j], kv_dt, kbits, D, inv_sqrt_d);
         }
         for (uint32_t g = 0; g < G; g++) {
@@ -260,7 +276,10 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         /* V rows into kb (the block's K rows are done with), then each head's
          * accumulator takes the whole block per register chunk, rows in order. */
         float vf[VEC_BLOCK];
-        for (uint32_t j = 0; j < nb; j++) vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
+        for (uint32_t j = 0; j < nb; j++) {
+            if (paged && pos + j + VEC_PREFETCH_AHEAD < end) vec_prefetch_row(&pg, &vr, pos + j + VEC_PREFETCH_AHEAD);
+            vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
+        }
         for (uint32_t g = 0; g < G; g++) {
             float w[VEC_BLOCK];
             for (uint32_t j = 0; j < nb; j++) w[j] = sc[(size_t)g * VEC_BLOCK + j] * vf[j];
