@@ -2,6 +2,7 @@
 once, for a profiler to take apart kernel by kernel:
 
     ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/gpu_tq_profile.py --once
+    python3 scripts/gpu_tq_profile.py --case 8,128 --case 1,256     (batch, head dim) cases
 
 Without a profiler it prints the per-call time of each (CUDA events, as gpu_tq_check.py).
 """
@@ -16,7 +17,9 @@ import pyfa  # noqa: E402
 def main():
     dev, fw = pyfa.Device("cuda"), chk.Frame()
     L = 32768
-    for B, D in [(1, 256), (1, 128)]:
+    # --case B,D (repeatable) replaces the default cases
+    cases = [tuple(int(x) for x in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--case"]
+    for B, D in cases or [(1, 256), (1, 128)]:
         tr, trec, tbytes, tnwg, _ = chk.tq_recorder(dev, fw, B, 16, 8, D, L, 4)
         dr, drec, dbytes, dnwg = chk.dense_recorder(dev, fw, B, 16, 8, D, L)
         for name, r, rec, nwg in (("tq4", tr, trec, tnwg), ("f16", dr, drec, dnwg)):

@@ -335,14 +335,14 @@ __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
 template <int D, int ODT, int HAS_LSE>
 __device__ void flash_attn_vec_reduce_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_head_dim(D) && pyfa_is_float_dtype(ODT), "flash_attn_vec_reduce: head_dim / out dtype");
-    __shared__ float weight[PYFA_REDUCE_MAX_NWG];
+    __shared__ float scratch[2 * PYFA_REDUCE_MAX_NWG];
     const pyfa_attn_reduce_params &p = pyfa_param<pyfa_attn_reduce_params>(a, PYFA_REDUCE_ARG_PARAMS);
     const uint32_t row = blockIdx.x, nwg = p.nwg < PYFA_REDUCE_MAX_NWG ? p.nwg : PYFA_REDUCE_MAX_NWG;
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.nrows * p.nwg * D + (size_t)row * p.nwg * 2;
     const float *part = tmp + (size_t)row * p.nwg * D;
     char *o = pyfa_ptr<char>(a, PYFA_REDUCE_ARG_OUT) + (size_t)row * D * (ODT == PYFA_DTYPE_F32 ? 4 : 2);
-    const float lse = attn_vec_reduce_row(sm, part, nwg, D, weight,
+    const float lse = attn_vec_reduce_row(sm, part, nwg, D, scratch,
                                           [&](uint32_t e, float x) { pyfa_store_f32<ODT>(o, e, x); });
     if (HAS_LSE && threadIdx.x == 0) pyfa_ptr<float>(a, PYFA_REDUCE_ARG_LSE)[row] = lse;
 }

@@ -15,25 +15,36 @@
 
 /* Merges one row: sm = its (S, M) pairs, part = its nwg partial outputs
  * [nwg, D]; writes element e through store(e, value) and returns the row's
- * lse (every thread gets it). weight: shared float[nwg] scratch. A row whose
+ * lse (every thread gets it). scratch: shared float[2 * nwg]. A row whose
  * workgroups saw no key gives zeros and lse -inf. Every thread of the block
- * must call it (it synchronises). */
+ * must call it (it synchronises). The pairs are read once, one per thread,
+ * into shared memory: the scans over them then wait on shared loads, not on
+ * nwg global loads in a row. */
 template <class Store>
 __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
-                                                     float *weight, Store store) {
+                                                     float *scratch, Store store) {
+    float *s_total = scratch, *weight = scratch + nwg; /* S of each workgroup, then its weight */
+    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x) {
+        const float S = sm[2 * w], m = sm[2 * w + 1];
+        s_total[w] = S;
+        weight[w] = S > 0.0f ? m : -INFINITY; /* the M candidates, until the weights replace them */
+    }
+    __syncthreads();
     float M = -INFINITY;
-    for (uint32_t w = 0; w < nwg; w++)
-        if (sm[2 * w] > 0.0f) M = fmaxf(M, sm[2 * w + 1]);
+    for (uint32_t w = 0; w < nwg; w++) M = fmaxf(M, weight[w]);
+    __syncthreads(); /* every thread has M before the weights overwrite the candidates */
     for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x)
-        weight[w] = (sm[2 * w] > 0.0f && M != -INFINITY) ? __expf(sm[2 * w + 1] - M) : 0.0f;
+        weight[w] = (s_total[w] > 0.0f && M != -INFINITY) ? __expf(sm[2 * w + 1] - M) : 0.0f;
     __syncthreads();
     float total = 0.0f;
-    for (uint32_t w = 0; w < nwg; w++) total = fmaf(sm[2 * w], weight[w], total);
+    for (uint32_t w = 0; w < nwg; w++) total = fmaf(s_total[w], weight[w], total);
     const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
     for (uint32_t e = threadIdx.x; e < D; e += blockDim.x) {
-        /* 8 independent loads in flight per thread: the loop is latency-bound. */
+        /* Accumulator i takes the partials w = i (mod 8); the loop is unrolled so
+         * 32 independent loads are in flight per thread (it is latency-bound). */
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         uint32_t w = 0;
+#pragma unroll 4
         for (; w + 8 <= nwg; w += 8) {
             float x[8];
 #pragma unroll

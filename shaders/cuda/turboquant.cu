@@ -47,10 +47,16 @@ constexpr int tq_quantize_paged_max_threads = 32;
 #ifndef PYFA_TQ_VEC_MMA
 #define PYFA_TQ_VEC_MMA 1
 #endif
+/* Blocks per SM the tensor-core kernel's registers allow at D <= 128, where
+ * shared memory holds 3 (at D >= 256 it holds 2). */
+#ifndef PYFA_TQ_MMA_MIN_BLOCKS
+#define PYFA_TQ_MMA_MIN_BLOCKS 2
+#endif
 #ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
 #define PYFA_MIN_BLOCKS_flash_attn_vec_tq(...) 1
 #else
-#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, ...) (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA) ? 2 : PYFA_TQ_VEC_MIN_BLOCKS)
+#define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, D, ...)                                                            \
+    (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA) ? ((D) <= 128 ? PYFA_TQ_MMA_MIN_BLOCKS : 2) : PYFA_TQ_VEC_MIN_BLOCKS)
 #endif
 
 /* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
@@ -193,12 +199,12 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
     constexpr int E = D / 32;
     const pyfa_tq_reduce_undo_params &p = pyfa_param<pyfa_tq_reduce_undo_params>(a, PYFA_REDUCE_ARG_PARAMS);
     __shared__ float s_row[D];
-    __shared__ float weight[PYFA_REDUCE_MAX_NWG];
+    __shared__ float scratch[2 * PYFA_REDUCE_MAX_NWG];
     const uint32_t row = blockIdx.x, nwg = p.reduce.nwg < PYFA_REDUCE_MAX_NWG ? p.reduce.nwg : PYFA_REDUCE_MAX_NWG;
     const float *tmp = pyfa_ptr<const float>(a, PYFA_REDUCE_ARG_TMP);
     const float *sm = tmp + (size_t)p.reduce.nrows * p.reduce.nwg * D + (size_t)row * p.reduce.nwg * 2;
     const float *part = tmp + (size_t)row * p.reduce.nwg * D;
-    const float lse = attn_vec_reduce_row(sm, part, nwg, D, weight, [&](uint32_t e, float x) { s_row[e] = x; });
+    const float lse = attn_vec_reduce_row(sm, part, nwg, D, scratch, [&](uint32_t e, float x) { s_row[e] = x; });
     if (HAS_LSE && threadIdx.x == 0) pyfa_ptr<float>(a, PYFA_REDUCE_ARG_LSE)[row] = lse;
     __syncthreads();
     if (threadIdx.x >= 32) return;

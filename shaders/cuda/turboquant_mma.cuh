@@ -64,9 +64,16 @@ struct shape {
                   "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
 };
 
-/* The table entry of byte `byte` of `word`, this lane's copy (tab = table + lane % 16). */
-__device__ __forceinline__ uint2 lookup(const uint2 *tab, uint32_t word, int byte) {
-    return tab[__byte_perm(word, 0u, 0x4440u | (uint32_t)byte) * COPIES];
+/* The table entry of byte `byte` of `word`, this lane's copy: tab = the
+ * shared address of the table's copy lane % 16 (entries are COPIES * 8 = 128
+ * bytes apart, so an entry's address is one shift-add from the byte). */
+__device__ __forceinline__ uint2 lookup(uint32_t tab, uint32_t word, int byte) {
+    static_assert(COPIES * 8 == 128, "entry stride");
+    uint2 v;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" /* reads the table, which is written once before any lookup */
+                 : "=r"(v.x), "=r"(v.y)
+                 : "r"(tab + (__byte_perm(word, 0u, 0x4440u | (uint32_t)byte) << 7)));
+    return v;
 }
 } // namespace tq_mma
 
@@ -163,16 +170,23 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     /* Start the first tiles' copies, then build the table while they fly. */
     if (PAGED) look_up(begin);
     for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
-    {
+    { /* thread t computes entries t and t + 128 once (low nibble: the even
+       * coordinate) and writes their COPIES copies, starting at copy t so a
+       * warp's stores spread over the banks */
+        static_assert(NW * 32 == 128 && COPIES == 16, "two entries per thread, 16 copies");
         const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
-        for (int i = tid; i < 256 * COPIES; i += NW * 32) {
-            const int e = i / COPIES; /* low nibble: even coordinate */
-            uint2 v;
-            pyfa_split2<PYFA_DTYPE_F16>(cb[e & 15], cb[e >> 4], v.x, v.y);
-            s_table[i] = v;
+        const float lo = cb[tid & 15], hi0 = cb[tid >> 4], hi1 = cb[(tid >> 4) + 8];
+        uint2 v0, v1;
+        pyfa_split2<PYFA_DTYPE_F16>(lo, hi0, v0.x, v0.y);
+        pyfa_split2<PYFA_DTYPE_F16>(lo, hi1, v1.x, v1.y);
+#pragma unroll
+        for (int k = 0; k < COPIES; k++) {
+            const int copy = (k + tid) & (COPIES - 1);
+            s_table[tid * COPIES + copy] = v0;
+            s_table[(tid + 128) * COPIES + copy] = v1;
         }
     }
-    const uint2 *tab = s_table + (lane & 15);
+    const uint32_t tab = smem_addr(s_table + (lane & 15));
 
     bool first_pass = true;
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {

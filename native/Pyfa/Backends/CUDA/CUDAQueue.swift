@@ -222,6 +222,7 @@ struct CUDAPlan: BackendPlan {
     /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles.
     static let tqVecMma = getenv("PYFA_CUDA_TQ_VEC_MMA").flatMap { Int(String(cString: $0)) } ?? 1
     static let tqMmaStages = max(2, envInt("PYFA_CUDA_TQ_MMA_STAGES", 3))
+    static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
 
     static func compileDefines() -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
@@ -232,7 +233,8 @@ struct CUDAPlan: BackendPlan {
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
          "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
-         "-DPYFA_TQ_VEC_MMA=\(tqVecMma != 0 ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)"]
+         "-DPYFA_TQ_VEC_MMA=\(tqVecMma != 0 ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)",
+         "-DPYFA_TQ_MMA_MIN_BLOCKS=\(tqMmaMinBlocks)"]
     }
 
     /// Dynamic shared memory of one turboquant.cu decode block (cuda_layout.h).
