@@ -157,7 +157,7 @@ def run(kind, device, like, q, pools, block_table, kv_len, pages, attn, extra, o
         args.lse.nbytes = B * H * 4
     stream = like.stream if like is not None else 0
     _plans.run(device, runner, plan, _plans.encoder(device, stream), args)
-    if remember is not None and like is None:
+    if remember is not None:
         remember(plan, args)
     return result, lse
 
@@ -219,7 +219,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
                 and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float)
                 and type(page_layout) is str)
     if defaults:
-        result = _repeat_host(q, k_pages, v_pages, block_table, kv_len, page_layout, device, scale)
+        result = _repeat_call(q, k_pages, v_pages, block_table, kv_len, page_layout, device, scale)
         if result is not None:
             return result
     if ring_start is not None:
@@ -246,9 +246,12 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
             "window": window, "scale": scale, "softcap": softcap}
     pages = {"page_size": page_size, "num_pages": num_pages, "layout": layout}
     remember = None
-    if defaults and _repeatable(q_arg, k_pages, v_pages, block_table, kv_len) and device.host_visible:
+    if defaults and _repeatable(q_arg, k_pages, v_pages, block_table, kv_len) and device.host_visible and like is None:
         remember = lambda plan, args: _remember(device, scale_arg, page_layout, q, k, v, block_table, kv_len, plan,
                                                 args, page_size * table[1])
+    elif defaults and like is not None and _torch_repeatable(q_arg, k_pages, v_pages, block_table, kv_len):
+        remember = lambda plan, args: _remember_torch(device, scale_arg, page_layout, q_arg, k_pages, v_pages,
+                                                      block_table, kv_len, plan, args, page_size * table[1])
     result, lse = run("dense", device, like, q, (("k_pages", k), ("v_pages", v)), table, kv_len, pages, attn, None,
                       out, out_dtype, return_lse, remember)
     result = _io.host_result(result, q_arg, out)
@@ -257,13 +260,17 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, kv_len, *, page_lay
 
 # ---- the repeat path ---------------------------------------------------------------------------------
 # A decode loop calls paged_decode_attention with the same shapes, dtypes and defaults every step. After
-# one such call on numpy arrays (q, both pools and an int32 block_table, kv_len an int) on a host-visible
-# device has gone through every check above, its plan and run-argument struct are kept (per thread) under
-# everything those checks looked at: the device, the scale as given (None or a float), page_layout, each
-# array's shape and dtype, and kv_len's _plans.length_bucket (the plan's split is sized by it). A later
-# call that matches runs with only what changes checked here: contiguity, the kv_len value, and the
-# addresses. The library still checks every block_table entry and kv_len on each run (the run reads the
-# table from host memory), so a bad value raises the same error as on the full path.
+# one such call has gone through every check above, its plan and run-argument struct are kept (per
+# thread) under everything those checks looked at: the device, the scale as given (None or a float),
+# page_layout, each array's shape and dtype (and GPU), and how kv_len came (an int, by its
+# _plans.length_bucket, which sizes the plan's split; or an int32 GPU tensor). A later call that matches
+# runs with only what changes checked here: contiguity, the kv_len value (or the tensor's dtype, size and
+# GPU), and the addresses. Two kinds of call are kept:
+#   - numpy arrays (q, both pools, an int32 block_table; kv_len an int) on a host-visible device: the
+#     library still checks every block_table entry and kv_len on each run (it reads the table from host
+#     memory), so a bad value raises the same error as on the full path;
+#   - torch CUDA tensors (q, both pools, an int32 block_table; kv_len an int or an int32 tensor): the
+#     kernels clamp device values, as on the full path.
 _repeat = threading.local()
 
 
@@ -273,12 +280,17 @@ def _repeatable(q, k, v, block_table, kv_len) -> bool:
             and type(kv_len) is int and kv_len >= 1 and ffi.sizeof("void *") == 8)  # slots alias 64-bit addresses
 
 
-def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
+def _table():
     table = getattr(_repeat, "table", None)
     if table is None:
         table = _repeat.table = {}
     elif len(table) >= 64:
         table.pop(next(iter(table)))
+    return table
+
+
+def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
+    table = _table()
     B = q.shape[0]
     host = ffi.new("int32_t[]", B)
     reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
@@ -292,8 +304,17 @@ def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, ar
     table[key] = (plan, reused, host, B, capacity, slots)
 
 
-def _repeat_host(q, k, v, block_table, kv_len, page_layout, device, scale):
+def _repeat_call(q, k, v, block_table, kv_len, page_layout, device, scale):
     """The result of a call matching a remembered one, or None (take the full path)."""
+    if _torch_tensor is not None and type(q) is _torch_tensor:
+        table = getattr(_repeat, "table", None)
+        return None if table is None else _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device,
+                                                        scale)
+    return _repeat_host(q, k, v, block_table, kv_len, page_layout, device, scale)
+
+
+def _repeat_host(q, k, v, block_table, kv_len, page_layout, device, scale):
+    """The numpy kind of _repeat_call."""
     table = getattr(_repeat, "table", None)
     if table is None or not _repeatable(q, k, v, block_table, kv_len):
         return None
@@ -312,4 +333,77 @@ def _repeat_host(q, k, v, block_table, kv_len, page_layout, device, scale):
     for slot, a in zip(slots, (q, k, v, out, block_table)):
         slot[0] = from_buffer(a)
     _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device), args)
+    return out
+
+
+_torch_tensor = None
+_torch_int32 = None
+
+
+def _torch_repeatable(q, k, v, block_table, kv_len) -> bool:
+    global _torch_tensor, _torch_int32
+    if _torch_tensor is None:
+        try:
+            import torch
+        except ImportError:
+            return False
+        _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
+    T = _torch_tensor
+    if not (type(q) is T and type(k) is T and type(v) is T and type(block_table) is T):
+        return False
+    if block_table.dtype != _torch_int32:
+        return False
+    return (type(kv_len) is int and kv_len >= 1) or (type(kv_len) is T and kv_len.dtype == _torch_int32)
+
+
+def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
+    B = q.shape[0]
+    if type(kv_len) is int:
+        kind, host = _plans.length_bucket(kv_len), ffi.new("int32_t[]", B)
+    else:
+        kind, host = -1, None
+    reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
+    reused.kv_len.host = host if host is not None else ffi.NULL
+    gpu = q.get_device()
+    key = (device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype, k.dtype, v.dtype,
+           gpu, k.get_device(), v.get_device(), block_table.get_device())
+    _table()[key] = (plan, reused, host, B, capacity, gpu)
+
+
+def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scale):
+    T = _torch_tensor
+    if type(k) is not T or type(v) is not T or type(block_table) is not T:
+        return None
+    tl = type(kv_len)
+    if tl is int:
+        if kv_len < 1:
+            return None
+        kind = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
+    elif tl is T:
+        kind = -1
+    else:
+        return None
+    device = _args.device_arg(device)
+    entry = table.get((device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype,
+                       k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), block_table.get_device()))
+    if entry is None or block_table.dtype != _torch_int32 or not (
+            q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and block_table.is_contiguous()):
+        return None
+    plan, args, host, B, capacity, gpu = entry
+    if kind == -1:
+        if kv_len.dtype != _torch_int32 or kv_len.get_device() != gpu or kv_len.numel() != B or kv_len.dim() > 1 \
+                or not kv_len.is_contiguous():
+            return None
+        args.kv_len.device.address, args.kv_len.device.nbytes = kv_len.data_ptr(), 4 * B
+    else:
+        if kv_len > capacity:
+            return None
+        for i in range(B):
+            host[i] = kv_len
+    out = q.new_empty(q.shape)
+    args.q.address, args.k_pages.address, args.v_pages.address = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args.out.address = out.data_ptr()
+    args.block_table.device.address = block_table.data_ptr()
+    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device, cuda_interop._torch_stream(gpu) or 1),
+               args)
     return out

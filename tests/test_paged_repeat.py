@@ -110,3 +110,48 @@ def test_repeat_path_allocates_nothing_in_the_library(device, rng):
     after = pyfa.counters()
     assert after["plans_created"] == before["plans_created"], (before, after)
     assert after["host_allocations"] == before["host_allocations"], (before, after)
+
+
+HAS_GPU = "cuda" in pyfa.available_backends()
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device here")
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_torch_cuda_repeat_path(rng, layout):
+    """torch CUDA calls repeating an earlier one's shapes and defaults take the repeat path (no plan,
+    allocation, copy or wait in the library) and give what the full path gives, with kv_len an int or
+    an int32 tensor, as pools and tables change in place."""
+    torch = pytest.importorskip("torch")
+    dev = pyfa.Device("cuda")
+    paged._repeat.table = {}
+    qn = rng.standard_normal((B, H, D), dtype=np.float32)
+    kn, vn = pools(rng, layout=layout)
+    tn = np.array([[3, 7, 1, 9], [0, 11, 4, 2]], np.int32)
+    q = torch.from_numpy(qn).to("cuda", torch.float16)
+    k, v, t = (torch.from_numpy(a).cuda() for a in (kn, vn, tn))
+    lens = torch.tensor([50, 50], dtype=torch.int32, device="cuda")
+    for n in (40, lens):
+        pyfa.paged_decode_attention(q, k, v, t, n, page_layout=layout, device=dev)  # full path, remembered
+        assert paged._repeat_torch(paged._repeat.table, q, k, v, t, n, layout, dev, None) is not None
+    before = pyfa.counters()
+    outs = {n: pyfa.paged_decode_attention(q, k, v, t, n, page_layout=layout, device=dev) for n in (33, 64)}
+    outs[0] = pyfa.paged_decode_attention(q, k, v, t, lens, page_layout=layout, device=dev)
+    after = pyfa.counters()
+    for name in ("plans_created", "device_allocations", "pinned_allocations", "synchronizations",
+                 "host_to_device_copies", "device_to_host_copies"):
+        assert after[name] == before[name], (name, before, after)
+    torch.cuda.synchronize()
+    qh = q.float().cpu().numpy()
+    for n, out in outs.items():
+        assert out.dtype == torch.float16
+        want = ref(qh, kn, vn, tn, n or 50, layout=layout)
+        np.testing.assert_allclose(out.float().cpu().numpy(), want, atol=1e-3, rtol=0)  # f16 output: 2^-11
+    # New pool contents and a new table, in place: the next repeat call reads them.
+    kn2 = rng.standard_normal(kn.shape, dtype=np.float32).astype(np.float16)
+    k.copy_(torch.from_numpy(kn2).cuda())
+    tn2 = tn[:, ::-1].copy()
+    t.copy_(torch.from_numpy(tn2).cuda())
+    out = pyfa.paged_decode_attention(q, k, v, t, 64, page_layout=layout, device=dev)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.float().cpu().numpy(), ref(qh, kn2, vn, tn2, 64, layout=layout), atol=1e-3,
+                               rtol=0)
