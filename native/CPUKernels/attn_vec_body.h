@@ -18,9 +18,10 @@
  * apart), which one core reads at a third of its sequential bandwidth
  * whatever is prefetched, and one 4 KB run in HND, after which the hardware
  * prefetchers restart; a threadgroup that takes every head of a block uses
- * the block's whole page at once. Measured on 2 Zen 4 cores (B 8, H 16/8,
- * D 128, f16, docs/cuda/PAGED.md): paged / contiguous decode from 1.7-2.2x
- * to 1.0-1.1x over NHD pools, from 1.1-1.5x to 0.7-0.95x over HND pools.
+ * the block's whole page at once. On 2 cores (B 8, H 16/8, D 128, f16,
+ * L 1K and 8K; docs/cuda/PAGED.md) paged / contiguous decode went from
+ * 1.8-2.2x to 1.0-1.1x over NHD pools, 1.3-1.4x to 0.9-1.0x over HND pools
+ * (medians of six runs).
  * Each head keeps its own softmax state and sees the same blocks, rows and
  * operations in the same order as on its own, so the results are bit for
  * bit those of per-head threadgroups with the same nwg. The grid stays the
