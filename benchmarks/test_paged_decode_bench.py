@@ -3,9 +3,9 @@ same batch and lengths, timed in the same run, in two pool arrangements: "paged"
 shuffled through the pool: a serving engine's pool after some churn) and "paged_hnd" (HND,
 pages in order: each head's rows in 4 KB runs, the best case a paged pool allows). The
 paged / contiguous ratio of the medians is reported (extra_info "paged/contiguous" and the
-terminal line), not gated: the CPU kernel walks the same rows; what differs is one
-block-table read per block and where the rows lie (runs of page_size rows, which the
-hardware prefetchers do not follow from run to run).
+terminal line), not gated (the machine's load moves it by 0.1-0.2): the CPU kernel walks the
+same rows; what differs is one block-table read per block and where the rows lie, which is why
+a paged threadgroup walks every KV head of its pages (docs/cuda/PAGED.md, CPU backend).
 
 Run: python3 -m pytest benchmarks/test_paged_decode_bench.py --benchmark-enable
 (--benchmark-disable, the default, runs each case once at the smallest length as a smoke test.)

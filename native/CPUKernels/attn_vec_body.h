@@ -10,6 +10,25 @@
  * constant the rows come from paged pools (paged_kv_params.h): a slot is
  * then a row of the pool, not of this sequence's head.
  *
+ * Paged pools with the CPU plan's PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS: the
+ * threadgroup with KV head 0 walks every KV head of its (sequence, split)
+ * and those of heads 1.. return at once. A page holds the rows of all heads
+ * (32 KB at page_size 16, 8 heads, D = 128, f16). One head's share of it is
+ * pieces of D elements num_kv_heads rows apart in NHD (256 bytes 2 KB
+ * apart), which one core reads at a third of its sequential bandwidth
+ * whatever is prefetched, and one 4 KB run in HND, after which the hardware
+ * prefetchers restart; a threadgroup that takes every head of a block uses
+ * the block's whole page at once. On 2 cores (B 8, H 16/8, D 128, f16,
+ * L 1K and 8K; docs/cuda/PAGED.md) paged / contiguous decode went from
+ * 1.8-2.2x to 1.0-1.1x over NHD pools, 1.3-1.4x to 0.9-1.0x over HND pools
+ * (medians of six runs).
+ * Each head keeps its own softmax state and sees the same blocks, rows and
+ * operations in the same order as on its own, so the results are bit for
+ * bit those of per-head threadgroups with the same nwg. The grid stays the
+ * dispatcher's (nwg, num_kv_heads, batch): the pool hands threadgroups out
+ * one by one, so an empty one costs an atomic increment and a call, and no
+ * backend-neutral code learns about it.
+ *
  * flash_attn_vec_tq runs the same body with kbits/vbits > 0: a row is then
  * the codebook centroids of its codes (rotated domain), and its scale
  * (scale / sqrt(D)) multiplies the score (K) or the softmax weight (V).
@@ -20,9 +39,12 @@
 
 #define VEC_BLOCK 16
 
-/* Scratch floats one flash_attn_vec threadgroup needs (the CPU plan uses it). */
-#define VEC_SCRATCH_FLOATS(G, D) \
-    ((size_t)(G) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (size_t)(G) * (VEC_BLOCK + 2) + 2 * (size_t)TQ_MAX_LEVELS)
+/* Scratch floats of a flash_attn_vec threadgroup holding the softmax state
+ * of R query heads (R = the GQA group G, or num_heads when it walks every KV
+ * head; the CPU plan uses it): q and acc rows, each head's block of scores,
+ * M and S, one block of f32 rows, the TurboQuant codebooks. */
+#define VEC_SCRATCH_FLOATS(R, D) \
+    ((size_t)(R) * (D) * 2 + (size_t)VEC_BLOCK * (D) + (size_t)(R) * (VEC_BLOCK + 2) + 2 * (size_t)TQ_MAX_LEVELS)
 
 /* Where a K or V row comes from: a dense cache row of kv_dt, or (bits > 0)
  * TurboQuant codes with a per-slot scale. */
@@ -102,8 +124,9 @@ PYFA_INLINE void vec_block_slots(const vec_pages *pg, uint32_t pos, uint32_t nb,
  * ahead were no better than 2. */
 #define VEC_PREFETCH_AHEAD (2 * VEC_BLOCK)
 
-PYFA_INLINE void vec_prefetch_row(const vec_pages *pg, const vec_rows *r, uint32_t s) {
-    const char *p = r->base + (size_t)vec_page_row(pg, s) * r->row_bytes;
+/* Prefetches the row of position s, `head_rows` pool rows past pg->kvh's. */
+PYFA_INLINE void vec_prefetch_row(const vec_pages *pg, const vec_rows *r, uint32_t s, uint32_t head_rows) {
+    const char *p = r->base + (size_t)(vec_page_row(pg, s) + head_rows) * r->row_bytes;
     for (size_t o = 0; o < r->row_bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
 }
 
@@ -159,11 +182,16 @@ PYFA_INLINE void accumulate_rows(float *acc, const float *w, const float *rows, 
 }
 
 /* `paged` (the PAGED constant) is a constant at every call site, like the
- * dtype and head dim: the dense copies compile without the paged branches. */
-PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh, uint32_t b, float *scratch,
-                          const int kv_dt, const uint32_t D, const int kbits, const int vbits, const int paged) {
+ * dtype and head dim: the dense copies compile without the paged branches.
+ * The threadgroup walks KV heads kvh0 .. kvh0 + nkv - 1 of sequence b: nkv
+ * is the constant 1 in the dense copies, num_kv_heads (with kvh0 = 0) where
+ * a paged dispatch walks every head (top of this file). Head h's state (q,
+ * acc, scores, M, S) is that of query heads (kvh0 + h) * G .. + G - 1. */
+PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh0, uint32_t nkv, uint32_t b,
+                          float *scratch, const int kv_dt, const uint32_t D, const int kbits, const int vbits,
+                          const int paged) {
     const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
-    const uint32_t G = p->num_heads / p->num_kv_heads;
+    const uint32_t G = p->num_heads / p->num_kv_heads, R = nkv * G;
     const uint32_t cap = p->kv_capacity, nwg = p->nwg;
     /* kv_len and ring_start clamped as pyfa_params.h says (as the GPU kernels
      * do); a paged sequence has no ring_start (and kv_capacity is
@@ -172,9 +200,12 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     uint32_t ring = paged ? 0 : ((const uint32_t *)d->args[PYFA_VEC_ARG_RING_START])[b];
     kv_len = (int32_t)kv_len < 0 ? 0 : (kv_len > cap ? cap : kv_len);
     ring = ring < cap ? ring : 0;
-    /* Paged: rows are addressed from the pool's start by vec_page_row. */
+    /* Paged: rows are addressed from the pool's start by vec_page_row, for
+     * KV head kvh0; head kvh0 + h's row of a token is h * head_step rows on
+     * (PYFA_PAGE_ROW: the next row in NHD, the next page_size rows in HND). */
     vec_pages pg = {0};
-    if (paged) vec_pages_init(&pg, d, b, kvh);
+    if (paged) vec_pages_init(&pg, d, b, kvh0);
+    const uint32_t head_step = paged && pg.layout == PYFA_PAGES_HND ? pg.mask + 1 : 1;
     const int q_dt = kbits ? PYFA_DTYPE_F32 : d->constants[PYFA_VEC_FC_Q_DTYPE];
     const int has_softcap = d->constants[PYFA_VEC_FC_HAS_SOFTCAP];
     const int direct = d->constants[PYFA_VEC_FC_DIRECT_OUT];
@@ -189,11 +220,11 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     const uint64_t b0 = (uint64_t)iwg * chunk, b1 = b0 + chunk;
     const uint32_t begin = lo + (uint32_t)(b0 < n ? b0 : n), end = lo + (uint32_t)(b1 < n ? b1 : n);
 
-    float *qf = scratch, *acc = qf + (size_t)G * D, *kb = acc + (size_t)G * D;
-    float *sc = kb + (size_t)VEC_BLOCK * D, *Ms = sc + (size_t)G * VEC_BLOCK, *Ss = Ms + G;
-    float *kcb = Ss + G, *vcb = kcb + TQ_MAX_LEVELS;
+    float *qf = scratch, *acc = qf + (size_t)R * D, *kb = acc + (size_t)R * D;
+    float *sc = kb + (size_t)VEC_BLOCK * D, *Ms = sc + (size_t)R * VEC_BLOCK, *Ss = Ms + R;
+    float *kcb = Ss + R, *vcb = kcb + TQ_MAX_LEVELS;
 
-    const size_t head_rows = paged ? 0 : ((size_t)b * p->num_kv_heads + kvh) * cap;
+    const size_t head_rows = paged ? 0 : ((size_t)b * p->num_kv_heads + kvh0) * cap;
     vec_rows kr, vr;
     kr.row_bytes = kbits ? PYFA_TQ_ROW_BYTES((size_t)D, kbits) : (size_t)D * dtype_size(kv_dt);
     vr.row_bytes = vbits ? PYFA_TQ_ROW_BYTES((size_t)D, vbits) : (size_t)D * dtype_size(kv_dt);
@@ -216,8 +247,8 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     const float inv_sqrt_d = 1.0f / sqrtf((float)D);
     float kf[VEC_BLOCK];
 
-    for (uint32_t g = 0; g < G; g++) {
-        const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
+    for (uint32_t g = 0; g < R; g++) {
+        const size_t row = (size_t)b * p->num_heads + (size_t)kvh0 * G + g;
         const char *qrow = (const char *)d->args[PYFA_VEC_ARG_Q] + row * D * dtype_size(q_dt);
         float *qg = qf + (size_t)g * D;
         switch (q_dt) {
@@ -236,62 +267,69 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
         const uint32_t nb = end - pos < VEC_BLOCK ? end - pos : VEC_BLOCK;
         uint32_t slots[VEC_BLOCK];
         if (paged) vec_block_slots(&pg, pos, nb, slots);
-        for (uint32_t j = 0; j < nb; j++) {
-            const uint32_t s = pos + j + ring;
-            if (!paged) slots[j] = s >= cap ? s - cap : s;
-            if (paged && pos + j + VEC_PREFETCH_AHEAD < end) vec_prefetch_row(&pg, &kr, pos + j + VEC_PREFETCH_AHEAD);
-            kf[j] = vec_load_row(kb + (size_t)j * D, &kr, slots[j], kv_dt, kbits, D, inv_sqrt_d);
-        }
-        for (uint32_t g = 0; g < G; g++) {
-            const float *qg = qf + (size_t)g * D;
-            float *sg = sc + (size_t)g * VEC_BLOCK;
-            float mb = -INFINITY;
+        /* Every head walked takes the whole block before the next head does:
+         * the heads' rows of a block share its page. */
+        for (uint32_t h = 0; h < nkv; h++) {
+            const uint32_t hrow = h * head_step; /* pool rows past kvh0's */
             for (uint32_t j = 0; j < nb; j++) {
-                float s = dot_f32(qg, kb + (size_t)j * D, D);
-                if (kbits) s *= kf[j];
-                if (has_softcap) s = apply_softcap(s * scale, softcap);
-                sg[j] = s;
-                mb = s > mb ? s : mb;
+                const uint32_t s = pos + j + ring;
+                if (!paged) slots[j] = s >= cap ? s - cap : s;
+                if (paged && pos + j + VEC_PREFETCH_AHEAD < end)
+                    vec_prefetch_row(&pg, &kr, pos + j + VEC_PREFETCH_AHEAD, hrow);
+                kf[j] = vec_load_row(kb + (size_t)j * D, &kr, slots[j] + hrow, kv_dt, kbits, D, inv_sqrt_d);
             }
-            const float m_new = mb > Ms[g] ? mb : Ms[g];
-            if (m_new == -INFINITY) { /* every score -inf: nothing to add */
-                for (uint32_t j = 0; j < nb; j++) sg[j] = 0.0f;
-                continue;
+            for (uint32_t g = h * G; g < (h + 1) * G; g++) {
+                const float *qg = qf + (size_t)g * D;
+                float *sg = sc + (size_t)g * VEC_BLOCK;
+                float mb = -INFINITY;
+                for (uint32_t j = 0; j < nb; j++) {
+                    float s = dot_f32(qg, kb + (size_t)j * D, D);
+                    if (kbits) s *= kf[j];
+                    if (has_softcap) s = apply_softcap(s * scale, softcap);
+                    sg[j] = s;
+                    mb = s > mb ? s : mb;
+                }
+                const float m_new = mb > Ms[g] ? mb : Ms[g];
+                if (m_new == -INFINITY) { /* every score -inf: nothing to add */
+                    for (uint32_t j = 0; j < nb; j++) sg[j] = 0.0f;
+                    continue;
+                }
+                const float alpha = expf(Ms[g] - m_new);
+                if (alpha != 1.0f) {
+                    scale_f32(acc + (size_t)g * D, alpha, D);
+                    Ss[g] *= alpha;
+                }
+                /* sg has VEC_BLOCK (a multiple of 8) slots; lanes past nb are not summed. */
+                float sum = 0.0f;
+                for (uint32_t j = 0; j < nb; j += 8) {
+                    vf8 e = vf8_exp_nonpos(vf8_load(sg + j) - vf8_splat(m_new));
+                    vf8_store(sg + j, e);
+                }
+                for (uint32_t j = 0; j < nb; j++) sum += sg[j];
+                Ss[g] += sum;
+                Ms[g] = m_new;
             }
-            const float alpha = expf(Ms[g] - m_new);
-            if (alpha != 1.0f) {
-                scale_f32(acc + (size_t)g * D, alpha, D);
-                Ss[g] *= alpha;
+            /* V rows into kb (the block's K rows are done with), then each head's
+             * accumulator takes the whole block per register chunk, rows in order. */
+            float vf[VEC_BLOCK];
+            for (uint32_t j = 0; j < nb; j++) {
+                if (paged && pos + j + VEC_PREFETCH_AHEAD < end)
+                    vec_prefetch_row(&pg, &vr, pos + j + VEC_PREFETCH_AHEAD, hrow);
+                vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j] + hrow, kv_dt, vbits, D, inv_sqrt_d);
             }
-            /* sg has VEC_BLOCK (a multiple of 8) slots; lanes past nb are not summed. */
-            float sum = 0.0f;
-            for (uint32_t j = 0; j < nb; j += 8) {
-                vf8 e = vf8_exp_nonpos(vf8_load(sg + j) - vf8_splat(m_new));
-                vf8_store(sg + j, e);
+            for (uint32_t g = h * G; g < (h + 1) * G; g++) {
+                float w[VEC_BLOCK];
+                for (uint32_t j = 0; j < nb; j++) w[j] = sc[(size_t)g * VEC_BLOCK + j] * vf[j];
+                accumulate_rows(acc + (size_t)g * D, w, kb, nb, D);
             }
-            for (uint32_t j = 0; j < nb; j++) sum += sg[j];
-            Ss[g] += sum;
-            Ms[g] = m_new;
-        }
-        /* V rows into kb (the block's K rows are done with), then each head's
-         * accumulator takes the whole block per register chunk, rows in order. */
-        float vf[VEC_BLOCK];
-        for (uint32_t j = 0; j < nb; j++) {
-            if (paged && pos + j + VEC_PREFETCH_AHEAD < end) vec_prefetch_row(&pg, &vr, pos + j + VEC_PREFETCH_AHEAD);
-            vf[j] = vec_load_row(kb + (size_t)j * D, &vr, slots[j], kv_dt, vbits, D, inv_sqrt_d);
-        }
-        for (uint32_t g = 0; g < G; g++) {
-            float w[VEC_BLOCK];
-            for (uint32_t j = 0; j < nb; j++) w[j] = sc[(size_t)g * VEC_BLOCK + j] * vf[j];
-            accumulate_rows(acc + (size_t)g * D, w, kb, nb, D);
         }
     }
 
     const uint32_t nrows = p->batch * p->num_heads;
     if (vec_perm4(vbits)) /* V rows arrived permuted */
-        for (uint32_t g = 0; g < G; g++) tq_permute4(acc + (size_t)g * D, D, 0);
-    for (uint32_t g = 0; g < G; g++) {
-        const size_t row = (size_t)b * p->num_heads + (size_t)kvh * G + g;
+        for (uint32_t g = 0; g < R; g++) tq_permute4(acc + (size_t)g * D, D, 0);
+    for (uint32_t g = 0; g < R; g++) {
+        const size_t row = (size_t)b * p->num_heads + (size_t)kvh0 * G + g;
         const float *ag = acc + (size_t)g * D;
         if (direct) {
             const float inv = Ss[g] > 0.0f ? 1.0f / Ss[g] : 0.0f;
@@ -307,6 +345,25 @@ PYFA_INLINE void vec_body(const pyfa_cpu_dispatch *d, uint32_t iwg, uint32_t kvh
     }
 }
 
+/* The KV heads threadgroup (x, kvh, b) of a paged dispatch walks: under
+ * PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS all of them from kvh 0 (none for kvh >
+ * 0), else its own. Returns the count, *kvh0 the first. The plan picks the
+ * variant only with scratch for num_heads states; a dispatch without it is
+ * refused rather than overrun (pyfa_cpu_fail). */
+PYFA_INLINE uint32_t vec_paged_heads(const pyfa_cpu_dispatch *d, uint32_t kvh, uint32_t D, uint32_t *kvh0) {
+    const pyfa_flash_attn_vec_params *p = (const pyfa_flash_attn_vec_params *)d->args[PYFA_VEC_ARG_PARAMS];
+    *kvh0 = kvh;
+    if (d->constants[PYFA_VEC_FC_VARIANT] != PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS)
+        return 1;
+    if (d->threadgroup_memory < VEC_SCRATCH_FLOATS(p->num_heads, D) * sizeof(float)) {
+        pyfa_cpu_fail(d, "all-KV-heads decode: %llu bytes of scratch, %zu needed",
+                      (unsigned long long)d->threadgroup_memory, VEC_SCRATCH_FLOATS(p->num_heads, D) * sizeof(float));
+        return 0;
+    }
+    *kvh0 = 0;
+    return kvh == 0 ? p->num_kv_heads : 0;
+}
+
 /* Whether dtype is one a float operand may have (f32, f16, bf16). */
 #define VEC_IS(v) || x == (v)
 PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS); }
@@ -319,8 +376,12 @@ PYFA_INLINE int is_float_dtype(int x) { return 0 PYFA_FOR_EACH_ATTN_DTYPE(VEC_IS
 /* One case per supported head dim (PYFA_FOR_EACH_HEAD_DIM), per KV dtype. */
 #define VEC_CASE_D(DT, DV)                                                                         \
     case DV:                                                                                       \
-        if (d->constants[PYFA_VEC_FC_PAGED]) vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 1);   \
-        else vec_body(d, x, y, z, (float *)scratch, DT, DV, 0, 0, 0);                              \
+        if (d->constants[PYFA_VEC_FC_PAGED]) {                                                     \
+            uint32_t kvh0, nkv = vec_paged_heads(d, y, DV, &kvh0);                                 \
+            if (nkv) vec_body(d, x, kvh0, nkv, z, (float *)scratch, DT, DV, 0, 0, 1);              \
+        } else {                                                                                   \
+            vec_body(d, x, y, 1, z, (float *)scratch, DT, DV, 0, 0, 0);                            \
+        }                                                                                          \
         return;
 #define VEC_CASE_F32(DV) VEC_CASE_D(PYFA_DTYPE_F32, DV)
 #define VEC_CASE_F16(DV) VEC_CASE_D(PYFA_DTYPE_F16, DV)

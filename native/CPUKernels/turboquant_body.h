@@ -178,8 +178,8 @@ void PYFA_ISA(pyfa_cpu_tq_dequantize_kv)(const pyfa_cpu_dispatch *d, uint32_t x,
 
 #define TQ_VEC_CASE_D(DV)                                                                          \
     case DV:                                                                                       \
-        if (d->constants[PYFA_TQ_VEC_FC_PAGED]) vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 1); \
-        else vec_body(d, x, y, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 0);                \
+        if (d->constants[PYFA_TQ_VEC_FC_PAGED]) vec_body(d, x, y, 1, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 1); \
+        else vec_body(d, x, y, 1, z, (float *)scratch, PYFA_DTYPE_F32, DV, kb, vb, 0);             \
         return;
 
 void PYFA_ISA(pyfa_cpu_flash_attn_vec_tq)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,

@@ -56,8 +56,23 @@ uint32_t pyfa_cpu_thread_count(void);
 const char *pyfa_cpu_isa(void);
 
 /* Scratch bytes one flash_attn_vec threadgroup needs for `group` query heads
- * per KV head at head_dim `head_dim`. */
+ * per KV head at head_dim `head_dim` (num_heads for one that walks every KV
+ * head, PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS). */
 uint64_t pyfa_cpu_vec_scratch_bytes(uint32_t group, uint32_t head_dim);
+
+/* A CPU-only value of flash_attn_vec's PYFA_VEC_FC_VARIANT, clear of the
+ * shared PYFA_VEC_VARIANT_* values: with PAGED the threadgroups with KV head
+ * 0 walk every KV head of their (sequence, split), the others return at
+ * once (attn_vec_body.h says why); the threadgroup scratch must then hold
+ * num_heads states (pyfa_cpu_vec_scratch_bytes(num_heads, D)). Without
+ * PAGED it runs as PYFA_VEC_VARIANT_PORTABLE (the CPU plan never picks it
+ * there). */
+#define PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS 256
+
+/* The CPU plan keeps per-head threadgroups where num_heads states would need
+ * more scratch than this (H * D > 128K floats, e.g. 256 heads at D = 512):
+ * then the state alone no longer fits the core's L2 beside the rows it reads. */
+#define PYFA_CPU_VEC_ALL_KV_HEADS_MAX_SCRATCH (1u << 20)
 
 /* Scratch bytes one flash_attn_prefill threadgroup needs at head_dim. */
 uint64_t pyfa_cpu_prefill_scratch_bytes(uint32_t head_dim);

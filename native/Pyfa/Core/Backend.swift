@@ -79,12 +79,20 @@ public protocol BackendPlan {
     func turboquantReduceUndo(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Decode geometry of flash_attn_vec_tq (nwg, threads, threadgroup memory).
     func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry
+    /// Decode geometry of flash_attn_vec over paged pools (paged_kv_params.h);
+    /// the grid stays (nwg, num_kv_heads, batch).
+    func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
 }
 
 extension BackendPlan {
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
         flashAttnVec(p.attn, kvDType: .u8, maxKvLen: maxKvLen)
+    }
+
+    /// Backends whose decode walks a pool as it walks a dense cache take the dense geometry.
+    public func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
+        flashAttnVec(p, kvDType: kvDType, maxKvLen: maxKvLen)
     }
 }
 

@@ -16,18 +16,25 @@ public enum FlashAttnVec {
     /// Checks the shape fields and fills `nwg` from the backend's plan when 0.
     /// Returns the geometry and the tmp bytes the dispatch needs (0 if nwg == 1).
     /// `splitBatch` (paged batches, Paged.splitBatch): the batch the split is sized for, when not params.batch.
+    /// `paged`: k / v are paged pools (the backend's plan may walk them its own way).
     public static func plan(_ device: Device, _ params: inout pyfa_flash_attn_vec_params, kvDType: DType,
-                            maxKvLen: UInt32, splitBatch: UInt32? = nil) throws -> (VecGeometry, Int) {
+                            maxKvLen: UInt32, splitBatch: UInt32? = nil,
+                            paged: Bool = false) throws -> (VecGeometry, Int) {
         try validate(params)
         try require(floatTypes.contains(kvDType), "kv_dtype: \(kvDType) is not one of f32, f16, bf16")
         try require(maxKvLen <= params.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.kv_capacity))")
         var sized = params
         if let splitBatch { sized.batch = max(1, min(splitBatch, params.batch)) }
-        var geometry = device.backend.plan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+        let backendPlan = device.backend.plan
+        func ask(_ q: pyfa_flash_attn_vec_params) -> VecGeometry {
+            paged ? backendPlan.flashAttnVecPaged(q, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+                : backendPlan.flashAttnVec(q, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+        }
+        var geometry = ask(sized)
         if sized.batch < params.batch {
             sized.batch = 1
-            let single = device.backend.plan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen)).nwg
+            let single = ask(sized).nwg
             geometry.nwg = Paged.mixedSplit(planned: geometry.nwg, single: single, splitBatch: splitBatch ?? params.batch,
                                             batch: params.batch)
         }
@@ -126,7 +133,7 @@ public enum FlashAttnVec {
             (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringValues, p)
         }
         let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen,
-                                           splitBatch: splitBatch)
+                                           splitBatch: splitBatch, paged: paged != nil)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)

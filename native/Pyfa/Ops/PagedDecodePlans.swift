@@ -31,7 +31,8 @@ public final class PagedDecodePlan: OpPlan {
         poolRows = try Paged.validate(desc.pages, numKvHeads: p.num_kv_heads).rows
         let (maxLen, split) = try pagedHints(maxKvLen: desc.max_kv_len, splitBatch: desc.split_batch,
                                              capacity: p.kv_capacity, batch: p.batch)
-        let (geometry, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType, maxKvLen: maxLen, splitBatch: split)
+        let (geometry, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType, maxKvLen: maxLen, splitBatch: split,
+                                                    paged: true)
         params = p
         pages = desc.pages
         try super.init(device: device, workspaceBytes: tmp)

@@ -295,14 +295,36 @@ struct CPUPlan: BackendPlan {
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
         // 64-bit: batch * num_kv_heads may exceed 32 bits before validation bounds it.
-        let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
-        let target = UInt64(threads) * 4
-        var nwg = UInt32(clamping: groups >= target ? 1 : (target + groups - 1) / groups)
-        let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
-        nwg = max(1, min(nwg, visible / 256, 64))
         let group = p.num_heads / max(1, p.num_kv_heads)
-        return VecGeometry(nwg: nwg, threads: 1,
-                           threadgroupMemory: Int(pyfa_cpu_vec_scratch_bytes(group, p.head_dim)))
+        return VecGeometry(nwg: split(units: UInt64(p.batch) * UInt64(p.num_kv_heads), p, maxKvLen: maxKvLen),
+                           threads: 1, threadgroupMemory: Int(pyfa_cpu_vec_scratch_bytes(group, p.head_dim)))
+    }
+
+    /// Over a paged pool (either layout) a threadgroup walks every KV head of
+    /// its (sequence, split) (PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS; attn_vec_body.h
+    /// says why), so the work comes in batch * nwg units, not batch *
+    /// num_kv_heads * nwg: the split is sized for batch units, so a short
+    /// batch (B = 1) still gives every thread work. One KV head, or states
+    /// beyond PYFA_CPU_VEC_ALL_KV_HEADS_MAX_SCRATCH, keep the per-head
+    /// threadgroups of the dense decode.
+    func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
+        let scratch = pyfa_cpu_vec_scratch_bytes(p.num_heads, p.head_dim)
+        guard p.num_kv_heads > 1, scratch <= UInt64(PYFA_CPU_VEC_ALL_KV_HEADS_MAX_SCRATCH) else {
+            return flashAttnVec(p, kvDType: kvDType, maxKvLen: maxKvLen)
+        }
+        return VecGeometry(nwg: split(units: UInt64(p.batch), p, maxKvLen: maxKvLen), threads: 1,
+                           threadgroupMemory: Int(scratch), variant: Int32(PYFA_CPU_VEC_VARIANT_ALL_KV_HEADS))
+    }
+
+    /// Workgroups per sequence: about 4 units of work per thread (units
+    /// finish unevenly; the pool balances them), each at least 256 visible
+    /// positions, at most 64.
+    private func split(units: UInt64, _ p: pyfa_flash_attn_vec_params, maxKvLen: UInt32) -> UInt32 {
+        let groups = max(1, units)
+        let target = UInt64(threads) * 4
+        let nwg = UInt32(clamping: groups >= target ? 1 : (target + groups - 1) / groups)
+        let visible = p.window > 0 ? min(maxKvLen, p.window) : maxKvLen
+        return max(1, min(nwg, visible / 256, 64))
     }
 
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (1, 0) }
