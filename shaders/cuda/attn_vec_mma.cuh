@@ -55,17 +55,25 @@ struct shape {
     static constexpr int PB = NW / KS;             /* 16-position blocks per tile */
     static constexpr int TP = 16 * PB;             /* positions per tile */
     static constexpr int KSPAN = KSTEPS / KS;      /* k-steps per warp in phase A */
-    static constexpr int MB = (KSTEPS + NW - 1) / NW; /* output m-blocks per warp (at most) */
+    /* D <= 256: each warp keeps its own softmax state and Oᵀ over every dim
+     * for the 16 positions it scores in a tile, and the NW states merge at
+     * the end of a pass (no block barrier between the phases, no softmax
+     * repeated in every warp); D = 512 (KS = 2) would need 128 accumulator
+     * registers, so there the warps split the dims and share one state. */
+    static constexpr bool PER_WARP = D <= 256;
+    static constexpr int STATES = PER_WARP ? NW : 1;
+    static constexpr int MB = PER_WARP ? KSTEPS : (KSTEPS + NW - 1) / NW; /* output m-blocks per warp (at most) */
     static constexpr int LD = D * 2 + 16;          /* bytes per ring row */
     static constexpr int STAGE_BYTES = 2 * TP * LD; /* K rows, then V rows */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
     static constexpr int Q_BYTES = KSTEPS * 32 * 16;      /* Qᵀ fragments: [kstep][lane] x uint4 */
     static constexpr int SCORE_BYTES = KS * TP * HEADS * 4; /* [ks][pos][head] f32 */
-    static constexpr int MS_BYTES = HEADS * 2 * 4;
-    static constexpr int MERGE_BYTES = HEADS * D * 4;
+    static constexpr int MS_BYTES = STATES * HEADS * 2 * 4;
+    static constexpr int MERGE_BYTES = STATES * HEADS * D * 4;
     static constexpr int SMEM_BYTES =
         Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % KS == 0, "phase A splits the k-steps evenly");
+    static_assert(!PER_WARP || KS == 1, "a warp with its own state scores its positions over every dim");
     static_assert(SMEM_BYTES == pyfa_cuda_vec_mma_smem_bytes(D, STAGES, KS) && HEADS == PYFA_CUDA_MMA_HEADS,
                   "the plan sizes this kernel with pyfa_cuda_vec_mma_smem_bytes");
     static_assert(D % 16 == 0, "head dims are multiples of 16");
@@ -198,42 +206,88 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                 *reinterpret_cast<float2 *>(dst) = make_float2(sc[0], sc[1]);
                 *reinterpret_cast<float2 *>(dst + 8 * HEADS) = make_float2(sc[2], sc[3]);
             }
-            __syncthreads();
+            if constexpr (S::PER_WARP) {
+                __syncwarp(); /* this warp's scores are in s_score */
+                /* B. Softmax over this warp's 16 positions, then its Oᵀ over every
+                 * dim: Vᵀ of positions 16 warp + [0, 16) times Pᵀ. */
+                float x[1][4];
+                vec_mma::tile_scores<1, 1>(s_score + warp * 16 * HEADS, base + 16 * warp, end, SOFTCAP, p, x);
+                const float2 alpha = vec_mma::softmax_step<1>(x, m, s);
+                uint32_t phi[2], plo[2];
+                pyfa_split2<KVDT>(x[0][0], x[0][1], phi[0], plo[0]);
+                pyfa_split2<KVDT>(x[0][2], x[0][3], phi[1], plo[1]);
+                const uint32_t vrow = smem_addr(vtile + (16 * warp + (lane & 7) + ((lane >> 4) << 3)) * LD +
+                                                ((lane >> 3) & 1) * 16);
+#pragma unroll
+                for (int i = 0; i < S::MB; i++) {
+                    acc[i][0] *= alpha.x, acc[i][1] *= alpha.y, acc[i][2] *= alpha.x, acc[i][3] *= alpha.y;
+                    uint32_t fv[4];
+                    ldsm_x4_trans(vrow + i * 32, fv[0], fv[1], fv[2], fv[3]);
+                    mma16816<KVDT>(acc[i], fv, phi[0], phi[1]);
+                    mma16816<KVDT>(acc[i], fv, plo[0], plo[1]);
+                }
+            } else {
+                __syncthreads();
 
-            /* B. The tile's softmax for head g, then this warp's Oᵀ blocks. */
-            constexpr int J = TP / 16;
-            float x[J][4];
-            vec_mma::tile_scores<J, S::KS>(s_score, base, end, SOFTCAP, p, x);
-            const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
-            const float a0 = alpha.x, a1 = alpha.y;
-            uint32_t phi[J][2], plo[J][2];
+                /* B. The tile's softmax for head g, then this warp's Oᵀ blocks. */
+                constexpr int J = TP / 16;
+                float x[J][4];
+                vec_mma::tile_scores<J, S::KS>(s_score, base, end, SOFTCAP, p, x);
+                const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
+                const float a0 = alpha.x, a1 = alpha.y;
+                uint32_t phi[J][2], plo[J][2];
 #pragma unroll
-            for (int j = 0; j < J; j++) {
-                pyfa_split2<KVDT>(x[j][0], x[j][1], phi[j][0], plo[j][0]);
-                pyfa_split2<KVDT>(x[j][2], x[j][3], phi[j][1], plo[j][1]);
-            }
+                for (int j = 0; j < J; j++) {
+                    pyfa_split2<KVDT>(x[j][0], x[j][1], phi[j][0], plo[j][0]);
+                    pyfa_split2<KVDT>(x[j][2], x[j][3], phi[j][1], plo[j][1]);
+                }
 #pragma unroll
-            for (int i = 0; i < S::MB; i++) {
-                const int mb = warp + NW * i;
-                if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
-                    acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
-                    const uint32_t vrow = smem_addr(vtile + ((lane & 7) + ((lane >> 4) << 3)) * LD + mb * 32 +
-                                                    ((lane >> 3) & 1) * 16);
+                for (int i = 0; i < S::MB; i++) {
+                    const int mb = warp + NW * i;
+                    if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
+                        acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
+                        const uint32_t vrow = smem_addr(vtile + ((lane & 7) + ((lane >> 4) << 3)) * LD + mb * 32 +
+                                                        ((lane >> 3) & 1) * 16);
 #pragma unroll
-                    for (int j = 0; j < J; j++) {
-                        uint32_t fv[4];
-                        ldsm_x4_trans(vrow + j * 16 * LD, fv[0], fv[1], fv[2], fv[3]);
-                        mma16816<KVDT>(acc[i], fv, phi[j][0], phi[j][1]);
-                        mma16816<KVDT>(acc[i], fv, plo[j][0], plo[j][1]);
+                        for (int j = 0; j < J; j++) {
+                            uint32_t fv[4];
+                            ldsm_x4_trans(vrow + j * 16 * LD, fv[0], fv[1], fv[2], fv[3]);
+                            mma16816<KVDT>(acc[i], fv, phi[j][0], phi[j][1]);
+                            mma16816<KVDT>(acc[i], fv, plo[j][0], plo[j][1]);
+                        }
                     }
                 }
             }
         }
 
-        /* Block i = m-block warp + NW i: fragment rows g and g + 8 are dims 16 mb + g and + 8. */
-        vec_mma::finish_pass<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) {
-            const int mb = warp + NW * i;
-            return S::KSTEPS % NW == 0 || mb < S::KSTEPS ? mb * 16 + g : -1;
-        }, m, s, gn, row0, iwg, DIRECT, ODT, LSE);
+        if constexpr (S::PER_WARP) {
+            /* Each warp's state into merge slot `warp` (block i's fragment rows g
+             * and g + 8 are dims 16 i + g and + 8), merged in warp order. */
+            pyfa_cp_async_wait<0>();
+            __syncthreads();
+            float *mine = s_acc + warp * HEADS * D;
+#pragma unroll
+            for (int i = 0; i < S::MB; i++) {
+                const int d = 16 * i + g;
+                mine[(2 * c) * D + d] = acc[i][0];
+                mine[(2 * c + 1) * D + d] = acc[i][1];
+                mine[(2 * c) * D + d + 8] = acc[i][2];
+                mine[(2 * c + 1) * D + d + 8] = acc[i][3];
+            }
+            if (c == 0) {
+                s_ms[(warp * HEADS + g) * 2] = m;
+                s_ms[(warp * HEADS + g) * 2 + 1] = s;
+            }
+            __syncthreads();
+            attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, DIRECT,
+                                               ODT, LSE);
+            __syncthreads();
+        } else {
+            /* Block i = m-block warp + NW i: fragment rows g and g + 8 are dims 16 mb + g and + 8. */
+            vec_mma::finish_pass<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) {
+                const int mb = warp + NW * i;
+                return S::KSTEPS % NW == 0 || mb < S::KSTEPS ? mb * 16 + g : -1;
+            }, m, s, gn, row0, iwg, DIRECT, ODT, LSE);
+        }
     }
 }
