@@ -1,8 +1,9 @@
 """A small decode on the CUDA device, for compute-sanitizer (memcheck,
 racecheck): split (nwg > 1, reduce pass) and direct (nwg == 1) paths, GQA
 groups of 2 (vector kernel) and 4 (tensor-core kernel for 16-bit caches), a
-ring buffer, a window, softcap, 16-bit and f32 caches. Exits non-zero on a
-wrong result."""
+ring buffer, a window, softcap, 16-bit and f32 caches; paged decode over
+shuffled NHD and HND pools (the tensor-core kernel's tile-ahead block_table
+loads). Exits non-zero on a wrong result."""
 import sys
 
 import numpy as np
@@ -21,6 +22,22 @@ for H, D, dtype, kw in [(8, 128, np.float16, {}), (8, 256, pyfa.bfloat16, {"wind
     for lens, ring in [([1024, 1024], [0, 37]), ([700, 3], 0)]:
         out = pyfa.decode_attention(q, k, v, lens, ring_start=ring, device=dev, **kw)
         ref = reference.decode_attention(q, k, v, lens, ring_start=ring, **kw)
+        worst = max(worst, float(np.abs(out - ref).max()))
+for layout in ("nhd", "hnd"):
+    H, Hkv, D, ps = 8, 2, 128, 16
+    q = rng.standard_normal((2, H, D)).astype(np.float32)
+    k = rng.standard_normal((2, Hkv, 1024, D)).astype(np.float16)
+    v = rng.standard_normal((2, Hkv, 1024, D)).astype(np.float16)
+    table = rng.permutation(2 * 1024 // ps).reshape(2, -1).astype(np.int32)
+    pools = []
+    for c in (k, v):  # page table[b, i] holds positions i*ps.. of sequence b
+        blocks = c.reshape(2, Hkv, -1, ps, D).transpose(0, 2, 3, 1, 4)  # [B, pages, ps, Hkv, D]
+        pool = np.empty((2 * 1024 // ps, ps, Hkv, D), np.float16)
+        pool[table] = blocks
+        pools.append(pool if layout == "nhd" else np.ascontiguousarray(pool.transpose(0, 2, 1, 3)))
+    for lens in ([1024, 1024], [700, 3]):
+        out = pyfa.paged_decode_attention(q, pools[0], pools[1], table, lens, page_layout=layout, device=dev)
+        ref = reference.decode_attention(q, k, v, lens)
         worst = max(worst, float(np.abs(out - ref).max()))
 print(f"small decode: max |out - ref| = {worst:.3g}")
 sys.exit(0 if worst < 1e-4 else 1)
