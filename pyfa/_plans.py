@@ -84,3 +84,31 @@ def run(device, runner, plan, enc, args) -> None:
     if status != 0:
         discard_encoder(device)
         check(status)
+
+
+# ---- the repeat paths' kv_len (pyfa/decode.py, pyfa/paged.py) ------------------------------------
+def repeat_length_kind(kv_len, tensor_type):
+    """How a repeat path keys kv_len: an int's length_bucket, -1 for a tensor of
+    ``tensor_type``, None for anything else (take the full path)."""
+    tl = type(kv_len)
+    if tl is int:
+        return 1 << (kv_len - 1).bit_length() if kv_len >= 1 else None  # length_bucket, inline
+    return -1 if tl is tensor_type else None
+
+
+def repeat_bind_lengths(field, kv_len, kind, host, batch, gpu, capacity, int32) -> bool:
+    """Puts a repeat call's kv_len into its kept run-argument field: the int into
+    every slot of ``host`` (which the field points at), or the int32 tensor's
+    address. False when the call must take the full path instead (an int past
+    ``capacity``; a tensor of another dtype, GPU or size, or not contiguous)."""
+    if kind == -1:
+        if kv_len.dtype != int32 or kv_len.get_device() != gpu or kv_len.numel() != batch or kv_len.dim() > 1 \
+                or not kv_len.is_contiguous():
+            return False
+        field.device.address, field.device.nbytes = kv_len.data_ptr(), 4 * batch
+        return True
+    if kv_len > capacity:
+        return False
+    for i in range(batch):
+        host[i] = kv_len
+    return True

@@ -263,14 +263,8 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     T = _torch_tensor
     if type(q) is not T or type(k) is not T or type(v) is not T:
         return None
-    tl = type(kv_len)
-    if tl is int:
-        if kv_len < 1:
-            return None
-        kind = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
-    elif tl is T:
-        kind = -1
-    else:
+    kind = _plans.repeat_length_kind(kv_len, T)
+    if kind is None:
         return None
     device = _args.device_arg(device)
     key = (device, scale, kind, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
@@ -279,16 +273,8 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
     plan, args, host, B, capacity, shape, gpu, _zeros, _slots = entry
-    if kind == -1:
-        if kv_len.dtype != _torch_int32 or kv_len.get_device() != gpu or kv_len.numel() != B or kv_len.dim() > 1 \
-                or not kv_len.is_contiguous():
-            return None
-        args.kv_len.device.address, args.kv_len.device.nbytes = kv_len.data_ptr(), 4 * B
-    else:
-        if kv_len > capacity:
-            return None
-        for i in range(B):
-            host[i] = kv_len
+    if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
+        return None
     out = q.new_empty(shape)
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()

@@ -261,27 +261,9 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
         }
 
         if constexpr (S::PER_WARP) {
-            /* Each warp's state into merge slot `warp` (block i's fragment rows g
-             * and g + 8 are dims 16 i + g and + 8), merged in warp order. */
-            pyfa_cp_async_wait<0>();
-            __syncthreads();
-            float *mine = s_acc + warp * HEADS * D;
-#pragma unroll
-            for (int i = 0; i < S::MB; i++) {
-                const int d = 16 * i + g;
-                mine[(2 * c) * D + d] = acc[i][0];
-                mine[(2 * c + 1) * D + d] = acc[i][1];
-                mine[(2 * c) * D + d + 8] = acc[i][2];
-                mine[(2 * c + 1) * D + d + 8] = acc[i][3];
-            }
-            if (c == 0) {
-                s_ms[(warp * HEADS + g) * 2] = m;
-                s_ms[(warp * HEADS + g) * 2 + 1] = s;
-            }
-            __syncthreads();
-            attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, DIRECT,
-                                               ODT, LSE);
-            __syncthreads();
+            /* Block i's fragment rows g and g + 8 are dims 16 i + g and + 8. */
+            vec_mma::finish_pass_per_warp<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) { return 16 * i + g; }, m, s, gn,
+                                                row0, iwg, DIRECT, ODT, LSE);
         } else {
             /* Block i = m-block warp + NW i: fragment rows g and g + 8 are dims 16 mb + g and + 8. */
             vec_mma::finish_pass<D, 8>(a, p, s_acc, s_ms, acc, [&](int i) {

@@ -331,27 +331,9 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
 
         /* The direct output is the rotated f32 row the undo reads (o_rot). */
         if constexpr (S::PER_WARP) {
-            /* Each warp's state into merge slot `warp` (rows permuted: g is dim
-             * 16 i + 2g, g + 8 the next), merged in warp order. */
-            pyfa_cp_async_wait<0>();
-            __syncthreads();
-            float *mine = s_acc + warp * HEADS * D;
-#pragma unroll
-            for (int i = 0; i < S::KSTEPS; i++) {
-                const int d = 16 * i + 2 * g;
-                mine[(2 * c) * D + d] = acc[i][0];
-                mine[(2 * c + 1) * D + d] = acc[i][1];
-                mine[(2 * c) * D + d + 1] = acc[i][2];
-                mine[(2 * c + 1) * D + d + 1] = acc[i][3];
-            }
-            if (c == 0) {
-                s_ms[(warp * HEADS + g) * 2] = m;
-                s_ms[(warp * HEADS + g) * 2 + 1] = s;
-            }
-            __syncthreads();
-            attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, DIRECT,
-                                               PYFA_DTYPE_F32, LSE);
-            __syncthreads();
+            /* Rows permuted: block i's fragment row g is dim 16 i + 2g, g + 8 the next. */
+            vec_mma::finish_pass_per_warp<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return 16 * i + 2 * g; }, m, s,
+                                                gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
         } else {
             /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
             vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m,

@@ -121,4 +121,37 @@ __device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_
                                        has_lse);
     __syncthreads();
 }
+/* The end of a pass when every warp keeps its own softmax state (the
+ * tensor-core decodes up to D = 256): drains the ring (the merge area
+ * overlays it), puts warp w's Oᵀ blocks in merge slot w of s_acc
+ * [NW][HEADS][D] — block i's fragment rows g and g + 8 are dims dim0(i) and
+ * dim0(i) + ROW8 — and its (m, s) pairs in s_ms [NW][HEADS][2], then merges
+ * the NW states of heads [0, gn) in warp order through attn_vec_write_states
+ * (direct, out_dtype and has_lse as there). */
+template <int D, int ROW8, int MB, class Dim0>
+__device__ __forceinline__ void finish_pass_per_warp(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p,
+                                                     float *s_acc, float *s_ms, const float (&acc)[MB][4], Dim0 dim0,
+                                                     float m, float s, uint32_t gn, size_t row0, uint32_t iwg,
+                                                     bool direct, int out_dtype, bool has_lse) {
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+    pyfa_cp_async_wait<0>();
+    __syncthreads();
+    float *mine = s_acc + warp * HEADS * D;
+#pragma unroll
+    for (int i = 0; i < MB; i++) {
+        const int d = dim0(i);
+        mine[(2 * c) * D + d] = acc[i][0];
+        mine[(2 * c + 1) * D + d] = acc[i][1];
+        mine[(2 * c) * D + d + ROW8] = acc[i][2];
+        mine[(2 * c + 1) * D + d + ROW8] = acc[i][3];
+    }
+    if (c == 0) {
+        s_ms[(warp * HEADS + g) * 2] = m;
+        s_ms[(warp * HEADS + g) * 2 + 1] = s;
+    }
+    __syncthreads();
+    attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, direct,
+                                        out_dtype, has_lse);
+    __syncthreads();
+}
 } // namespace vec_mma
