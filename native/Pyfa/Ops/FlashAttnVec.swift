@@ -24,19 +24,12 @@ public enum FlashAttnVec {
         try require(floatTypes.contains(kvDType), "kv_dtype: \(kvDType) is not one of f32, f16, bf16")
         try require(maxKvLen <= params.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.kv_capacity))")
-        var sized = params
-        if let splitBatch { sized.batch = max(1, min(splitBatch, params.batch)) }
         let backendPlan = device.backend.plan
-        func ask(_ q: pyfa_flash_attn_vec_params) -> VecGeometry {
-            paged ? backendPlan.flashAttnVecPaged(q, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
-                : backendPlan.flashAttnVec(q, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
-        }
-        var geometry = ask(sized)
-        if sized.batch < params.batch {
-            sized.batch = 1
-            let single = ask(sized).nwg
-            geometry.nwg = Paged.mixedSplit(planned: geometry.nwg, single: single, splitBatch: splitBatch ?? params.batch,
-                                            batch: params.batch)
+        var geometry = Paged.splitGeometry(batch: params.batch, splitBatch: splitBatch) { batch in
+            var sized = params
+            sized.batch = batch
+            return paged ? backendPlan.flashAttnVecPaged(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
+                : backendPlan.flashAttnVec(sized, kvDType: kvDType, maxKvLen: max(1, maxKvLen))
         }
         if params.nwg == 0 {
             params.nwg = geometry.nwg

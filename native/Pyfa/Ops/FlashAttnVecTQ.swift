@@ -32,14 +32,10 @@ public enum FlashAttnVecTQ {
         try validate(params)
         try require(maxKvLen <= params.attn.kv_capacity,
                     "kv_len: \(maxKvLen) exceeds kv_capacity (\(params.attn.kv_capacity))")
-        var sized = params
-        if let splitBatch { sized.attn.batch = max(1, min(splitBatch, params.attn.batch)) }
-        var geometry = device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen))
-        if sized.attn.batch < params.attn.batch {
-            sized.attn.batch = 1
-            let single = device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen)).nwg
-            geometry.nwg = Paged.mixedSplit(planned: geometry.nwg, single: single,
-                                            splitBatch: splitBatch ?? params.attn.batch, batch: params.attn.batch)
+        var geometry = Paged.splitGeometry(batch: params.attn.batch, splitBatch: splitBatch) { batch in
+            var sized = params
+            sized.attn.batch = batch
+            return device.backend.plan.flashAttnVecTQ(sized, maxKvLen: max(1, maxKvLen))
         }
         if params.attn.nwg == 0 {
             params.attn.nwg = geometry.nwg

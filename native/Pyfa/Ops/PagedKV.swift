@@ -107,6 +107,18 @@ enum Paged {
     /// nwg >= mixedTail * single / splitBatch. Equal lengths (splitBatch ==
     /// batch) keep the planned split.
     static let mixedTail: UInt64 = 8
+
+    /// The decode geometry for `batch` sequences split as `splitBatch` (nil:
+    /// the batch itself) longest ones: ask(n) is the backend's geometry for a
+    /// batch of n; a mixed batch's split gets mixedSplit's floor.
+    static func splitGeometry(batch: UInt32, splitBatch: UInt32?, ask: (UInt32) -> VecGeometry) -> VecGeometry {
+        let sized = max(1, min(splitBatch ?? batch, batch))
+        var geometry = ask(sized)
+        if sized < batch {
+            geometry.nwg = mixedSplit(planned: geometry.nwg, single: ask(1).nwg, splitBatch: sized, batch: batch)
+        }
+        return geometry
+    }
     static func mixedSplit(planned: UInt32, single: UInt32, splitBatch: UInt32, batch: UInt32) -> UInt32 {
         guard splitBatch < batch else { return planned }
         let floor = (mixedTail * UInt64(single) + UInt64(splitBatch) - 1) / UInt64(max(1, splitBatch))
