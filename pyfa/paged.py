@@ -351,9 +351,12 @@ def _torch_repeatable(q, k, v, block_table, kv_len) -> bool:
     T = _torch_tensor
     if not (type(q) is T and type(k) is T and type(v) is T and type(block_table) is T):
         return False
-    if block_table.dtype != _torch_int32:
+    # Only a GPU table and GPU lengths are read in place: the full path turns CPU
+    # tensors into host values, which a kept run would not see again.
+    if block_table.dtype != _torch_int32 or not block_table.is_cuda:
         return False
-    return (type(kv_len) is int and kv_len >= 1) or (type(kv_len) is T and kv_len.dtype == _torch_int32)
+    return (type(kv_len) is int and kv_len >= 1) or (type(kv_len) is T and kv_len.dtype == _torch_int32
+                                                     and kv_len.is_cuda)
 
 
 def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
@@ -364,6 +367,7 @@ def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, pl
         kind, host = -1, None
     reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
+    reused.block_table.host = ffi.NULL  # the table is read from the device address each repeat sets
     gpu = q.get_device()
     key = (device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype, k.dtype, v.dtype,
            gpu, k.get_device(), v.get_device(), block_table.get_device())

@@ -155,3 +155,23 @@ def test_torch_cuda_repeat_path(rng, layout):
     torch.cuda.synchronize()
     np.testing.assert_allclose(out.float().cpu().numpy(), ref(qh, kn2, vn, tn2, 64, layout=layout), atol=1e-3,
                                rtol=0)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device here")
+def test_torch_cuda_host_table_and_lengths_take_the_full_path(rng):
+    """A CPU block_table or kv_len tensor beside CUDA pools goes to the library as host values each
+    call (the full path): a changed table is read again, and no repeat entry is kept for it."""
+    torch = pytest.importorskip("torch")
+    dev = pyfa.Device("cuda")
+    paged._repeat.table = {}
+    qn = rng.standard_normal((B, H, D), dtype=np.float32)
+    kn, vn = pools(rng)
+    q = torch.from_numpy(qn).to("cuda", torch.float16)
+    k, v = torch.from_numpy(kn).cuda(), torch.from_numpy(vn).cuda()
+    qh = q.float().cpu().numpy()
+    for tn in (np.array([[3, 7, 1, 9], [0, 11, 4, 2]], np.int32), np.array([[5, 6, 8, 10], [2, 4, 11, 0]], np.int32)):
+        for n in (40, torch.tensor([40, 40], dtype=torch.int32)):  # an int, a CPU tensor
+            out = pyfa.paged_decode_attention(q, k, v, torch.from_numpy(tn), n, device=dev)
+            torch.cuda.synchronize()
+            np.testing.assert_allclose(out.float().cpu().numpy(), ref(qh, kn, vn, tn, 40), atol=1e-3, rtol=0)
+    assert paged._repeat.table == {}
