@@ -49,6 +49,12 @@ static const char src_attn_vec_mma[] = {
 static const char src_mma[] = {
 #embed "../../shaders/cuda/pyfa_mma.cuh"
 , 0};
+static const char src_wgmma[] = {
+#embed "../../shaders/cuda/pyfa_wgmma.cuh"
+, 0};
+static const char src_attn_prefill_wgmma[] = {
+#embed "../../shaders/cuda/attn_prefill_wgmma.cuh"
+, 0};
 static const char src_turboquant_mma[] = {
 #embed "../../shaders/cuda/turboquant_mma.cuh"
 , 0};
@@ -75,6 +81,8 @@ static const struct {
     {"vec_mma_tile.cuh", src_vec_mma_tile, sizeof src_vec_mma_tile - 1},
     {"attn_vec_mma.cuh", src_attn_vec_mma, sizeof src_attn_vec_mma - 1},
     {"pyfa_mma.cuh", src_mma, sizeof src_mma - 1},
+    {"pyfa_wgmma.cuh", src_wgmma, sizeof src_wgmma - 1},
+    {"attn_prefill_wgmma.cuh", src_attn_prefill_wgmma, sizeof src_attn_prefill_wgmma - 1},
     {"turboquant_mma.cuh", src_turboquant_mma, sizeof src_turboquant_mma - 1},
     {"turboquant.cu", src_turboquant, sizeof src_turboquant - 1},
 };

@@ -102,3 +102,14 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
     const int32_t ring = stages * (2 * tile * row + 2 * tile * 4), merge = states * PYFA_CUDA_MMA_HEADS * D * 4;
     return table + fragments + scores + ms + pyfa_layout_max(ring, merge);
 }
+
+/* attn_prefill_wgmma.cuh (sm_90a, f16 / bf16, D <= 256): query rows per block
+ * (two warpgroups of 64), threads, the key tile and the dynamic shared bytes
+ * (Q [128][D], K [BK][D] and V [BK][D] in 16 bits, unpadded core matrices). */
+#define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128
+#define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
+#define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 ? 64 : 128; }
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
+    return (PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q + 2 * pyfa_cuda_prefill_wgmma_block_k(D)) * D * 2;
+}

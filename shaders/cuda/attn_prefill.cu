@@ -19,6 +19,9 @@
  * tiles, each producing one half of the output columns (the scores are
  * recomputed, bit-identically, in the second pass: 1.5x the FLOPs of one pass).
  *
+ * sm_90a, f16 / bf16, D <= 256 (when the CUDA plan picks its tile, BQ = 128):
+ * the same algorithm on warpgroup MMA, attn_prefill_wgmma.cuh.
+ *
  * f32: a SIMT FMA path (tf32 would miss f32 tolerances): BQ = 16 rows, BK =
  * 32 keys, 8 lanes per query row, scores and P through shared memory.
  *
@@ -41,8 +44,6 @@
  * (every layout pyfa builds; cp.async copies 16-byte chunks).
  */
 #include "pyfa_mma.cuh"
-
-constexpr int flash_attn_prefill_max_threads = 128;
 
 /* Terms of P in the I/O dtype for P V (NVRTC -D option from the CUDA plan):
  * 1 rounds P to f16 / bf16 as FlashAttention does (a relative error of half
@@ -748,6 +749,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 }
 } // namespace prefill
 
+#include "attn_prefill_wgmma.cuh"
+
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
 template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
@@ -763,6 +766,9 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
                               OUT_DT == PYFA_DTYPE_F32};
     if constexpr (DT == PYFA_DTYPE_F32) {
         prefill::prefill_simt<D, BQ, BK, KV_MODE>(a, f);
+    } else if constexpr (BQ == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q) {
+        static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D), "flash_attn_prefill: the wgmma path's key tile");
+        prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
     } else {
         prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);
     }

@@ -23,7 +23,7 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         // PYFA_CUDA_COMPILE_ONLY=<prefix>: only the entries whose names start with it
         // (e.g. flash_attn_vec__fc2_2_128_), to look at a few kernels' code quickly.
         let only = getenv("PYFA_CUDA_COMPILE_ONLY").map { String(cString: $0) } ?? ""
-        for (name, all) in try KernelSpecialisations.all(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 })) {
+        for (name, all) in try specialisations(arch: a) {
             let specs = all.map(\.values).filter { only.isEmpty || CUDACompiler.entryName(name, $0).hasPrefix(only) }
             if specs.isEmpty { continue }
             for start in stride(from: 0, to: specs.count, by: chunk) {
@@ -34,4 +34,20 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         }
         if let count { count.pointee = total }
     }
+}
+
+/// Every specialisation a plan for `arch` can request: on sm_90a both prefill
+/// paths of 16-bit inputs (warpgroup MMA, and mma.sync when it is turned off).
+private func specialisations(arch: String) throws -> [(name: String, constants: [FunctionConstants])] {
+    let plain = CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 })
+    var all = try KernelSpecialisations.all(plan: plain)
+    guard arch == "sm_90a" else { return all }
+    let hopper = try KernelSpecialisations.prefill(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 },
+                                                                  sm90a: true, prefillWgmma: true))
+    for (name, extra) in hopper {
+        guard let i = all.firstIndex(where: { $0.name == name }) else { continue }
+        var seen = Set(all[i].constants)
+        for c in extra where seen.insert(c).inserted { all[i].constants.append(c) }
+    }
+    return all
 }

@@ -74,7 +74,7 @@ final class CUDABackend: Backend {
         let occupancy = Occupancy()
         plan = CUDAPlan(smCount: smCount, residentBlocks: { [unowned occupancy] name, constants, bytes in
             occupancy.blocks(name, constants: constants, sharedBytes: bytes)
-        })
+        }, sm90a: compiler.arch == "sm_90a")
         occupancy.backend = self
         self.occupancy = occupancy
     }

@@ -183,6 +183,10 @@ struct CUDAPlan: BackendPlan {
     /// Resident blocks per SM of (kernel, function constants) at a dynamic
     /// shared-memory size, 0 if unknown.
     let residentBlocks: (String, FunctionConstants, Int) -> UInt32
+    /// Kernels compile for sm_90a (Hopper): warpgroup MMA is available.
+    var sm90a = false
+    /// Prefill of 16-bit inputs on warpgroup MMA where sm_90a has it (prefillWgmmaKnob).
+    var prefillWgmma = CUDAPlan.prefillWgmmaKnob != 0
 
     static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -212,6 +216,10 @@ struct CUDAPlan: BackendPlan {
     /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
     /// accuracy, less tensor-core work).
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 2), 2)
+    /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
+    /// bf16 up to D = 256: on unless PYFA_CUDA_PREFILL_WGMMA=0 (which keeps
+    /// the mma.sync path everywhere).
+    static let prefillWgmmaKnob = getenv("PYFA_CUDA_PREFILL_WGMMA").flatMap { Int(String(cString: $0)) } ?? 1
     /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
     /// and step (even), cp.async ring depth, blocks per SM (register cap).
     static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
@@ -307,6 +315,8 @@ struct CUDAPlan: BackendPlan {
     }
 
     /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
+    /// f16 / bf16 on sm_90a up to D = 256, when on (prefillWgmma): the
+    /// warpgroup-MMA path, 128 query rows, sized by cuda_layout.h.
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
@@ -315,6 +325,12 @@ struct CUDAPlan: BackendPlan {
     /// buffer [32][D+4] and P [16][32] in f32.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         let D = Int(headDim)
+        if dtype != .f32 && sm90a && prefillWgmma && D <= Int(PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM) {
+            return PrefillGeometry(blockQ: UInt32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q),
+                                   blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D))),
+                                   threads: UInt32(PYFA_CUDA_PREFILL_WGMMA_THREADS),
+                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D))))
+        }
         if dtype == .f32 {
             let (bq, bk) = (16, 32)
             return PrefillGeometry(blockQ: UInt32(bq), blockK: UInt32(bk), threads: 128,

@@ -1,0 +1,274 @@
+/*
+ * flash_attn_prefill's f16 / bf16 path on Hopper warpgroup MMA (sm_90a,
+ * D <= 256). Part of attn_prefill.cu (it uses that file's flags, block_info,
+ * finish_score and exp2_approx); the CUDA plan picks it through the tile:
+ * BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q (128) here, 64 for the mma.sync path.
+ * Contract, features and numerics are prefill_mma's: masks and blk, causal,
+ * window, softcap, LSE, f32 out, the packed modes, P in one or two 16-bit
+ * terms (PYFA_PREFILL_P_TERMS).
+ *
+ * Block = 2 warpgroups = 128 query rows of one (head, sequence), 64 per
+ * warpgroup. Q, K and V tiles sit in shared memory as core matrices (8 rows
+ * of 16 bytes, 128 contiguous bytes) ordered [row / 8][col / 8][row % 8]
+ * [col % 8], with no padding: the same layout is the K-major operand (Q as A,
+ * K as B of S = Q Kᵀ) and the N-major operand (V as B of O += P V), and the
+ * wgmma reads whole 128-byte core matrices, free of bank conflicts. Chunk i
+ * of a tile's cp.async copies lands at byte 16 i, eight consecutive threads
+ * filling one core matrix.
+ *
+ * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
+ * scores finished and the online softmax run in registers exactly as in the
+ * mma path (the accumulator layout is mma.sync's, repeated over columns),
+ * then O += P V as BK/16 products m64nDk16 with P taken from the score
+ * registers (their layout is the A fragment's). Loads overlap as in the mma
+ * path: V[t] is copied while S[t] runs, K[t + 1] while P V[t] runs.
+ */
+#pragma once
+#include "pyfa_wgmma.cuh"
+
+namespace prefill {
+template <int D>
+struct wgmma_shape {
+    static constexpr int BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q, THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
+    static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D);
+    static constexpr int KD = D / 16;  /* k-steps of Q Kᵀ */
+    static constexpr int KP = BK / 16; /* k-steps of P V */
+    static constexpr int NS = BK / 8;  /* 8-column blocks of a score tile */
+    static constexpr int NO = D / 8;   /* 8-column blocks of the output */
+    static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
+    static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
+    static_assert(Q_BYTES + 2 * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
+                  "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
+    static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
+    static_assert(THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
+};
+
+/* Copies rows [0, n) of a ROWS x C tile (16-bit elements; row r starts at
+ * row_src(r)) into the core-matrix layout at dst, rows [n, ROWS) as zeros.
+ * Chunk i = (8-row group, 16-byte column chunk, row in group) goes to dst + 16 i. */
+template <int C, int ROWS, int THREADS, class RowSrc>
+__device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const char *any, uint32_t n) {
+    constexpr int CH = C / 8, CHUNKS = ROWS * CH;
+    static_assert(CHUNKS % THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int k = 0; k < CHUNKS / THREADS; k++) {
+        const int i = (int)threadIdx.x + k * THREADS;
+        const int r = i / (8 * CH) * 8 + (i & 7), ch = (i >> 3) % CH;
+        const bool live = (uint32_t)r < n;
+        pyfa_cp_async16(dst + i * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
+    }
+}
+
+template <int DT, int D, int KV_MODE>
+__device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using S = wgmma_shape<D>;
+    constexpr int BQ = S::BQ, BK = S::BK, THREADS = S::THREADS, KD = S::KD, KP = S::KP, NS = S::NS, NO = S::NO;
+    constexpr int GROUP = S::GROUP;
+    constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
+    static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
+    const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
+    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2);
+    if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
+        if (!bi.live()) return; /* uniform per block, before any barrier */
+    }
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              t4 = lane & 3;
+
+    extern __shared__ uint4 smem_raw[];
+    char *sq = reinterpret_cast<char *>(smem_raw);
+    char *sk = sq + S::Q_BYTES;
+    char *sv = sk + S::KV_BYTES;
+    /* Descriptor bases: this warpgroup's 64 Q rows (8 row groups on), K, V.
+     * K-major (Q, K): core matrices 128 bytes apart along K, row groups GROUP
+     * apart; N-major (V): 8-key groups GROUP apart along K, core matrices 128
+     * bytes apart along N. */
+    const uint32_t q_addr = smem_addr(sq) + wg * 8 * GROUP, k_addr = smem_addr(sk), v_addr = smem_addr(sv);
+    auto kmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
+    auto nmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, GROUP, 128); };
+
+    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
+    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
+    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) + bi.key_offset(p.v_strides) * 2;
+    const int64_t qrow = p.q_strides[2] * 2, krow = p.k_strides[2] * 2, vrow = p.v_strides[2] * 2;
+    const float scale_log2 = p.scale * PYFA_LOG2E;
+
+    /* This lane's two query rows (local index, absolute position, mask row). */
+    int row[2];
+    int64_t pos[2];
+    const char *mrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row[r] = wg * 64 + warp * 16 + g + 8 * r;
+        pos[r] = bi.p_lo + row[r];
+        mrow[r] = bi.mbase != nullptr && (uint32_t)row[r] < bi.nq
+                      ? bi.mbase + (int64_t)row[r] * p.mask_strides[2] * (f.bool_mask ? 1 : 2)
+                      : nullptr;
+    }
+
+    load_core_tile<D, BQ, THREADS>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase, bi.nq);
+
+    /* K or V rows of key tile t into dst (pool rows through the block table when paged). */
+    auto load_kv = [&](char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
+        const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
+        if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
+            const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
+            const char *pool = pyfa_ptr<const char>(a, pool_slot);
+            const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1; /* page_size: a power of two */
+            load_core_tile<D, BK, THREADS>(dst, [&](int r) {
+                const uint32_t s = j0 + r;
+                int32_t page = bi.bt[s >> shift];
+                if (page < 0 || (uint32_t)page >= pg.num_pages) page = (int32_t)pg.num_pages - 1;
+                return pool + (int64_t)PYFA_PAGE_ROW(pg.layout, pg.page_size, p.num_kv_heads, (uint32_t)page, s & tmask,
+                                                     bi.kvh) * (D * 2);
+            }, pool, n);
+        } else {
+            load_core_tile<D, BK, THREADS>(dst, [&](int r) { return base + (int64_t)(j0 + r) * rowb; }, base, n);
+        }
+    };
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    uint32_t kt = bi.next_tile(bi.t_begin);
+    if (kt < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, kt);
+    pyfa_cp_async_commit();
+
+#pragma unroll 1
+    while (kt < bi.t_end) {
+        pyfa_cp_async_wait<0>();
+        pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
+        __syncthreads();          /* K[kt] (and Q) landed; every warpgroup is done with the previous V */
+        load_kv(sv, vbase, vrow, PYFA_PREFILL_ARG_V, kt);
+        pyfa_cp_async_commit();
+
+        /* s[4n + e]: row + 8 (e >> 1), key 8n + 2 t4 + (e & 1) of the tile. */
+        float s[BK / 2];
+#pragma unroll
+        for (int i = 0; i < BK / 2; i++) s[i] = 0.0f;
+        pyfa_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            pyfa_wgmma_ss<DT>(s, kmajor(q_addr + 256 * kk), kmajor(k_addr + 256 * kk), kk > 0 ? 1u : 0u);
+        pyfa_wgmma_commit();
+        pyfa_wgmma_wait<0>();
+        pyfa_wgmma_pin(s);
+
+        const tile_rules tr = bi.rules(p, f, kt, BK);
+        if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
+            const int64_t j0 = (int64_t)kt * BK;
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
+                    s[4 * n + e] = finish_score<DT, KV_MODE>(s[4 * n + e], p, f, tr, scale_log2, mrow[r], key, pos[r],
+                                                             bi.seq_kv_len());
+                }
+        } else { /* an interior tile: scale only */
+#pragma unroll
+            for (int i = 0; i < BK / 2; i++) s[i] *= scale_log2;
+        }
+
+        /* Online softmax; a row is spread over the 4 lanes of a quad. */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[r], mx);
+            /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
+            const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+                s[4 * n + 2 * r] = exp2_approx(s[4 * n + 2 * r] - m_use);
+                s[4 * n + 2 * r + 1] = exp2_approx(s[4 * n + 2 * r + 1] - m_use);
+                sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = m_new;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[4 * n + 2 * r] *= alpha;
+                o[4 * n + 2 * r + 1] *= alpha;
+            }
+        }
+
+        pyfa_cp_async_wait<0>();
+        pyfa_fence_proxy_async();
+        __syncthreads(); /* V[kt] landed; every warpgroup is done with K[kt] */
+        const uint32_t next = bi.next_tile(kt + 1);
+        if (next < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, next);
+        pyfa_cp_async_commit();
+
+        /* P as the A operand of k-step t (keys 16t ...): the score blocks 2t
+         * and 2t + 1. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
+        uint32_t pa[KP][4], pl[KP][4];
+#pragma unroll
+        for (int t = 0; t < KP; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float x0 = s[4 * (2 * t + (i >> 1)) + 2 * (i & 1)], x1 = s[4 * (2 * t + (i >> 1)) + 2 * (i & 1) + 1];
+                pa[t][i] = pyfa_pack2<DT>(x0, x1);
+                if constexpr (P_TERMS == 2) {
+                    float h0, h1;
+                    pyfa_unpack2<DT>(pa[t][i], h0, h1);
+                    pl[t][i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
+                } else {
+                    pl[t][i] = 0u;
+                }
+            }
+        pyfa_wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < KP; t++) {
+            const uint64_t vd = nmajor(v_addr + 2 * GROUP * t); /* keys 16t ...: two 8-row groups */
+            pyfa_wgmma_rs<DT>(o, pa[t], vd, 1u);
+            if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(o, pl[t], vd, 1u);
+        }
+        pyfa_wgmma_commit();
+        pyfa_wgmma_wait<0>();
+        pyfa_wgmma_pin(o);
+#pragma unroll
+        for (int t = 0; t < KP; t++) {
+            pyfa_wgmma_pin(pa[t]);
+            pyfa_wgmma_pin(pl[t]);
+        }
+        kt = next;
+    }
+    pyfa_cp_async_wait<0>();
+
+    const int64_t oes = f.out_f32 ? 4 : 2;
+    char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float total = l[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        if ((uint32_t)row[r] >= bi.nq) continue;
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        char *orow = obase + (int64_t)row[r] * p.out_strides[2] * oes;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            const float x0 = o[4 * n + 2 * r] * inv, x1 = o[4 * n + 2 * r + 1] * inv;
+            if (f.out_f32)
+                *reinterpret_cast<float2 *>(orow + (n * 8 + 2 * t4) * 4) = make_float2(x0, x1);
+            else
+                *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
+        }
+        if (f.has_lse && t4 == 0) {
+            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
+        }
+    }
+#else
+    __trap(); /* the plan picks this tile on sm_90a only */
+#endif
+}
+} // namespace prefill
