@@ -43,7 +43,7 @@ private func specialisations(arch: String) throws -> [(name: String, constants: 
     var all = try KernelSpecialisations.all(plan: plain)
     guard arch == "sm_90a" else { return all }
     let hopper = try KernelSpecialisations.prefill(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 },
-                                                                  sm90a: true, prefillWgmma: true))
+                                                                  sm90a: true, prefillWgmma: 1))
     for (name, extra) in hopper {
         guard let i = all.firstIndex(where: { $0.name == name }) else { continue }
         var seen = Set(all[i].constants)

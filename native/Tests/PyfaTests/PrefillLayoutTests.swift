@@ -44,4 +44,27 @@ final class PrefillLayoutTests: XCTestCase {
             }
         }
     }
+
+    /// The CUDA rule for the warpgroup-MMA prefill (cuda_layout.h): sm_90a,
+    /// 16-bit inputs, head dims up to 256, unless the knob is 0; its tiles fit
+    /// the H100/H200 shared memory (227 KiB a block), split into whole
+    /// k-steps, and give every thread the same number of 16-byte copies.
+    func testCudaWgmmaPrefillRuleAndGeometry() {
+        let dims: [Int32] = [64, 80, 96, 128, 192, 256, 512]
+        for d in dims {
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(0, 1, 2, d), 0, "not sm_90a")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 0, 2, d), 0, "knob off")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 4, d), 0, "f32 stays on the SIMT path")
+            guard d <= 256 else { continue }
+            let bq = Int32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q), bk = pyfa_cuda_prefill_wgmma_block_k(d)
+            let threads = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS)
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), (bq + 2 * bk) * d * 2)
+            XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), 227 * 1024, "D \(d)")
+            XCTAssertEqual(bk % 16, 0)
+            XCTAssertEqual(d % 16, 0)
+            XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
+            XCTAssertEqual(bk * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
+        }
+    }
 }

@@ -185,8 +185,8 @@ struct CUDAPlan: BackendPlan {
     let residentBlocks: (String, FunctionConstants, Int) -> UInt32
     /// Kernels compile for sm_90a (Hopper): warpgroup MMA is available.
     var sm90a = false
-    /// Prefill of 16-bit inputs on warpgroup MMA where sm_90a has it (prefillWgmmaKnob).
-    var prefillWgmma = CUDAPlan.prefillWgmmaKnob != 0
+    /// The knob of the warpgroup-MMA prefill (prefillWgmmaKnob), 0 = off.
+    var prefillWgmma = CUDAPlan.prefillWgmmaKnob
 
     static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -325,7 +325,7 @@ struct CUDAPlan: BackendPlan {
     /// buffer [32][D+4] and P [16][32] in f32.
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         let D = Int(headDim)
-        if dtype != .f32 && sm90a && prefillWgmma && D <= Int(PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM) {
+        if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
             return PrefillGeometry(blockQ: UInt32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q),
                                    blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D))),
                                    threads: UInt32(PYFA_CUDA_PREFILL_WGMMA_THREADS),
