@@ -326,6 +326,118 @@ __device__ __forceinline__ float exp2_approx(float x) {
     return y;
 }
 
+/* Both 16-bit paths hold a score tile and an output tile in the mma
+ * accumulator layout: x[n][e] is this lane's query row r = e >> 1 (rows g
+ * and g + 8 of its 16-row slice) at column 8n + 2 t4 + (e & 1). */
+
+/* Key tile kt's scores in the log2 domain: scale (or softcap), mask and the
+ * -inf rules where the tile needs them, the scale alone inside. */
+template <int DT, int KV_MODE, int NT, class BlockInfo>
+__device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
+                                            const BlockInfo &bi, uint32_t kt, uint32_t BK, float scale_log2,
+                                            const char *const (&mrow)[2], const int64_t (&pos)[2], int t4) {
+    const tile_rules tr = bi.rules(p, f, kt, BK);
+    if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
+        const int64_t j0 = (int64_t)kt * BK;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
+                s[n][e] = finish_score<DT, KV_MODE>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.seq_kv_len());
+            }
+    } else { /* an interior tile: scale only */
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
+    }
+}
+
+/* One online-softmax step of this lane's two rows (a row is spread over the
+ * 4 lanes of a quad): s becomes P = exp2(s - max), m and l move to the new
+ * maximum and sum, and the output accumulators o are rescaled. */
+template <int NT, int ND>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r], mx);
+        /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
+        const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
+            s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
+            sum += s[n][2 * r] + s[n][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][2 * r] *= alpha;
+            o[n][2 * r + 1] *= alpha;
+        }
+    }
+}
+
+/* P of keys 16 kc ... as the A fragment of a 16-bit product (the score
+ * blocks 2 kc and 2 kc + 1); with P_TERMS = 2 also the rounding residual, so
+ * P = hi + lo in the I/O dtype. */
+template <int DT, int P_TERMS, int NT>
+__device__ __forceinline__ void p_fragment(const float (&s)[NT][4], int kc, uint32_t (&pa)[4], uint32_t (&pl)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float x0 = s[2 * kc + (i >> 1)][2 * (i & 1)], x1 = s[2 * kc + (i >> 1)][2 * (i & 1) + 1];
+        pa[i] = pyfa_pack2<DT>(x0, x1);
+        if constexpr (P_TERMS == 2) {
+            float h0, h1;
+            pyfa_unpack2<DT>(pa[i], h0, h1);
+            pl[i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
+        }
+    }
+}
+
+/* This lane's two rows of an output tile, columns col0 + 8n + 2 t4 (+ 1),
+ * divided by their softmax sums (0 for a row that saw no key), and with
+ * write_lse their LSE. */
+template <int DT, int ND, class BlockInfo>
+__device__ __forceinline__ void store_rows(const pyfa_cuda_args &a, const pyfa_flash_attn_prefill_params &p,
+                                           const flags &f, const BlockInfo &bi, const float (&o)[ND][4],
+                                           const float (&m)[2], const float (&l)[2], const int (&row)[2], int t4,
+                                           int64_t col0, bool write_lse) {
+    const int64_t oes = f.out_f32 ? 4 : 2;
+    char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float total = l[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        if ((uint32_t)row[r] >= bi.nq) continue;
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        char *orow = obase + ((int64_t)row[r] * p.out_strides[2] + col0) * oes;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            const float x0 = o[n][2 * r] * inv, x1 = o[n][2 * r + 1] * inv;
+            if (f.out_f32)
+                *reinterpret_cast<float2 *>(orow + (n * 8 + 2 * t4) * 4) = make_float2(x0, x1);
+            else
+                *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
+        }
+        if (f.has_lse && write_lse && t4 == 0) {
+            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
+        }
+    }
+}
+
 /* Tile shape of the mma path: BQ = 64 (4 warps x 16 rows), BK from the plan
  * (64; 32 from D = 256); D = 512 in two passes of DO = 256 output columns.
  * Shared bytes: Q [BQ][D+8], K [BK][D+8], V [BK][DO+8] (16-bit). */
@@ -441,51 +553,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
                 }
             }
 
-            const tile_rules tr = bi.rules(p, f, kt, BK);
-            if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
-                const int64_t j0 = (int64_t)kt * BK;
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1;
-                        const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-                        s[n][e] = finish_score<DT, KV_MODE>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.seq_kv_len());
-                    }
-            } else { /* an interior tile: scale only */
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
-            }
-
-            /* Online softmax; a row is spread over the 4 lanes of a quad. */
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m[r], mx);
-                /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
-                const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
-                    s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
-                    sum += s[n][2 * r] + s[n][2 * r + 1];
-                }
-                l[r] = l[r] * alpha + sum;
-                m[r] = m_new;
-#pragma unroll
-                for (int n = 0; n < ND; n++) {
-                    o[n][2 * r] *= alpha;
-                    o[n][2 * r + 1] *= alpha;
-                }
-            }
+            finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
+            softmax_tile(s, o, m, l);
 
             pyfa_cp_async_wait<0>();
             __syncthreads(); /* V[kt] landed; every warp is done with K[kt] */
@@ -498,16 +567,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
                 /* P as the A operand: the score accumulator's layout is the A
                  * fragment's. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
                 uint32_t pa[4], pl[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float x0 = s[2 * kc + (i >> 1)][2 * (i & 1)], x1 = s[2 * kc + (i >> 1)][2 * (i & 1) + 1];
-                    pa[i] = pyfa_pack2<DT>(x0, x1);
-                    if constexpr (P_TERMS == 2) {
-                        float h0, h1;
-                        pyfa_unpack2<DT>(pa[i], h0, h1);
-                        pl[i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
-                    }
-                }
+                p_fragment<DT, P_TERMS>(s, kc, pa, pl);
 #pragma unroll
                 for (int n2 = 0; n2 < ND / 2; n2++) {
                     uint32_t b0, b1, b2, b3r;
@@ -525,29 +585,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
         pyfa_cp_async_wait<0>();
         __syncthreads(); /* the next pass reloads K and V */
 
-        const int64_t oes = f.out_f32 ? 4 : 2;
-        char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float total = l[r];
-            total += __shfl_xor_sync(0xffffffffu, total, 1);
-            total += __shfl_xor_sync(0xffffffffu, total, 2);
-            if ((uint32_t)row[r] >= bi.nq) continue;
-            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-            char *orow = obase + ((int64_t)row[r] * p.out_strides[2] + (int64_t)pass * DO) * oes;
-#pragma unroll
-            for (int n = 0; n < ND; n++) {
-                const float x0 = o[n][2 * r] * inv, x1 = o[n][2 * r + 1] * inv;
-                if (f.out_f32)
-                    *reinterpret_cast<float2 *>(orow + (n * 8 + 2 * t4) * 4) = make_float2(x0, x1);
-                else
-                    *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
-            }
-            if (f.has_lse && pass == NPASS - 1 && t4 == 0) {
-                float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-                lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
-            }
-        }
+        store_rows<DT>(a, p, f, bi, o, m, l, row, t4, (int64_t)pass * DO, pass == NPASS - 1);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * flash_attn_prefill's f16 / bf16 path on Hopper warpgroup MMA (sm_90a,
- * D <= 256). Part of attn_prefill.cu (it uses that file's flags, block_info,
- * finish_score and exp2_approx); the CUDA plan picks it through the tile:
+ * D <= 256). Part of attn_prefill.cu, whose block_info and tile steps
+ * (finish_tile, softmax_tile, p_fragment, store_rows) it shares with the
+ * mma.sync path; the CUDA plan picks it through the tile:
  * BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q (128) here, 64 for the mma.sync path.
  * Contract, features and numerics are prefill_mma's: masks and blk, causal,
  * window, softcap, LSE, f32 out, the packed modes, P in one or two 16-bit
@@ -17,8 +18,8 @@
  * filling one core matrix.
  *
  * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
- * scores finished and the online softmax run in registers exactly as in the
- * mma path (the accumulator layout is mma.sync's, repeated over columns),
+ * scores finished and the online softmax run in registers by the mma path's
+ * steps (the wgmma accumulator layout is mma.sync's, repeated over columns),
  * then O += P V as BK/16 products m64nDk16 with P taken from the score
  * registers (their layout is the A fragment's). Loads overlap as in the mma
  * path: V[t] is copied while S[t] runs, K[t + 1] while P V[t] runs.
@@ -42,6 +43,13 @@ struct wgmma_shape {
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
     static_assert(THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
 };
+
+/* A tile in the mma accumulator layout ([n][e], attn_prefill.cu) as the flat
+ * register list of a wgmma accumulator (element 4n + e). */
+template <int N>
+__device__ __forceinline__ float (&flat(float (&x)[N][4]))[4 * N] {
+    return reinterpret_cast<float (&)[4 * N]>(x);
+}
 
 /* Copies rows [0, n) of a ROWS x C tile (16-bit elements; row r starts at
  * row_src(r)) into the core-matrix layout at dst, rows [n, ROWS) as zeros.
@@ -127,9 +135,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         }
     };
 
-    float o[D / 2];
+    float o[NO][4];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     uint32_t kt = bi.next_tile(bi.t_begin);
@@ -144,62 +152,19 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         load_kv(sv, vbase, vrow, PYFA_PREFILL_ARG_V, kt);
         pyfa_cp_async_commit();
 
-        /* s[4n + e]: row + 8 (e >> 1), key 8n + 2 t4 + (e & 1) of the tile. */
-        float s[BK / 2];
+        float s[NS][4];
 #pragma unroll
-        for (int i = 0; i < BK / 2; i++) s[i] = 0.0f;
+        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         pyfa_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            pyfa_wgmma_ss<DT>(s, kmajor(q_addr + 256 * kk), kmajor(k_addr + 256 * kk), kk > 0 ? 1u : 0u);
+            pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kmajor(k_addr + 256 * kk), kk > 0 ? 1u : 0u);
         pyfa_wgmma_commit();
         pyfa_wgmma_wait<0>();
-        pyfa_wgmma_pin(s);
+        pyfa_wgmma_pin(flat(s));
 
-        const tile_rules tr = bi.rules(p, f, kt, BK);
-        if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
-            const int64_t j0 = (int64_t)kt * BK;
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-                    s[4 * n + e] = finish_score<DT, KV_MODE>(s[4 * n + e], p, f, tr, scale_log2, mrow[r], key, pos[r],
-                                                             bi.seq_kv_len());
-                }
-        } else { /* an interior tile: scale only */
-#pragma unroll
-            for (int i = 0; i < BK / 2; i++) s[i] *= scale_log2;
-        }
-
-        /* Online softmax; a row is spread over the 4 lanes of a quad. */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[r], mx);
-            /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
-            const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NS; n++) {
-                s[4 * n + 2 * r] = exp2_approx(s[4 * n + 2 * r] - m_use);
-                s[4 * n + 2 * r + 1] = exp2_approx(s[4 * n + 2 * r + 1] - m_use);
-                sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
-            }
-            l[r] = l[r] * alpha + sum;
-            m[r] = m_new;
-#pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[4 * n + 2 * r] *= alpha;
-                o[4 * n + 2 * r + 1] *= alpha;
-            }
-        }
+        finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
+        softmax_tile(s, o, m, l);
 
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async();
@@ -208,33 +173,19 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if (next < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, next);
         pyfa_cp_async_commit();
 
-        /* P as the A operand of k-step t (keys 16t ...): the score blocks 2t
-         * and 2t + 1. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
-        uint32_t pa[KP][4], pl[KP][4];
+        uint32_t pa[KP][4], pl[KP][4] = {};
 #pragma unroll
-        for (int t = 0; t < KP; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float x0 = s[4 * (2 * t + (i >> 1)) + 2 * (i & 1)], x1 = s[4 * (2 * t + (i >> 1)) + 2 * (i & 1) + 1];
-                pa[t][i] = pyfa_pack2<DT>(x0, x1);
-                if constexpr (P_TERMS == 2) {
-                    float h0, h1;
-                    pyfa_unpack2<DT>(pa[t][i], h0, h1);
-                    pl[t][i] = pyfa_pack2<DT>(x0 - h0, x1 - h1);
-                } else {
-                    pl[t][i] = 0u;
-                }
-            }
+        for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
         pyfa_wgmma_fence();
 #pragma unroll
         for (int t = 0; t < KP; t++) {
             const uint64_t vd = nmajor(v_addr + 2 * GROUP * t); /* keys 16t ...: two 8-row groups */
-            pyfa_wgmma_rs<DT>(o, pa[t], vd, 1u);
-            if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(o, pl[t], vd, 1u);
+            pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
+            if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }
         pyfa_wgmma_commit();
         pyfa_wgmma_wait<0>();
-        pyfa_wgmma_pin(o);
+        pyfa_wgmma_pin(flat(o));
 #pragma unroll
         for (int t = 0; t < KP; t++) {
             pyfa_wgmma_pin(pa[t]);
@@ -244,29 +195,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     }
     pyfa_cp_async_wait<0>();
 
-    const int64_t oes = f.out_f32 ? 4 : 2;
-    char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float total = l[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
-        if ((uint32_t)row[r] >= bi.nq) continue;
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        char *orow = obase + (int64_t)row[r] * p.out_strides[2] * oes;
-#pragma unroll
-        for (int n = 0; n < NO; n++) {
-            const float x0 = o[4 * n + 2 * r] * inv, x1 = o[4 * n + 2 * r + 1] * inv;
-            if (f.out_f32)
-                *reinterpret_cast<float2 *>(orow + (n * 8 + 2 * t4) * 4) = make_float2(x0, x1);
-            else
-                *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
-        }
-        if (f.has_lse && t4 == 0) {
-            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
-        }
-    }
+    store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */
 #endif
