@@ -9,13 +9,27 @@ every N the kernels need are generated rather than written out by hand.
 (tests/test_generated_sources.py runs it).
 """
 import argparse
+import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "shaders" / "cuda" / "pyfa_wgmma.cuh"
-# N of m64nNk16: the key tiles of Q Kᵀ (64, 128) and the head dims of P V (64 ... 256).
-SIZES = (64, 80, 96, 128, 192, 256)
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "shaders" / "cuda" / "pyfa_wgmma.cuh"
 TYPES = (("PYFA_DTYPE_BF16", "bf16"), ("PYFA_DTYPE_F16", "f16"))
+
+
+def head_dims():
+    """The head dims of the wgmma prefill: pyfa_params.h's list up to cuda_layout.h's maximum."""
+    params = (ROOT / "shaders" / "common" / "pyfa_params.h").read_text()
+    layout = (ROOT / "shaders" / "common" / "cuda_layout.h").read_text()
+    dims = [int(x) for x in re.findall(r"X\((\d+)\)", re.search(r"#define PYFA_FOR_EACH_HEAD_DIM\(X\)(.*)", params)[1])]
+    top = int(re.search(r"#define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM (\d+)", layout)[1])
+    return [d for d in dims if d <= top]
+
+
+# N of m64nNk16: the key tiles of S = Q Kᵀ (operands in shared memory; pyfa_cuda_prefill_wgmma_block_k
+# of cuda_layout.h), the head dims of O += P V (P from registers).
+SS_SIZES = (64, 128)
 
 HEAD = """\
 /*
@@ -100,6 +114,7 @@ def wrapper(n, form):
                      "uint64_t b, uint32_t acc) {")
         operands = f"{{{regs(m, 4)}}}, %{m + 4}"
         pred, tail, ins = m + 5, "p, 1, 1, 1", '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc)'
+    lines.append("    static_assert(DT == PYFA_DTYPE_BF16 || DT == PYFA_DTYPE_F16, \"wgmma: f16 or bf16 inputs\");")
     for i, (dt, name) in enumerate(TYPES):
         lines.append(f"    if constexpr (DT == {dt}) {{" if i == 0 else "    } else {")
         lines.append(f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"')
@@ -115,11 +130,10 @@ def wrapper(n, form):
 
 
 def render():
-    parts = [HEAD]
-    for n in SIZES:
-        parts.append(f"/* m64n{n}k16 */")
-        parts.append(wrapper(n, "ss"))
-        parts.append(wrapper(n, "rs"))
+    parts = [HEAD, "/* S = Q Kᵀ: N = the key tile */"]
+    parts += [wrapper(n, "ss") for n in SS_SIZES]
+    parts.append("/* O += P V: N = the head dim */")
+    parts += [wrapper(n, "rs") for n in head_dims()]
     return "\n\n".join(parts) + "\n"
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+import pyfa
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = ROOT / "scripts" / "gen_wgmma.py"
 
@@ -25,12 +27,15 @@ def test_wgmma_wrappers_are_current():
 
 
 def test_wgmma_wrappers_cover_the_prefill_tiles():
-    """Every N the Hopper prefill asks for has its wrappers: the key tiles of
-    Q Kᵀ and each head dim up to 256 for P V (cuda_layout.h's block_k rule)."""
+    """Every N the Hopper prefill asks for has its wrapper: the key tiles of
+    S = Q Kᵀ (operands in shared memory) and each head dim up to the path's
+    maximum for O += P V (P from registers)."""
     gen = _generator()
     text = gen.OUT.read_text()
-    head_dims = [64, 80, 96, 128, 192, 256]
-    key_tiles = {64 if d > 128 else 128 for d in head_dims}
-    for n in sorted(set(head_dims) | key_tiles):
+    dims = [d for d in pyfa.supported("head_dims") if d <= 256]
+    assert gen.head_dims() == dims
+    for n in dims:
         assert f"m64n{n}k16.f32.bf16.bf16" in text and f"m64n{n}k16.f32.f16.f16" in text, n
-        assert text.count(f"float (&d)[{n // 2}]") == 2, n  # the shared-memory and register-A forms
+        assert f"pyfa_wgmma_rs(float (&d)[{n // 2}]" in text, n
+    for n in gen.SS_SIZES:
+        assert f"pyfa_wgmma_ss(float (&d)[{n // 2}]" in text, n

@@ -99,6 +99,8 @@ const char *pyfa_cuda_source(const char *file, size_t *length) {
 
 const char *pyfa_cuda_source_name(size_t i) { return i < sizeof files / sizeof files[0] ? files[i].name : NULL; }
 
+#include "../../shaders/common/cuda_layout.h" /* block sizes kernel_list.h names */
+
 static const struct {
     const char *name;
     const char *file;

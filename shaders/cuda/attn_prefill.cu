@@ -25,7 +25,7 @@
  * f32: a SIMT FMA path (tf32 would miss f32 tolerances): BQ = 16 rows, BK =
  * 32 keys, 8 lanes per query row, scores and P through shared memory.
  *
- * Both paths skip key tiles no row of the query tile can see (causal,
+ * Every path skips key tiles no row of the query tile can see (causal,
  * window) and blk SKIP tiles, and skip the mask read of blk ZERO tiles. A
  * skipped tile would have been a no-op (its scores are all -inf: the running
  * max is unchanged, the rescale factor is exactly 1, every p is 0), so the

@@ -30,18 +30,18 @@
 namespace prefill {
 template <int D>
 struct wgmma_shape {
-    static constexpr int BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q, THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
+    static constexpr int BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q, BLOCK_THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
     static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D);
     static constexpr int KD = D / 16;  /* k-steps of Q Kᵀ */
     static constexpr int KP = BK / 16; /* k-steps of P V */
-    static constexpr int NS = BK / 8;  /* 8-column blocks of a score tile */
-    static constexpr int NO = D / 8;   /* 8-column blocks of the output */
+    static constexpr int NT = BK / 8;  /* 8-column blocks of a score tile */
+    static constexpr int ND = D / 8;   /* 8-column blocks of the output */
     static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
     static_assert(Q_BYTES + 2 * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
-    static_assert(THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
+    static_assert(BLOCK_THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
 };
 
 /* A tile in the mma accumulator layout ([n][e], attn_prefill.cu) as the flat
@@ -51,16 +51,27 @@ __device__ __forceinline__ float (&flat(float (&x)[N][4]))[4 * N] {
     return reinterpret_cast<float (&)[4 * N]>(x);
 }
 
+/* Pins the operands of O += P V (the accumulators and P's fragments). */
+template <int P_TERMS, int ND, int KP>
+__device__ __forceinline__ void pin_operands(float (&o)[ND][4], uint32_t (&pa)[KP][4], uint32_t (&pl)[KP][4]) {
+    pyfa_wgmma_pin(flat(o));
+#pragma unroll
+    for (int t = 0; t < KP; t++) {
+        pyfa_wgmma_pin(pa[t]);
+        if constexpr (P_TERMS == 2) pyfa_wgmma_pin(pl[t]);
+    }
+}
+
 /* Copies rows [0, n) of a ROWS x C tile (16-bit elements; row r starts at
  * row_src(r)) into the core-matrix layout at dst, rows [n, ROWS) as zeros.
  * Chunk i = (8-row group, 16-byte column chunk, row in group) goes to dst + 16 i. */
-template <int C, int ROWS, int THREADS, class RowSrc>
+template <int C, int ROWS, int BLOCK_THREADS, class RowSrc>
 __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const char *any, uint32_t n) {
     constexpr int CH = C / 8, CHUNKS = ROWS * CH;
-    static_assert(CHUNKS % THREADS == 0, "every thread copies the same number of chunks");
+    static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
 #pragma unroll
-    for (int k = 0; k < CHUNKS / THREADS; k++) {
-        const int i = (int)threadIdx.x + k * THREADS;
+    for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
+        const int i = (int)threadIdx.x + k * BLOCK_THREADS;
         const int r = i / (8 * CH) * 8 + (i & 7), ch = (i >> 3) % CH;
         const bool live = (uint32_t)r < n;
         pyfa_cp_async16(dst + i * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
@@ -71,7 +82,8 @@ template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = wgmma_shape<D>;
-    constexpr int BQ = S::BQ, BK = S::BK, THREADS = S::THREADS, KD = S::KD, KP = S::KP, NS = S::NS, NO = S::NO;
+    constexpr int BQ = S::BQ, BK = S::BK, BLOCK_THREADS = S::BLOCK_THREADS, KD = S::KD, KP = S::KP, NT = S::NT,
+                  ND = S::ND;
     constexpr int GROUP = S::GROUP;
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
@@ -114,7 +126,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                       : nullptr;
     }
 
-    load_core_tile<D, BQ, THREADS>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase, bi.nq);
+    load_core_tile<D, BQ, BLOCK_THREADS>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase, bi.nq);
 
     /* K or V rows of key tile t into dst (pool rows through the block table when paged). */
     auto load_kv = [&](char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
@@ -123,7 +135,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
             const char *pool = pyfa_ptr<const char>(a, pool_slot);
             const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1; /* page_size: a power of two */
-            load_core_tile<D, BK, THREADS>(dst, [&](int r) {
+            load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) {
                 const uint32_t s = j0 + r;
                 int32_t page = bi.bt[s >> shift];
                 if (page < 0 || (uint32_t)page >= pg.num_pages) page = (int32_t)pg.num_pages - 1;
@@ -131,13 +143,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                                                      bi.kvh) * (D * 2);
             }, pool, n);
         } else {
-            load_core_tile<D, BK, THREADS>(dst, [&](int r) { return base + (int64_t)(j0 + r) * rowb; }, base, n);
+            load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) { return base + (int64_t)(j0 + r) * rowb; }, base, n);
         }
     };
 
-    float o[NO][4];
+    float o[ND][4];
 #pragma unroll
-    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     uint32_t kt = bi.next_tile(bi.t_begin);
@@ -152,9 +164,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         load_kv(sv, vbase, vrow, PYFA_PREFILL_ARG_V, kt);
         pyfa_cp_async_commit();
 
-        float s[NS][4];
+        float s[NT][4];
 #pragma unroll
-        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        /* Operands are written before the fence and read after the wait: the
+         * pins keep the compiler from moving those accesses across either. */
+        pyfa_wgmma_pin(flat(s));
         pyfa_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
@@ -173,9 +188,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if (next < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, next);
         pyfa_cp_async_commit();
 
-        uint32_t pa[KP][4], pl[KP][4] = {};
+        uint32_t pa[KP][4], pl[KP][4]; /* pl: the residual terms, P_TERMS = 2 only */
 #pragma unroll
         for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+        pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
 #pragma unroll
         for (int t = 0; t < KP; t++) {
@@ -185,12 +201,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         }
         pyfa_wgmma_commit();
         pyfa_wgmma_wait<0>();
-        pyfa_wgmma_pin(flat(o));
-#pragma unroll
-        for (int t = 0; t < KP; t++) {
-            pyfa_wgmma_pin(pa[t]);
-            pyfa_wgmma_pin(pl[t]);
-        }
+        pin_operands<P_TERMS>(o, pa, pl);
         kt = next;
     }
     pyfa_cp_async_wait<0>();

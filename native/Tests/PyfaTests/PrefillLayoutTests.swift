@@ -50,7 +50,8 @@ final class PrefillLayoutTests: XCTestCase {
     /// the H100/H200 shared memory (227 KiB a block), split into whole
     /// k-steps, and give every thread the same number of 16-byte copies.
     func testCudaWgmmaPrefillRuleAndGeometry() {
-        let dims: [Int32] = [64, 80, 96, 128, 192, 256, 512]
+        let dims = (pyfa_supported("head_dims").map { String(cString: $0) } ?? "").split(separator: ",").compactMap { Int32($0) }
+        XCTAssertTrue(dims.contains(512) && dims.contains(64))
         for d in dims {
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d)")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(0, 1, 2, d), 0, "not sm_90a")
@@ -61,7 +62,7 @@ final class PrefillLayoutTests: XCTestCase {
             let threads = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS)
             XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), (bq + 2 * bk) * d * 2)
             XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), 227 * 1024, "D \(d)")
-            XCTAssertEqual(bk % 16, 0)
+            XCTAssertTrue(bk == 64 || bk == 128, "a key tile with a shared-memory wgmma wrapper (gen_wgmma.py)")
             XCTAssertEqual(d % 16, 0)
             XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
             XCTAssertEqual(bk * d / 8 % threads, 0, "K / V copies per thread, D \(d)")

@@ -217,9 +217,11 @@ struct CUDAPlan: BackendPlan {
     /// accuracy, less tensor-core work).
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 2), 2)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
-    /// bf16 up to D = 256: on unless PYFA_CUDA_PREFILL_WGMMA=0 (which keeps
-    /// the mma.sync path everywhere).
-    static let prefillWgmmaKnob = getenv("PYFA_CUDA_PREFILL_WGMMA").flatMap { Int(String(cString: $0)) } ?? 1
+    /// bf16 up to D = 256: on unless PYFA_CUDA_PREFILL_WGMMA is 0 / off /
+    /// false / no (which keeps the mma.sync path everywhere).
+    static let prefillWgmmaKnob = getenv("PYFA_CUDA_PREFILL_WGMMA").map {
+        ["0", "off", "false", "no"].contains(String(cString: $0).lowercased()) ? 0 : 1
+    } ?? 1
     /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
     /// and step (even), cp.async ring depth, blocks per SM (register cap).
     static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
