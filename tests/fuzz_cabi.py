@@ -365,6 +365,58 @@ class Fuzzer:
         self.check(status)
         self.finish(enc, status)
 
+    def call_kv_append_plan(self, tq: bool):
+        """pyfa_kv_append_plan_new / _run: a (mutated) ring-cache geometry, then a run over memory
+        sized for the plan's fields or a little off, with num_tokens and write_pos at and past
+        their edges."""
+        r = self.rng
+        cap = self.small(1, 24)
+        F = [lib.PYFA_DTYPE_F32, lib.PYFA_DTYPE_F16, lib.PYFA_DTYPE_BF16]
+        base = {"num_kv_heads": self.small(1, 3), "kv_capacity": cap, "k_dtype": r.choice(F), "v_dtype": r.choice(F)}
+        if tq:
+            base.update(head_dim=r.choice([64, 128]), cache_dtype=lib.PYFA_DTYPE_U8, k_bits=r.choice([2, 3, 4, 8]),
+                        v_bits=r.choice([2, 3, 4, 8]), norm_correction=r.randint(0, 2), seed_lo=r.getrandbits(32))
+        else:
+            base.update(head_dim=self.small(1, 70), cache_dtype=r.choice(F))
+        fields = self.mutate("pyfa_kv_append_plan_desc", base)
+        self.trace_call("kv_append_plan_new", fields)
+        out = ffi.new("pyfa_plan **")
+        status = lib.pyfa_kv_append_plan_new(out, self.device, ffi.new("pyfa_kv_append_plan_desc *", fields))
+        self.check(status)
+        if status != lib.PYFA_OK:
+            self.counts["errors"] += 1
+            return
+        plan = ffi.gc(out[0], lib.pyfa_plan_free)
+        d = ffi.new("pyfa_kv_append_plan_desc *", fields)
+        n = r.choice([0, 1, self.small(1, cap), cap, cap + 1])
+        rows = min(max(n, 1) * d.num_kv_heads * d.head_dim, 1 << 18)
+        slots = min(d.num_kv_heads * d.kv_capacity, 1 << 16)
+        slack = r.choice([0, 0, 0, -1, 1])  # bytes too few or too many, sometimes
+        keep = []  # the memory the run reads and writes (it finishes within this call)
+
+        def tensor(t, elements, itemsize):
+            a = np.zeros(max(elements * itemsize + slack, 1), np.uint8)
+            keep.append(a)
+            t.address, t.nbytes = int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes
+        args = ffi.new("pyfa_kv_append_run_args *")
+        tensor(args.k, rows, 4)
+        tensor(args.v, rows, 4)
+        if tq:
+            for t, bits in ((args.k_cache, d.k_bits), (args.v_cache, d.v_bits)):
+                tensor(t, slots * d.head_dim * (bits % 16) // 8, 1)
+            tensor(args.k_scales, slots, 4)
+            tensor(args.v_scales, slots, 4)
+        else:
+            tensor(args.k_cache, min(slots * d.head_dim, 1 << 20), 4)
+            tensor(args.v_cache, min(slots * d.head_dim, 1 << 20), 4)
+        args.num_tokens, args.write_pos = n, r.choice([0, r.randrange(cap), cap, 2**32 - 1])
+        args.flags = r.choice([lib.PYFA_RUN_FINISH, lib.PYFA_RUN_FINISH, 0, 4])
+        enc = self.encoder()
+        self.trace_call("kv_append_run", {"num_tokens": n, "write_pos": args.write_pos, "flags": args.flags})
+        status = lib.pyfa_kv_append_run(plan, enc, args)
+        self.check(status)
+        self.finish(enc, status)
+
     def call_paged_append(self, tq: bool):
         """kv_append_paged / tq_quantize_paged with pools sized for the (mutated) geometry, slot values
         mostly in the pool, some negative, outside it or repeated."""
@@ -460,7 +512,8 @@ class Fuzzer:
                    lambda: self.call_packed_prefill(False, False), lambda: self.call_packed_prefill(True, False),
                    lambda: self.call_packed_prefill(False, True), lambda: self.call_packed_prefill(True, True), lambda: self.call_tq_codec("quantize"),
                    lambda: self.call_tq_codec("dequantize"), lambda: self.call_tq_codec("fwht"), self.call_kv_append,
-                   self.call_buffer_io, lambda: self.call_paged_append(False), lambda: self.call_paged_append(True)]
+                   self.call_buffer_io, lambda: self.call_paged_append(False), lambda: self.call_paged_append(True),
+                   lambda: self.call_kv_append_plan(False), lambda: self.call_kv_append_plan(True)]
         for _ in range(calls):
             self.owned, self.encoders = [], []
             self.counts["calls"] += 1

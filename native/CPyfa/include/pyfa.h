@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 4
+#define PYFA_ABI_VERSION 5
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -494,6 +494,40 @@ typedef struct pyfa_paged_append_run_args {
 
 int pyfa_paged_append_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_paged_append_plan_desc *desc);
 int pyfa_paged_append_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_paged_append_run_args *args);
+
+/* Appends to a single-sequence ring cache prepared (pyfa_kv_append, or
+ * pyfa_hadamard_quantize_kv when k_bits != 0, for K and V in one run): the
+ * cache geometry, dtypes and TurboQuant options (widths, norm_correction,
+ * seed) are the plan's; a run passes the memory, num_tokens and write_pos,
+ * the slot of the first row (rows wrap around the ring). cache_dtype is the
+ * dense cache's dtype (U8 for TurboQuant codes). No workspace. */
+typedef struct pyfa_kv_append_plan_desc {
+    uint32_t num_kv_heads;
+    uint32_t head_dim;
+    uint32_t kv_capacity;
+    pyfa_dtype k_dtype;     /* of the k rows: f32, f16 or bf16 */
+    pyfa_dtype v_dtype;     /* of the v rows */
+    pyfa_dtype cache_dtype;
+    uint32_t k_bits;        /* 0: a dense cache */
+    uint32_t v_bits;
+    uint32_t norm_correction;
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+    uint32_t reserved;
+} pyfa_kv_append_plan_desc;
+
+typedef struct pyfa_kv_append_run_args {
+    pyfa_tensor k, v;               /* [num_tokens, num_kv_heads, head_dim] of k_dtype, v_dtype */
+    pyfa_tensor k_cache, v_cache;   /* [num_kv_heads, kv_capacity, head_dim] of cache_dtype, or the codes */
+    pyfa_tensor k_scales, v_scales; /* TurboQuant scales [num_kv_heads, kv_capacity] f32 (absent when dense) */
+    uint32_t num_tokens;            /* 1 ... kv_capacity */
+    uint32_t write_pos;             /* < kv_capacity */
+    uint32_t flags;                 /* PYFA_RUN_FINISH, or 0 */
+    uint32_t reserved;
+} pyfa_kv_append_run_args;
+
+int pyfa_kv_append_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_kv_append_plan_desc *desc);
+int pyfa_kv_append_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_kv_append_run_args *args);
 
 /* ---- counters: what calls cost beyond their kernels (for tests) ----
  * Process-wide totals since the library loaded. */

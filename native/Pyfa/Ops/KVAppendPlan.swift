@@ -1,0 +1,85 @@
+import CPyfa
+import PyfaShaderCommon
+
+/// An append to a single-sequence ring cache, prepared
+/// (pyfa_kv_append_plan_desc): the cache geometry, dtypes and (k_bits != 0)
+/// the TurboQuant options are checked once and the kernels compiled; a run
+/// binds the memory, num_tokens and write_pos and records K and V through the
+/// buffer-form dispatchers (KVAppend, TurboQuant.encodeQuantize), so it checks
+/// their rules.
+public final class KVAppendPlan: OpPlan {
+    let desc: pyfa_kv_append_plan_desc
+    let kDType: DType, vDType: DType, cacheDType: DType
+    var turboQuant: Bool { desc.k_bits != 0 }
+
+    public init(device: Device, desc: pyfa_kv_append_plan_desc) throws {
+        try require(desc.reserved == 0, "reserved: must be 0")
+        kDType = try DType(code: desc.k_dtype)
+        vDType = try DType(code: desc.v_dtype)
+        cacheDType = try DType(code: desc.cache_dtype)
+        try require(attentionFloatTypes.contains(kDType), "k_dtype: \(kDType.name) is not one of f32, f16, bf16")
+        try require(attentionFloatTypes.contains(vDType), "v_dtype: \(vDType.name) is not one of f32, f16, bf16")
+        try require(desc.num_kv_heads > 0, "num_kv_heads: must be > 0")
+        try require(desc.kv_capacity > 0 && desc.kv_capacity <= UInt32(Int32.max),
+                    "kv_capacity: \(desc.kv_capacity) must be in 1...\(Int32.max)")
+        _ = try checkedProduct([Int(desc.num_kv_heads), Int(desc.kv_capacity), Int(max(desc.head_dim, 1)), 4],
+                               what: "cache")
+        self.desc = desc
+        try super.init(device: device, workspaceBytes: 0)
+        if desc.k_bits != 0 {
+            try TurboQuant.checkHeadDim(desc.head_dim)
+            try TurboQuant.checkBits(desc.k_bits, "k_bits")
+            try TurboQuant.checkBits(desc.v_bits, "v_bits")
+            try require(cacheDType == .u8, "cache_dtype: \(cacheDType.name) must be u8 for TurboQuant codes (k_bits != 0)")
+            try require(desc.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
+                        "norm_correction: \(desc.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+            for (src, bits) in [(kDType, desc.k_bits), (vDType, desc.v_bits)] {
+                _ = try device.registry.pipeline("hadamard_quantize_kv", constants: TurboQuant.quantizeConstants(
+                    src: src, bits: bits, headDim: desc.head_dim))
+            }
+        } else {
+            try require(desc.head_dim > 0, "head_dim: must be > 0")
+            try require(desc.v_bits == 0 && desc.norm_correction == 0 && desc.seed_lo == 0 && desc.seed_hi == 0,
+                        "v_bits: dense caches (k_bits 0) take no TurboQuant options: v_bits, norm_correction and seed must be 0")
+            try require(attentionFloatTypes.contains(cacheDType),
+                        "cache_dtype: \(cacheDType.name) is not one of f32, f16, bf16 (dense caches)")
+            for src in [kDType, vDType] {
+                _ = try device.registry.pipeline(KVAppend.kernel, constants: KVAppend.constants(src: src, cache: cacheDType))
+            }
+        }
+    }
+
+    public func run(_ encoder: CommandEncoder, k: TensorRef, v: TensorRef, kCache: TensorRef, vCache: TensorRef,
+                    kScales: TensorRef, vScales: TensorRef, numTokens: UInt32, writePos: UInt32) throws {
+        try require(encoder.device === device, "encoder: belongs to another device than the plan")
+        try require(numTokens > 0 && numTokens <= desc.kv_capacity,
+                    "num_tokens: \(numTokens) must be in 1...kv_capacity (\(desc.kv_capacity)); one run writes each slot at most once")
+        let rowElements = try checkedProduct([Int(numTokens), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
+        let sk = try bind(k, "k", dtype: kDType, elements: rowElements)
+        let sv = try bind(v, "v", dtype: vDType, elements: rowElements)
+        let rows = Int(desc.num_kv_heads) * Int(desc.kv_capacity)
+        if turboQuant {
+            for (stream, src, bits, codes, scales, name) in [
+                (UInt32(PYFA_TQ_STREAM_K), sk, desc.k_bits, kCache, kScales, "k"),
+                (UInt32(PYFA_TQ_STREAM_V), sv, desc.v_bits, vCache, vScales, "v"),
+            ] {
+                let p = pyfa_tq_quantize_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads,
+                                                head_dim: desc.head_dim, kv_capacity: desc.kv_capacity,
+                                                write_pos: writePos, bits: bits, stream: stream,
+                                                norm_correction: desc.norm_correction, seed_lo: desc.seed_lo,
+                                                seed_hi: desc.seed_hi, sequence: 0, reserved: 0)
+                try TurboQuant.encodeQuantize(
+                    encoder, p, src: src,
+                    codes: bind(codes, "\(name)_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, bits)),
+                    scales: bind(scales, "\(name)_scales", dtype: .f32, elements: rows))
+            }
+        } else {
+            try require(kScales.isAbsent && vScales.isAbsent, "k_scales: dense caches take no scales (pass address 0)")
+            let p = pyfa_kv_append_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
+                                          kv_capacity: desc.kv_capacity, write_pos: writePos, sequence: 0)
+            let cacheElements = rows * Int(desc.head_dim)
+            try KVAppend.encode(encoder, p, src: sk, cache: bind(kCache, "k_cache", dtype: cacheDType, elements: cacheElements))
+            try KVAppend.encode(encoder, p, src: sv, cache: bind(vCache, "v_cache", dtype: cacheDType, elements: cacheElements))
+        }
+    }
+}
