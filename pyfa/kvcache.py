@@ -49,6 +49,7 @@ from .device import Device
 from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
+_SOURCE_TYPES = frozenset(dtypes.FLOAT_TYPES)  # row dtypes the append kernels read
 K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 
 
@@ -74,6 +75,9 @@ class _RingCache:
         self._staged = {}  # device buffers for host queries and results on a GPU
         self._lock = threading.RLock()
         self._staging = {}  # role -> device buffer for host rows (GPU devices); used under _lock
+        self._append_runs = {}  # (k dtype, v dtype) -> (plan, run arguments); used under _lock
+        self._host_visible = self.device.host_visible
+        self._repeats = threading.local()  # this thread's remembered attends (_attend_repeat)
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
@@ -111,16 +115,61 @@ class _RingCache:
         skip = max(0, n - self.capacity)  # a ring keeps only the last `capacity` rows
         return skip, (self._total + skip) % self.capacity, n - skip
 
+    def _append_run(self, k_dtype, v_dtype):
+        """(plan, run arguments) of appends from k and v rows of these dtypes, made on first use
+        with the cache memory bound. Kept per cache, not per thread: an append plan has no
+        workspace, and appends run under the cache's lock."""
+        runs = self._append_runs
+        entry = runs.get((k_dtype, v_dtype))
+        if entry is None:
+            desc = _args.params("pyfa_kv_append_plan_desc *", {
+                "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "kv_capacity": self.capacity,
+                "k_dtype": dtypes.code(k_dtype), "v_dtype": dtypes.code(v_dtype), **self._append_desc()})
+            plan = _plans.new_plan(lib.pyfa_kv_append_plan_new, self.device, desc)
+            args = ffi.new("pyfa_kv_append_run_args *")
+            for field, buffer in self._append_memory():
+                t = getattr(args, field)
+                t.address, t.nbytes = lib.pyfa_buffer_address(buffer.handle), buffer.nbytes
+            entry = runs[(k_dtype, v_dtype)] = (plan, args)
+        return entry
+
     def _source(self, rows, first: int, role: int, name: str):
-        """A buffer holding ``rows[first:]`` for an append's kernel: GPU arrays wrapped in place;
-        host rows wrapped on host-visible devices, else copied into the staging buffer of
-        ``role`` (K or V)."""
+        """(address, bytes, keepalive) of ``rows[first:]`` for an append: GPU arrays in place; host
+        rows in place on host-visible devices, else copied into the staging buffer of ``role``
+        (K or V)."""
         if isinstance(rows, GpuArray):
-            return _io.wrap_rows(self.device, rows, first, name)
+            row = rows.nbytes // rows.shape[0]
+            return rows.ptr + first * row, row * (rows.shape[0] - first), rows
         part = rows[first:]  # a leading-axis slice of a C-contiguous array: contiguous
         if self.device.host_visible:
-            return self.device.wrap(part)
-        return self._stage(part, role)
+            ptr = ffi.from_buffer(part)
+            return int(ffi.cast("uintptr_t", ptr)), part.nbytes, ptr
+        buf = self._stage(part, role)
+        return lib.pyfa_buffer_address(buf.handle), part.nbytes, buf
+
+    def _append_rows(self, k, v, like) -> None:
+        """Appends checked rows (``k``, ``v`` of dtypes the kernels read) in one run that encodes
+        K and V; nothing changes when it raises."""
+        with self._lock:
+            skip, slot, count = self._plan_append(k.shape[0])
+            plan, args = self._append_run(k.dtype, v.dtype)
+            args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K, "k")
+            args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V, "v")
+            args.num_tokens, args.write_pos = count, slot
+            stream = like.stream if like is not None else 0
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
+            self._total += k.shape[0]
+
+    def _fast_rows(self, k, v) -> bool:
+        """Whether ``k``, ``v`` are numpy rows an append takes as they are on a host-visible device
+        (one dtype the kernels read, ``[n >= 1, num_kv_heads, head_dim]``, C-contiguous), so the
+        general checks can be skipped; anything else takes them."""
+        if type(k) is not np.ndarray or type(v) is not np.ndarray or not self._host_visible:
+            return False
+        shape = k.shape
+        return (len(shape) == 3 and shape[0] >= 1 and shape[1] == self.num_kv_heads and shape[2] == self.head_dim
+                and v.shape == shape and k.dtype == v.dtype and k.dtype in _SOURCE_TYPES
+                and k.flags.c_contiguous and v.flags.c_contiguous)
 
     def _stage(self, rows: np.ndarray, role: int):
         """``rows`` copied into the device staging buffer of ``role``. It is reused by the next
@@ -158,10 +207,21 @@ class _RingCache:
         return (q, like, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap"),
                 _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES), _args.bool_arg(return_lse, "return_lse"))
 
-    def _attend_planned(self, kind, q, like, desc, constructor, runner, tensors, out_dtype, return_lse):
+    @staticmethod
+    def _repeat_key(q, scale, softcap, out_dtype, return_lse):
+        """(q's shape, dtype, the scale as given) when an attend may take or seed the repeat path: a
+        numpy q of a float type the kernels read, every other option at its default; else None."""
+        if (type(q) is np.ndarray and q.dtype in _SOURCE_TYPES and out_dtype is None and return_lse is False
+                and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float)):
+            return (q.shape, q.dtype, scale)
+        return None
+
+    def _attend_planned(self, kind, q, like, desc, constructor, runner, tensors, out_dtype, return_lse,
+                        repeat_key=None):
         """One attend as a plan run: the plan (cached per thread by `desc`) checks
         every option, so an empty cache rejects what a full one would; `tensors`
-        are (field, buffer) of the cache's memory. Returns (out, lse or None)."""
+        are (field, buffer) of the cache's memory. Returns (out, lse or None).
+        `repeat_key`: the call may be remembered under it for _attend_repeat."""
         H, D = q.shape
         kv_len, ring_start = self._ring()
         bucket = _plans.length_bucket(kv_len)  # sizes the split; a growing cache keeps its plan within a bucket
@@ -203,7 +263,50 @@ class _RingCache:
             args.lse.nbytes = H * 4
         stream = like.stream if like is not None else 0
         _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
+        if repeat_key is not None and like is None and type(result) is np.ndarray and ffi.sizeof("void *") == 8:
+            self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind)
         return result, lse
+
+    # ---- the repeat path ----------------------------------------------------------------------------
+    # A decode loop attends with the same q shape and dtype and the defaults every step. After such a
+    # call on a numpy q on a host-visible device has gone through every check, its plan and run
+    # arguments (the cache memory bound) are kept for this thread under what the checks looked at (q's
+    # shape and dtype, the scale as given, the length bucket that picked the plan); a later call that
+    # matches sets q's and the result's addresses and the cache's current length and runs.
+
+    def _remember_attend(self, key, plan, runner, args, kind):
+        entries = getattr(self._repeats, "entries", None)
+        if entries is None:
+            entries = self._repeats.entries = {}
+        elif len(entries) >= 16:
+            entries.pop(next(iter(entries)))
+        kept = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *", args[0])
+        lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call
+        kept.kv_len.host, kept.ring_start.host = lengths, lengths + 1
+        # q and out seen as pointers, so a call stores ffi.from_buffer(...) into them as it is.
+        slots = (ffi.cast("void **", ffi.addressof(kept, "q")), ffi.cast("void **", ffi.addressof(kept, "out")))
+        entries[key] = (plan, runner, kept, lengths, slots)
+
+    def _attend_repeat(self, q, scale):
+        """The result of an attend matching a remembered one (numpy ``q``, every default), or None
+        (take the full path)."""
+        entries = getattr(self._repeats, "entries", None)
+        if entries is None or not q.flags.c_contiguous:
+            return None
+        with self._lock:
+            kv_len, ring_start = self._ring()
+            if kv_len == 0:
+                return None
+            entry = entries.get((q.shape, q.dtype, scale, 1 << (kv_len - 1).bit_length()))
+            if entry is None:
+                return None
+            plan, runner, args, lengths, slots = entry
+            lengths[0], lengths[1] = kv_len, ring_start
+            out = np.empty(q.shape, q.dtype)
+            slots[0][0] = ffi.from_buffer(q)
+            slots[1][0] = ffi.from_buffer(out)
+            _plans.run(self.device, runner, plan, _plans.encoder(self.device), args)
+        return out
 
     def _query_buffer(self, key, shape, dtype):
         """A private device buffer of this cache, kept per `key` while its shape holds."""
@@ -272,20 +375,18 @@ class KVCache(_RingCache):
         (float16/bfloat16/float32, read in place, queued on the caller's stream). One kv_append
         dispatch each for K and V; rows are rounded to the cache dtype to nearest even. Raises
         PyfaError, changing nothing, on bad input or (without a window) overflow."""
+        if self._fast_rows(k, v):
+            return self._append_rows(k, v, None)
         k, v, like = self._check_kv(k, v)
         if like is None:  # float64 rounds once, on the host, straight to the cache dtype
             k, v = (a.astype(self.dtype) if a.dtype == np.float64 else a for a in (k, v))
-        with self._lock:
-            skip, slot, count = self._plan_append(k.shape[0])
-            params = _args.params("pyfa_kv_append_params *", {
-                "num_tokens": count, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                "kv_capacity": self.capacity, "write_pos": slot})
-            enc = _io.encoder(self.device, like)
-            for role, cache, rows, name in ((K, self._k, k, "k"), (V, self._v, v, "v")):
-                src = self._source(rows, skip, role, name)
-                check(lib.pyfa_kv_append(enc, params, src.handle, cache.handle))
-            _io.submit(enc, like)
-            self._total += k.shape[0]
+        self._append_rows(k, v, like)
+
+    def _append_desc(self) -> dict:
+        return {"cache_dtype": dtypes.code(self.dtype)}
+
+    def _append_memory(self):
+        return (("k_cache", self._k), ("v_cache", self._v))
 
     def attend(self, q, *, scale=None, softcap=0.0, out_dtype=None, return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the cache;
@@ -294,6 +395,11 @@ class KVCache(_RingCache):
         device) an array of q's framework, queued on its current stream without waiting.
         ``return_lse``: also the float32 LSE ``[H]`` (as :func:`pyfa.decode_attention`'s; ``-inf``
         for an empty cache), as ``(out, lse)``."""
+        repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse)
+        if repeat_key is not None and self._host_visible:
+            out = self._attend_repeat(q, scale)
+            if out is not None:
+                return out
         q_arg = q
         q, like, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         H, D = q.shape
@@ -303,7 +409,8 @@ class KVCache(_RingCache):
                 "kv_dtype": dtypes.code(self.dtype)}
         with self._lock:
             out, lse = self._attend_planned("dense", q, like, desc, lib.pyfa_decode_plan_new, lib.pyfa_decode_run,
-                                            (("k_cache", self._k), ("v_cache", self._v)), out_dtype, return_lse)
+                                            (("k_cache", self._k), ("v_cache", self._v)), out_dtype, return_lse,
+                                            repeat_key)
         out = _io.host_result(out, q_arg)
         return (out, _io.host_result(lse, q_arg)) if return_lse else out
 

@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-from . import _args, _io, cuda_interop
+from . import _args, _io, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Device, supported
 from .errors import check, invalid
@@ -237,10 +237,12 @@ def quantize(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correc
     x = _io.as_array(x, "x", ndims=(2,))
     stream = _check_stream(stream)
     n = x.shape[0]
-    cache = TurboQuantKVCache(1, x.shape[1], max(1, n), k_bits=bits, v_bits=bits, seed=seed,
+    if n == 0:
+        raise invalid("x: expected [n >= 1, D] rows, got 0 rows")
+    cache = TurboQuantKVCache(1, x.shape[1], n, k_bits=bits, v_bits=bits, seed=seed,
                               norm_correction=norm_correction, device=device)
-    src = cache._source(x[:, None, :], 0, stream, "x")
-    cache._run(cache.device, lambda enc: cache._encode(enc, src, n, stream, slot=0))
+    rows = np.ascontiguousarray(x[:, None, :])
+    cache.append(rows, rows)  # both streams; each encodes with its own sign vector
     codes, scales = cache._read(stream)
     return codes[0], scales[0]
 
@@ -300,14 +302,13 @@ class TurboQuantKVCache(_RingCache):
     def _seed_fields(self):
         return {"seed_lo": self.seed & 0xFFFFFFFF, "seed_hi": self.seed >> 32}
 
-    def _encode(self, enc, src, count: int, stream: int, slot: int) -> None:
-        """Records hadamard_quantize_kv of ``count`` rows of the buffer ``src`` into slots slot.. of ``stream``."""
-        params = _args.params("pyfa_tq_quantize_params *", {
-            "num_tokens": count, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-            "kv_capacity": self.capacity, "write_pos": slot, "bits": self.bits[stream], "stream": stream,
-            "norm_correction": self.norm_correction, **self._seed_fields()})
-        check(lib.pyfa_hadamard_quantize_kv(enc, params, src.handle, self._codes[stream].handle,
-                                            self._scales[stream].handle))
+    def _append_desc(self) -> dict:
+        return {"cache_dtype": dtypes.code(np.uint8), "k_bits": self.k_bits, "v_bits": self.v_bits,
+                "norm_correction": self.norm_correction, **self._seed_fields()}
+
+    def _append_memory(self):
+        return (("k_cache", self._codes[STREAM_K]), ("v_cache", self._codes[STREAM_V]),
+                ("k_scales", self._scales[STREAM_K]), ("v_scales", self._scales[STREAM_V]))
 
     def append(self, k, v) -> None:
         """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` in one dispatch
@@ -315,16 +316,12 @@ class TurboQuantKVCache(_RingCache):
         cuda device, CUDA arrays (float16/bfloat16/float32, read in place, encoded on the caller's
         stream without waiting). Raises PyfaError, changing nothing, on bad input or (without a
         window) overflow."""
+        if self._fast_rows(k, v):
+            return self._append_rows(k, v, None)
         k, v, like = self._check_kv(k, v)
         if like is None:  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)
             k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
-        with self._lock:
-            skip, slot, count = self._plan_append(k.shape[0])
-            enc = _io.encoder(self.device, like)
-            for stream, rows, name in ((STREAM_K, k, "k"), (STREAM_V, v, "v")):
-                self._encode(enc, self._source(rows, skip, stream, name), count, stream, slot)
-            _io.submit(enc, like)
-            self._total += skip + count
+        self._append_rows(k, v, like)
 
     def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None, out_dtype=None, return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the codes,
@@ -336,6 +333,12 @@ class TurboQuantKVCache(_RingCache):
         scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce + undo tail; both
         tails give identical bits. ``nwg`` overrides the backend plan's workgroups per sequence
         (tests and tuning)."""
+        repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse) \
+            if fused is True and nwg is None else None
+        if repeat_key is not None and self._host_visible:
+            out = self._attend_repeat(q, scale)
+            if out is not None:
+                return out
         q_arg = q
         q, like, scale, softcap, out_dtype, return_lse = self._check_query(q, scale, softcap, out_dtype, return_lse)
         fused = _args.bool_arg(fused, "fused")
@@ -349,7 +352,7 @@ class TurboQuantKVCache(_RingCache):
                    ("v_scales", self._scales[1]))
         with self._lock:
             out, lse = self._attend_planned("tq", q, like, desc, lib.pyfa_tq_decode_plan_new, lib.pyfa_tq_decode_run,
-                                            tensors, out_dtype, return_lse)
+                                            tensors, out_dtype, return_lse, repeat_key)
         out = _io.host_result(out, q_arg)
         return (out, _io.host_result(lse, q_arg)) if return_lse else out
 

@@ -40,14 +40,16 @@ def gpu(monkeypatch):
 
 @pytest.fixture
 def wrapped(monkeypatch):
-    """(address, nbytes) of every device-memory wrap."""
+    """(address, nbytes) of the k and v rows of every append run on the emulated GPU."""
+    from pyfa._native import lib
     seen = []
-    original = pyfa.Device.wrap_device
+    original = _plans.run
 
-    def wrap_device(self, address, nbytes, dtype, shape, keepalive=None):
-        seen.append((address, nbytes))
-        return original(self, address, nbytes, dtype, shape, keepalive)
-    monkeypatch.setattr(pyfa.Device, "wrap_device", wrap_device)
+    def run(device, runner, plan, enc, args):
+        if runner == lib.pyfa_kv_append_run and not device.host_visible:
+            seen.extend([(args.k.address, args.k.nbytes), (args.v.address, args.v.nbytes)])
+        return original(device, runner, plan, enc, args)
+    monkeypatch.setattr(_plans, "run", run)
     return seen
 
 

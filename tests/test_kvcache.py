@@ -264,3 +264,151 @@ def test_rejected_append_on_a_gpu_changes_nothing(rng):
     assert len(c) == 8
     np.testing.assert_array_equal(c._k.read(), before[0])
     np.testing.assert_array_equal(c._v.read(), before[1])
+
+
+# --------------------------------------------------------------------------- the append plan (C ABI)
+
+def _append_plan(dev, **fields):
+    from pyfa._native import ffi, lib
+    base = {"num_kv_heads": 2, "head_dim": 64, "kv_capacity": 8, "k_dtype": lib.PYFA_DTYPE_F32,
+            "v_dtype": lib.PYFA_DTYPE_F16, "cache_dtype": lib.PYFA_DTYPE_BF16}
+    out = ffi.new("pyfa_plan **")
+    status = lib.pyfa_kv_append_plan_new(out, dev.handle, ffi.new("pyfa_kv_append_plan_desc *", {**base, **fields}))
+    if status != lib.PYFA_OK:
+        return status, ffi.string(lib.pyfa_last_error()).decode()
+    return status, ffi.gc(out[0], lib.pyfa_plan_free)
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"reserved": 1}, "reserved: must be 0"),
+    ({"k_dtype": 3}, "k_dtype: u8 is not one of f32, f16, bf16"),
+    ({"v_dtype": 6}, "v_dtype: i32 is not one of f32, f16, bf16"),
+    ({"num_kv_heads": 0}, "num_kv_heads: must be > 0"),
+    ({"kv_capacity": 0}, "kv_capacity: 0 must be in 1...2147483647"),
+    ({"kv_capacity": 2**31}, "kv_capacity: 2147483648 must be in 1...2147483647"),
+    ({"head_dim": 0}, "head_dim: must be > 0"),
+    ({"cache_dtype": 3}, "cache_dtype: u8 is not one of f32, f16, bf16 (dense caches)"),
+    ({"v_bits": 4}, "v_bits: dense caches (k_bits 0) take no TurboQuant options"),
+    ({"k_bits": 4, "v_bits": 4}, "cache_dtype: bf16 must be u8 for TurboQuant codes"),
+    ({"k_bits": 4, "v_bits": 5, "cache_dtype": 3}, "v_bits: 5 is not a TurboQuant bit width"),
+    ({"k_bits": 4, "v_bits": 4, "cache_dtype": 3, "head_dim": 80}, "head_dim: 80 is not supported by TurboQuant"),
+    ({"k_bits": 4, "v_bits": 4, "cache_dtype": 3, "norm_correction": 3}, "norm_correction: 3 must be 0"),
+])
+def test_append_plan_rules(cpu, fields, match):
+    from pyfa._native import lib
+    status, msg = _append_plan(cpu, **fields)
+    assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, msg
+
+
+def test_append_run_rules(cpu):
+    """A run's memory, num_tokens and write_pos are checked, by name, before anything is written."""
+    from pyfa._native import ffi, lib
+    status, plan = _append_plan(cpu)
+    assert status == lib.PYFA_OK, plan
+    k = np.ones((3, 2, 64), np.float32)
+    v = np.ones((3, 2, 64), np.float16)
+    caches = [np.zeros((2, 8, 64), pyfa.bfloat16) for _ in range(2)]
+    small = np.zeros(8, np.float32)
+
+    def tensor(t, a):
+        t.address, t.nbytes = int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes
+
+    def run(change):
+        args = ffi.new("pyfa_kv_append_run_args *")
+        for field, a in zip(("k", "v", "k_cache", "v_cache"), [k, v] + caches):
+            tensor(getattr(args, field), a)
+        args.num_tokens, args.write_pos, args.flags = 3, 6, lib.PYFA_RUN_FINISH
+        change(args)
+        status = lib.pyfa_kv_append_run(plan, cpu.encoder(), args)
+        return status, ffi.string(lib.pyfa_last_error()).decode() if status else ""
+
+    for change, match in [
+        (lambda a: setattr(a, "num_tokens", 0), "num_tokens: 0 must be in 1...kv_capacity (8)"),
+        (lambda a: setattr(a, "num_tokens", 9), "num_tokens: 9 must be in 1...kv_capacity (8)"),
+        (lambda a: setattr(a, "write_pos", 8), "write_pos: 8 must be < kv_capacity (8)"),
+        (lambda a: setattr(a.k, "address", 0), "k: address is 0"),
+        (lambda a: tensor(a.v, small), "v: 32 bytes cannot hold 384 f16 values"),
+        (lambda a: tensor(a.v_cache, small), "v_cache: 32 bytes cannot hold 1024 bf16 values"),
+        (lambda a: tensor(a.k_scales, small), "k_scales: dense caches take no scales"),
+        (lambda a: setattr(a, "reserved", 1), "reserved: must be 0"),
+        (lambda a: setattr(a, "flags", 8), "flags: unknown bits 0x8"),
+    ]:
+        status, msg = run(change)
+        assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
+    assert not any(c.view(np.uint16).any() for c in caches)  # nothing written by a refused run
+    status, msg = run(lambda a: None)  # rows 6, 7, then 0 of the ring
+    assert status == lib.PYFA_OK, msg
+    for c, src in zip(caches, (k, v)):
+        assert np.array_equal(c[:, [6, 7, 0]].astype(np.float32), np.ones((2, 3, 64), np.float32))
+        assert not c[:, 1:6].astype(np.float32).any()
+
+
+def test_appends_of_mixed_row_dtypes(device, rng):
+    """k and v rows of different float types, host or device: each rounded once, to the cache's type."""
+    c = pyfa.KVCache(2, 64, 8, dtype=np.float16, device=device)
+    k = rng.standard_normal((3, 2, 64)).astype(pyfa.bfloat16)
+    v = rng.standard_normal((3, 2, 64))  # float64
+    c.append(k, v)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    kh, vh = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+    want = reference.decode_attention(q, kh.transpose(1, 0, 2), vh.transpose(1, 0, 2), 3)
+    check(c.attend(q), want)
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_repeated_attends_match_the_full_path(device, rng, kind):
+    """A decode loop's attends (numpy q, defaults) after the first take the repeat path on a host-visible
+    device: bit for bit what the full path gives, as the cache grows past plan buckets and wraps its ring,
+    for every q shape, dtype and scale seen; a call that differs in anything takes the full path."""
+    if not device.host_visible:
+        pytest.skip("the repeat path serves host-visible devices (numpy q read in place)")
+
+    def make():
+        if kind == "dense":
+            return pyfa.KVCache(2, 64, 40, dtype=pyfa.bfloat16, sliding_window=24, device=device)
+        return pyfa.TurboQuantKVCache(2, 64, 40, k_bits=4, v_bits=2, sliding_window=24, seed=3, device=device)
+    fast, full = make(), make()
+    hits = []
+    repeat = fast._attend_repeat
+
+    def counted(q, scale):
+        out = repeat(q, scale)
+        hits.append(out is not None)
+        return out
+    fast._attend_repeat = counted
+    queries = [rng.standard_normal((4, 64)).astype(np.float32), rng.standard_normal((2, 64)).astype(np.float16),
+               rng.standard_normal((4, 64)).astype(pyfa.bfloat16)]
+    for step in range(50):  # buckets 1, 2, 4, ... 32 and a full ring from step 40 on
+        rows = rng.standard_normal((1, 2, 64)).astype(np.float32)
+        fast.append(rows, rows)
+        full.append(rows, rows)
+        for q, scale in [(queries[step % 3], None), (queries[0], 0.3)]:
+            got = fast.attend(q, scale=scale)
+            want = full.attend(q, scale=scale, softcap=0)  # an int softcap: never the repeat path
+            assert got.dtype == q.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8)), step
+    assert sum(hits) >= 70, sum(hits)  # all but the first call per (q shape, dtype, scale, length bucket)
+    assert getattr(full._repeats, "entries", None) is None
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_a_decode_step_allocates_nothing(device, rng, kind):
+    """append one token + attend, within one length bucket: no allocation or plan beyond what the first
+    such step made (numpy rows and q; a GPU stages host rows in buffers it keeps)."""
+    c = pyfa.KVCache(2, 64, 64, device=device) if kind == "dense" else \
+        pyfa.TurboQuantKVCache(2, 64, 64, k_bits=4, v_bits=4, device=device)
+    rows = rng.standard_normal((33, 2, 64)).astype(np.float32)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    c.append(rows, rows)  # 33 tokens: lengths 34... stay in the bucket of 64
+    c.append(rows[:1], rows[:1])
+    c.attend(q)
+    before = pyfa.counters()
+    for i in range(10):
+        c.append(rows[i:i + 1], rows[i:i + 1])
+        c.attend(q)
+    after = pyfa.counters()
+    # Metal binds caller memory that is not page-aligned (numpy rows, q, the result) through a copy:
+    # one allocation per array and call, by design (README, Metal); the plans are kept all the same.
+    keys = ("plans_created",) if device.backend == "metal" else (
+        "device_allocations", "pinned_allocations", "host_allocations", "plans_created")
+    grown = {k: after[k] - before[k] for k in keys}
+    assert grown == dict.fromkeys(grown, 0), grown
