@@ -50,7 +50,11 @@ public class OpPlan {
         try require(!t.isAbsent || needed == 0, "\(name): address is 0")
         try require(t.nbytes >= UInt64(needed),
                     "\(name): \(t.nbytes) bytes cannot hold \(elements) \(dtype.name) values (\(needed) bytes)")
-        return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements])
+        do {
+            return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements])
+        } catch let e as PyfaError {
+            throw PyfaError(e.status, "\(name): \(e.message)")  // the backend's refusal, for this argument
+        }
     }
 
     func bindOptional(_ t: TensorRef, _ name: String, dtype: DType, elements: Int) throws -> Buffer? {
