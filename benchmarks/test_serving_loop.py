@@ -14,6 +14,8 @@ Cases (shapes in the test ids; bf16, H_q / H_kv = 32 / 8, D = 128 on the GPU):
   append one token, then attend, against the GPU time of the attend alone.
 - cpu: a tiny decode on numpy (B=1, H=1, D=64, kv_len=1, f32) on the CPU backend,
   beside the same arithmetic in numpy. Runs without torch (CI runs it once).
+- cpu-cache: one layer's decode step through pyfa.KVCache on the CPU backend (append a
+  token to a full 1024-row ring, attend) beside the same step in numpy; reported only.
 
 Instruments. "us" (wall): a timed round queues N calls (or steps) without a sync
 inside the loop, then synchronizes once; us = round time / N. It is the larger of
@@ -73,7 +75,8 @@ def _group(benchmark, case, shape):
     benchmark.group = f"{case} {shape}"
 
 
-UNITS = {"call": "call", "step": f"step ({LAYERS} calls)", "cache": "append + attend", "cpu": "call"}
+UNITS = {"call": "call", "step": f"step ({LAYERS} calls)", "cache": "append + attend", "cpu": "call",
+         "cpu-cache": "append + attend"}
 
 
 def _record(benchmark, case, shape, impl, per_round, us, gpu=None, **extra):
@@ -475,3 +478,43 @@ def test_cpu_tiny_decode(benchmark, request, cpu, impl):
     if impl == "pyfa-cpu":
         _target(request, benchmark, peer="numpy", peer_us=_measured.get(("cpu", CPU_SHAPE, "numpy")), us=us,
                 target="<= 10 us per call", limit=10.0, absolute=True)
+
+
+CPU_CACHE_SHAPE = _shape(1, 1024, dtype="f32", H=1, Hkv=1, d=64)
+
+
+@pytest.mark.parametrize("impl", ["numpy", "pyfa-cpu"], ids=lambda i: f"{i}-{CPU_CACHE_SHAPE}")
+def test_cpu_cache_step(benchmark, request, cpu, impl):
+    """A decode step of one layer on the CPU backend: append one token to a full ring of 1024 rows
+    (sliding window 1024, so the work per step stays the same) and attend, against the same step
+    in numpy (write the row into a ring array, then softmax(q k^T) v over it). Reported, not gated."""
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((1024, 1, 64), dtype=np.float32)
+    q = rng.standard_normal((1, 64), dtype=np.float32)
+    scale = 1.0 / np.sqrt(64)
+    if impl == "numpy":
+        ring_k, ring_v = rows[:, 0].copy(), rows[:, 0].copy()
+        pos = [0]
+
+        def step():
+            ring_k[pos[0]] = rows[pos[0], 0]
+            ring_v[pos[0]] = rows[pos[0], 0]
+            pos[0] = (pos[0] + 1) % 1024
+            s = (ring_k @ q[0]) * scale
+            w = np.exp(s - s.max())
+            return (w / w.sum()) @ ring_v
+    else:
+        cache = pyfa.KVCache(1, 64, 1024, dtype=np.float32, sliding_window=1024, device=cpu)
+        cache.append(rows, rows)
+        pos = [0]
+
+        def step():
+            r = rows[pos[0]:pos[0] + 1]
+            pos[0] = (pos[0] + 1) % 1024
+            cache.append(r, r)
+            return cache.attend(q)
+    _group(benchmark, "cpu-cache", CPU_CACHE_SHAPE)
+    out = benchmark(step)
+    assert np.isfinite(np.asarray(out)).all()
+    us = _median_us(benchmark, 1)
+    _record(benchmark, "cpu-cache", CPU_CACHE_SHAPE, impl, 1, us)

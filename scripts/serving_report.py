@@ -21,7 +21,8 @@ import sys
 CASES = {"call": "Call overhead (one decode call, torch CUDA tensors)",
          "step": "32-layer decode step (32 calls + one synchronize)",
          "cache": "Cache: append one token + attend",
-         "cpu": "CPU backend: tiny decode call (numpy)"}
+         "cpu": "CPU backend: tiny decode call (numpy)",
+         "cpu-cache": "CPU backend: cache append one token + attend, 1024-row ring (numpy)"}
 ORDER = list(CASES)
 
 
