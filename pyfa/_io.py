@@ -66,17 +66,6 @@ def gpu_input(device: Device, g: GpuArray, name: str) -> None:
         raise invalid(f"{name}: on CUDA device {g.device_id}; pyfa's cuda backend runs on device 0")
 
 
-def wrap_rows(device: Device, g: GpuArray, first: int, name: str) -> Buffer:
-    """Rows ``first..`` of the GPU array ``g [n, ...]``, wrapped in place; a
-    refusal (memory that is not the device's) names the argument."""
-    row = g.nbytes // g.shape[0]
-    shape = (g.shape[0] - first,) + g.shape[1:]
-    try:
-        return device.wrap_device(g.ptr + first * row, row * shape[0], g.dtype, shape, keepalive=g.obj)
-    except PyfaError as e:
-        raise type(e)(f"{name}: {e}", e.status) from None
-
-
 def gpu_like(device: Device, *arrays) -> GpuArray | None:
     """The first GpuArray among `arrays` (checking that all of them are, and that
     the device is a GPU), or None when all are host arrays."""
@@ -138,6 +127,7 @@ def encoder(device: Device, like: GpuArray | None = None):
         return device.encoder()
     enc = _plans.encoder(device, like.stream)
     check(lib.pyfa_encoder_reset(enc))
+    _plans.begin_recording(enc)
     return enc
 
 
@@ -146,6 +136,8 @@ def submit(enc, like: GpuArray | None = None) -> None:
     check(lib.pyfa_encoder_commit(enc))
     if like is None:
         check(lib.pyfa_encoder_wait(enc))
+    else:
+        _plans.end_recording(enc)
 
 
 def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray | None = None):

@@ -56,17 +56,33 @@ def length_bucket(n: int) -> int:
 
 
 def encoder(device, stream: int = 0):
-    """This thread's encoder for `device`, bound to `stream` (0: its own)."""
+    """This thread's encoder for `device`, bound to `stream` (0: its own), empty: what a
+    multi-dispatch call (pyfa/_io.py) recorded before it failed is dropped first."""
     encoders = getattr(_local, "encoders", None)
     if encoders is None:
         encoders = _local.encoders = {}
     entry = encoders.get(device)
     if entry is None:
         entry = encoders[device] = [device.encoder(), 0]
+    enc = entry[0]
+    if getattr(_local, "recording", None) is enc:
+        check(lib.pyfa_encoder_reset(enc))
+        _local.recording = None
     if entry[1] != stream:
-        check(lib.pyfa_encoder_set_stream(entry[0], stream))
+        check(lib.pyfa_encoder_set_stream(enc, stream))
         entry[1] = stream
-    return entry[0]
+    return enc
+
+
+def begin_recording(enc) -> None:
+    """`enc` (this thread's encoder) records a call of several dispatches; until end_recording,
+    anything on it is that call's, and dropped if the call failed before submitting."""
+    _local.recording = enc
+
+
+def end_recording(enc) -> None:
+    if getattr(_local, "recording", None) is enc:
+        _local.recording = None
 
 
 def discard_encoder(device) -> None:
@@ -86,7 +102,18 @@ def run(device, runner, plan, enc, args) -> None:
         check(status)
 
 
-# ---- the repeat paths' kv_len (pyfa/decode.py, pyfa/paged.py) ------------------------------------
+# ---- what the repeat paths share (pyfa/decode.py, pyfa/paged.py, pyfa/kvcache.py) -----------------
+# A host repeat path stores ffi.from_buffer(array) straight into the 64-bit address field of a kept
+# run-argument struct, seen as a pointer: possible where pointers are 64-bit.
+HOST_SLOTS = ffi.sizeof("void *") == 8
+
+
+def address_slots(args, *fields):
+    """The address fields of the run arguments ``args`` (a name, or a tuple of names for a nested
+    field) as ``void *`` slots: ``slot[0] = ffi.from_buffer(a)`` points the field at ``a``."""
+    return tuple(ffi.cast("void **", ffi.addressof(args, *(f if type(f) is tuple else (f,)))) for f in fields)
+
+
 def repeat_length_kind(kv_len, tensor_type):
     """How a repeat path keys kv_len: an int's length_bucket, -1 for a tensor of
     ``tensor_type``, None for anything else (take the full path)."""

@@ -216,7 +216,7 @@ def _table():
 def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     B = q.shape[0]
     if type(q) is np.ndarray:  # host arrays (numpy, or torch CPU tensors read as numpy)
-        if type(kv_len) is not int or ffi.sizeof("void *") != 8:  # slots below alias 64-bit addresses
+        if type(kv_len) is not int or not _plans.HOST_SLOTS:
             return
         host = ffi.new("int32_t[]", B)
         key = (device, scale, _plans.length_bucket(kv_len), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
@@ -248,8 +248,7 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     reused.ring_start.host = zeros
     # Host arrays: the four address fields seen as pointers, so a call stores
     # ffi.from_buffer(...) into them without converting it to an int.
-    slots = None if gpu is not None else tuple(
-        ffi.cast("void **", ffi.addressof(reused, name)) for name in ("q", "k_cache", "v_cache", "out"))
+    slots = None if gpu is not None else _plans.address_slots(reused, "q", "k_cache", "v_cache", "out")
     _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots)
 
 

@@ -133,7 +133,7 @@ class _RingCache:
             entry = runs[(k_dtype, v_dtype)] = (plan, args)
         return entry
 
-    def _source(self, rows, first: int, role: int, name: str):
+    def _source(self, rows, first: int, role: int):
         """(address, bytes, keepalive) of ``rows[first:]`` for an append: GPU arrays in place; host
         rows in place on host-visible devices, else copied into the staging buffer of ``role``
         (K or V)."""
@@ -153,8 +153,8 @@ class _RingCache:
         with self._lock:
             skip, slot, count = self._plan_append(k.shape[0])
             plan, args = self._append_run(k.dtype, v.dtype)
-            args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K, "k")
-            args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V, "v")
+            args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K)
+            args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V)
             args.num_tokens, args.write_pos = count, slot
             stream = like.stream if like is not None else 0
             _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
@@ -263,7 +263,7 @@ class _RingCache:
             args.lse.nbytes = H * 4
         stream = like.stream if like is not None else 0
         _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
-        if repeat_key is not None and like is None and type(result) is np.ndarray and ffi.sizeof("void *") == 8:
+        if repeat_key is not None and like is None and type(result) is np.ndarray and _plans.HOST_SLOTS:
             self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind)
         return result, lse
 
@@ -278,14 +278,12 @@ class _RingCache:
         entries = getattr(self._repeats, "entries", None)
         if entries is None:
             entries = self._repeats.entries = {}
-        elif len(entries) >= 16:
+        elif len(entries) >= 8:
             entries.pop(next(iter(entries)))
         kept = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *", args[0])
         lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call
         kept.kv_len.host, kept.ring_start.host = lengths, lengths + 1
-        # q and out seen as pointers, so a call stores ffi.from_buffer(...) into them as it is.
-        slots = (ffi.cast("void **", ffi.addressof(kept, "q")), ffi.cast("void **", ffi.addressof(kept, "out")))
-        entries[key] = (plan, runner, kept, lengths, slots)
+        entries[key] = (plan, runner, kept, lengths, _plans.address_slots(kept, "q", "out"))
 
     def _attend_repeat(self, q, scale):
         """The result of an attend matching a remembered one (numpy ``q``, every default), or None

@@ -277,7 +277,7 @@ _repeat = threading.local()
 def _repeatable(q, k, v, block_table, kv_len) -> bool:
     return (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray
             and type(block_table) is np.ndarray and block_table.dtype == np.int32 and block_table.flags.c_contiguous
-            and type(kv_len) is int and kv_len >= 1 and ffi.sizeof("void *") == 8)  # slots alias 64-bit addresses
+            and type(kv_len) is int and kv_len >= 1 and _plans.HOST_SLOTS)
 
 
 def _table():
@@ -297,8 +297,7 @@ def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, ar
     reused.kv_len.host = host
     reused.block_table.host = ffi.NULL
     # The five address fields seen as pointers, so a call stores ffi.from_buffer(...) into them as is.
-    slots = tuple(ffi.cast("void **", ffi.addressof(reused, *name)) for name in (
-        ("q",), ("k_pages",), ("v_pages",), ("out",), ("block_table", "device")))
+    slots = _plans.address_slots(reused, "q", "k_pages", "v_pages", "out", ("block_table", "device"))
     key = (device, scale, page_layout, _plans.length_bucket(kv_len), q.shape, k.shape, v.shape, block_table.shape,
            q.dtype, k.dtype, v.dtype)
     table[key] = (plan, reused, host, B, capacity, slots)

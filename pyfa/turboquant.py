@@ -241,8 +241,12 @@ def quantize(x, bits: int, *, seed: int = 0, stream: int = STREAM_K, norm_correc
         raise invalid("x: expected [n >= 1, D] rows, got 0 rows")
     cache = TurboQuantKVCache(1, x.shape[1], n, k_bits=bits, v_bits=bits, seed=seed,
                               norm_correction=norm_correction, device=device)
-    rows = np.ascontiguousarray(x[:, None, :])
-    cache.append(rows, rows)  # both streams; each encodes with its own sign vector
+    src = _io.to_device(cache.device, np.ascontiguousarray(x[:, None, :]))
+    params = _args.params("pyfa_tq_quantize_params *", {
+        "num_tokens": n, "num_kv_heads": 1, "head_dim": cache.head_dim, "kv_capacity": n, "write_pos": 0,
+        "bits": cache.bits[stream], "stream": stream, "norm_correction": cache.norm_correction, **cache._seed_fields()})
+    cache._run(cache.device, lambda enc: check(lib.pyfa_hadamard_quantize_kv(
+        enc, params, src.handle, cache._codes[stream].handle, cache._scales[stream].handle)))
     codes, scales = cache._read(stream)
     return codes[0], scales[0]
 

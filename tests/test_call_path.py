@@ -482,3 +482,30 @@ def test_host_repeat_path_is_taken(rng):
     got = decode._repeat_call(q, k, k, 60, cpu, None)
     assert got is not None, "a matching call took the full path"
     np.testing.assert_allclose(got, _ref(q, k, k, [60]), atol=2e-6, rtol=1e-5)
+
+
+def test_dispatches_of_a_failed_call_do_not_reach_the_next_run(cpu):
+    """A call recording several dispatches on this thread's encoder (pyfa/_io.py: GPU arrays) that
+    fails before submitting leaves them behind; the next plan run on that encoder drops them."""
+    from pyfa import _io, _plans
+    cache = cpu.buffer((1, 4, 64), np.float32)
+    cache.numpy()[:] = 0
+    src = cpu.wrap(np.ones((1, 1, 64), np.float32))
+    params = ffi.new("pyfa_kv_append_params *", {"num_tokens": 1, "num_kv_heads": 1, "head_dim": 64,
+                                                 "kv_capacity": 4, "write_pos": 2})
+
+    class Like:  # what _io.encoder reads of a GPU array
+        stream = 0
+    enc = _io.encoder(cpu, Like())
+    assert lib.pyfa_kv_append(enc, params, src.handle, cache.handle) == lib.PYFA_OK
+    # ... and the call raises here, before _io.submit.
+    again = _plans.encoder(cpu)
+    assert again == enc
+    assert lib.pyfa_encoder_commit(again) == lib.PYFA_OK and lib.pyfa_encoder_wait(again) == lib.PYFA_OK
+    assert not cache.numpy().any()
+    # A call that submits leaves its work to run, and the encoder as it found it.
+    enc = _io.encoder(cpu, Like())
+    assert lib.pyfa_kv_append(enc, params, src.handle, cache.handle) == lib.PYFA_OK
+    _io.submit(enc, Like())
+    assert lib.pyfa_encoder_wait(enc) == lib.PYFA_OK
+    assert cache.numpy()[0, 2].all() and _plans.encoder(cpu) == enc

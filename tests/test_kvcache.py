@@ -288,7 +288,10 @@ def _append_plan(dev, **fields):
     ({"kv_capacity": 2**31}, "kv_capacity: 2147483648 must be in 1...2147483647"),
     ({"head_dim": 0}, "head_dim: must be > 0"),
     ({"cache_dtype": 3}, "cache_dtype: u8 is not one of f32, f16, bf16 (dense caches)"),
-    ({"v_bits": 4}, "v_bits: dense caches (k_bits 0) take no TurboQuant options"),
+    ({"v_bits": 4}, "v_bits: 4 given to a dense cache (k_bits 0), which takes no TurboQuant options"),
+    ({"seed_hi": 9}, "seed_hi: 9 given to a dense cache (k_bits 0)"),
+    ({"norm_correction": 1}, "norm_correction: 1 given to a dense cache (k_bits 0)"),
+    ({"k_bits": 6, "v_bits": 4, "cache_dtype": 3}, "k_bits: 6 is not a TurboQuant bit width"),
     ({"k_bits": 4, "v_bits": 4}, "cache_dtype: bf16 must be u8 for TurboQuant codes"),
     ({"k_bits": 4, "v_bits": 5, "cache_dtype": 3}, "v_bits: 5 is not a TurboQuant bit width"),
     ({"k_bits": 4, "v_bits": 4, "cache_dtype": 3, "head_dim": 80}, "head_dim: 80 is not supported by TurboQuant"),
@@ -327,6 +330,9 @@ def test_append_run_rules(cpu):
         (lambda a: setattr(a, "num_tokens", 9), "num_tokens: 9 must be in 1...kv_capacity (8)"),
         (lambda a: setattr(a, "write_pos", 8), "write_pos: 8 must be < kv_capacity (8)"),
         (lambda a: setattr(a.k, "address", 0), "k: address is 0"),
+        (lambda a: setattr(a.v, "address", 0), "v: address is 0"),
+        (lambda a: tensor(a.k_cache, caches[1]), "k_cache: overlaps v_cache in memory (K and V are stored apart)"),
+        (lambda a: tensor(a.v, caches[1].reshape(-1)[:384]), "v_cache: overlaps v in memory"),
         (lambda a: tensor(a.v, small), "v: 32 bytes cannot hold 384 f16 values"),
         (lambda a: tensor(a.v_cache, small), "v_cache: 32 bytes cannot hold 1024 bf16 values"),
         (lambda a: tensor(a.k_scales, small), "k_scales: dense caches take no scales"),
@@ -336,11 +342,51 @@ def test_append_run_rules(cpu):
         status, msg = run(change)
         assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
     assert not any(c.view(np.uint16).any() for c in caches)  # nothing written by a refused run
+    # Nor recorded: a refused run leaves its encoder empty (V's memory is checked before K is recorded).
+    enc = cpu.encoder()
+    args = ffi.new("pyfa_kv_append_run_args *")
+    for field, a in zip(("k", "v", "k_cache", "v_cache"), [k, v, caches[0], small]):
+        tensor(getattr(args, field), a)
+    args.num_tokens, args.write_pos = 3, 6
+    assert lib.pyfa_kv_append_run(plan, enc, args) == lib.PYFA_ERR_INVALID_ARGUMENT
+    assert lib.pyfa_encoder_commit(enc) == lib.PYFA_OK and lib.pyfa_encoder_wait(enc) == lib.PYFA_OK
+    assert not caches[0].view(np.uint16).any()
     status, msg = run(lambda a: None)  # rows 6, 7, then 0 of the ring
     assert status == lib.PYFA_OK, msg
     for c, src in zip(caches, (k, v)):
         assert np.array_equal(c[:, [6, 7, 0]].astype(np.float32), np.ones((2, 3, 64), np.float32))
         assert not c[:, 1:6].astype(np.float32).any()
+
+
+def test_append_run_rules_turboquant(cpu):
+    """A TurboQuant plan's run: codes and scales of each stream, each sized for its bit width."""
+    from pyfa._native import ffi, lib
+    status, plan = _append_plan(cpu, k_bits=4, v_bits=2, cache_dtype=lib.PYFA_DTYPE_U8, head_dim=64, seed_lo=5)
+    assert status == lib.PYFA_OK, plan
+    k = np.ones((2, 2, 64), np.float32)
+    v = np.ones((2, 2, 64), np.float16)
+    mem = {"k_cache": np.zeros((2, 8, 32), np.uint8), "v_cache": np.zeros((2, 8, 16), np.uint8),
+           "k_scales": np.zeros((2, 8), np.float32), "v_scales": np.zeros((2, 8), np.float32)}
+
+    def tensor(t, a):
+        t.address, t.nbytes = (int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes) if a is not None else (0, 0)
+
+    def run(**change):
+        args = ffi.new("pyfa_kv_append_run_args *")
+        for field, a in {"k": k, "v": v, **mem, **change}.items():
+            tensor(getattr(args, field), a)
+        args.num_tokens, args.flags = 2, lib.PYFA_RUN_FINISH
+        status = lib.pyfa_kv_append_run(plan, cpu.encoder(), args)
+        return status, ffi.string(lib.pyfa_last_error()).decode() if status else ""
+
+    for change, match in [({"k_scales": None}, "k_scales: address is 0"),
+                          ({"v_cache": np.zeros((2, 8, 15), np.uint8)}, "v_cache: 240 bytes cannot hold 256 u8 values"),
+                          ({"v_scales": np.zeros(15, np.float32)}, "v_scales: 60 bytes cannot hold 16 f32 values")]:
+        status, msg = run(**change)
+        assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
+    assert not any(a.any() for a in mem.values())
+    assert run() == (lib.PYFA_OK, "")
+    assert all(a[:, :2].any() and not a[:, 2:].any() for a in mem.values())
 
 
 def test_appends_of_mixed_row_dtypes(device, rng):

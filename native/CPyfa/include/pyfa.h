@@ -497,10 +497,14 @@ int pyfa_paged_append_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_pag
 
 /* Appends to a single-sequence ring cache prepared (pyfa_kv_append, or
  * pyfa_hadamard_quantize_kv when k_bits != 0, for K and V in one run): the
- * cache geometry, dtypes and TurboQuant options (widths, norm_correction,
- * seed) are the plan's; a run passes the memory, num_tokens and write_pos,
- * the slot of the first row (rows wrap around the ring). cache_dtype is the
- * dense cache's dtype (U8 for TurboQuant codes). No workspace. */
+ * cache geometry (kv_capacity <= INT32_MAX), dtypes and TurboQuant options
+ * (widths, norm_correction, seed; all 0 for a dense cache) are the plan's; a
+ * run passes the memory, num_tokens and write_pos, the slot of the first row
+ * (rows wrap around the ring). cache_dtype is the dense cache's dtype (U8 for
+ * TurboQuant codes, which k_cache / v_cache then hold, as k_codes / v_codes
+ * of pyfa_tq_decode_run_args). A run binds and checks all its memory before
+ * recording anything, so a refused run leaves the encoder as it was. No
+ * workspace. */
 typedef struct pyfa_kv_append_plan_desc {
     uint32_t num_kv_heads;
     uint32_t head_dim;

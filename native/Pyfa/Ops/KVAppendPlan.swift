@@ -31,16 +31,17 @@ public final class KVAppendPlan: OpPlan {
             try TurboQuant.checkBits(desc.k_bits, "k_bits")
             try TurboQuant.checkBits(desc.v_bits, "v_bits")
             try require(cacheDType == .u8, "cache_dtype: \(cacheDType.name) must be u8 for TurboQuant codes (k_bits != 0)")
-            try require(desc.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
-                        "norm_correction: \(desc.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+            try TurboQuant.checkNormCorrection(desc.norm_correction)
             for (src, bits) in [(kDType, desc.k_bits), (vDType, desc.v_bits)] {
                 _ = try device.registry.pipeline("hadamard_quantize_kv", constants: TurboQuant.quantizeConstants(
                     src: src, bits: bits, headDim: desc.head_dim))
             }
         } else {
             try require(desc.head_dim > 0, "head_dim: must be > 0")
-            try require(desc.v_bits == 0 && desc.norm_correction == 0 && desc.seed_lo == 0 && desc.seed_hi == 0,
-                        "v_bits: dense caches (k_bits 0) take no TurboQuant options: v_bits, norm_correction and seed must be 0")
+            for (name, value) in [("v_bits", desc.v_bits), ("norm_correction", desc.norm_correction),
+                                  ("seed_lo", desc.seed_lo), ("seed_hi", desc.seed_hi)] {
+                try require(value == 0, "\(name): \(value) given to a dense cache (k_bits 0), which takes no TurboQuant options (0)")
+            }
             try require(attentionFloatTypes.contains(cacheDType),
                         "cache_dtype: \(cacheDType.name) is not one of f32, f16, bf16 (dense caches)")
             for src in [kDType, vDType] {
@@ -49,37 +50,51 @@ public final class KVAppendPlan: OpPlan {
         }
     }
 
+    static func separate(_ a: Buffer, _ b: Buffer, _ nameA: String, _ nameB: String) throws {
+        try require(!a.addressRange.overlaps(b.addressRange),
+                    "\(nameA): overlaps \(nameB) in memory (K and V are stored apart)")
+    }
+
+    /// Binds every tensor of the run before recording anything, so a refused
+    /// run leaves nothing on the encoder.
     public func run(_ encoder: CommandEncoder, k: TensorRef, v: TensorRef, kCache: TensorRef, vCache: TensorRef,
                     kScales: TensorRef, vScales: TensorRef, numTokens: UInt32, writePos: UInt32) throws {
         try require(encoder.device === device, "encoder: belongs to another device than the plan")
         try require(numTokens > 0 && numTokens <= desc.kv_capacity,
                     "num_tokens: \(numTokens) must be in 1...kv_capacity (\(desc.kv_capacity)); one run writes each slot at most once")
+        try require(writePos < desc.kv_capacity, "write_pos: \(writePos) must be < kv_capacity (\(desc.kv_capacity))")
         let rowElements = try checkedProduct([Int(numTokens), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
         let sk = try bind(k, "k", dtype: kDType, elements: rowElements)
         let sv = try bind(v, "v", dtype: vDType, elements: rowElements)
         let rows = Int(desc.num_kv_heads) * Int(desc.kv_capacity)
         if turboQuant {
-            for (stream, src, bits, codes, scales, name) in [
-                (UInt32(PYFA_TQ_STREAM_K), sk, desc.k_bits, kCache, kScales, "k"),
-                (UInt32(PYFA_TQ_STREAM_V), sv, desc.v_bits, vCache, vScales, "v"),
-            ] {
+            let kCodes = try bind(kCache, "k_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.k_bits))
+            let vCodes = try bind(vCache, "v_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.v_bits))
+            let ks = try bind(kScales, "k_scales", dtype: .f32, elements: rows)
+            let vs = try bind(vScales, "v_scales", dtype: .f32, elements: rows)
+            try KVAppendPlan.separate(kCodes, vCodes, "k_cache", "v_cache")
+            try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
+            for (stream, src, bits, codes, scales) in [(UInt32(PYFA_TQ_STREAM_K), sk, desc.k_bits, kCodes, ks),
+                                                      (UInt32(PYFA_TQ_STREAM_V), sv, desc.v_bits, vCodes, vs)] {
                 let p = pyfa_tq_quantize_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads,
                                                 head_dim: desc.head_dim, kv_capacity: desc.kv_capacity,
                                                 write_pos: writePos, bits: bits, stream: stream,
                                                 norm_correction: desc.norm_correction, seed_lo: desc.seed_lo,
                                                 seed_hi: desc.seed_hi, sequence: 0, reserved: 0)
-                try TurboQuant.encodeQuantize(
-                    encoder, p, src: src,
-                    codes: bind(codes, "\(name)_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, bits)),
-                    scales: bind(scales, "\(name)_scales", dtype: .f32, elements: rows))
+                try TurboQuant.encodeQuantize(encoder, p, src: src, codes: codes, scales: scales)
             }
         } else {
             try require(kScales.isAbsent && vScales.isAbsent, "k_scales: dense caches take no scales (pass address 0)")
+            let cacheElements = rows * Int(desc.head_dim)
+            let kc = try bind(kCache, "k_cache", dtype: cacheDType, elements: cacheElements)
+            let vc = try bind(vCache, "v_cache", dtype: cacheDType, elements: cacheElements)
+            try KVAppendPlan.separate(kc, vc, "k_cache", "v_cache")
+            try Check.noOverlap(kc, "k_cache", inputs: [("k", sk), ("v", sv)])  // KVAppend.encode's rule, for V too
+            try Check.noOverlap(vc, "v_cache", inputs: [("k", sk), ("v", sv)])  // before K is recorded
             let p = pyfa_kv_append_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
                                           kv_capacity: desc.kv_capacity, write_pos: writePos, sequence: 0)
-            let cacheElements = rows * Int(desc.head_dim)
-            try KVAppend.encode(encoder, p, src: sk, cache: bind(kCache, "k_cache", dtype: cacheDType, elements: cacheElements))
-            try KVAppend.encode(encoder, p, src: sv, cache: bind(vCache, "v_cache", dtype: cacheDType, elements: cacheElements))
+            try KVAppend.encode(encoder, p, src: sk, cache: kc)
+            try KVAppend.encode(encoder, p, src: sv, cache: vc)
         }
     }
 }

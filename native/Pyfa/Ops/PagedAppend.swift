@@ -125,8 +125,7 @@ public enum PagedAppend {
         try TurboQuant.checkBits(p.k_bits, "k_bits")
         try TurboQuant.checkBits(p.v_bits, "v_bits")
         try require(p.num_tokens > 0, "num_tokens: must be > 0")
-        try require(p.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
-                    "norm_correction: \(p.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+        try TurboQuant.checkNormCorrection(p.norm_correction)
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src_k")
         let (sk, sv) = try checkSources(srcK, srcV, elements: srcElements)
         let kc = try Check.buffer(kCodes, "k_codes", dtypes: [.u8],

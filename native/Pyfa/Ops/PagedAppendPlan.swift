@@ -24,8 +24,7 @@ public final class PagedAppendPlan: OpPlan {
             try TurboQuant.checkBits(desc.k_bits, "k_bits")
             try TurboQuant.checkBits(desc.v_bits, "v_bits")
             try require(poolDType == .u8, "pool_dtype: \(poolDType.name) must be u8 for TurboQuant pools (k_bits != 0)")
-            try require(desc.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
-                        "norm_correction: \(desc.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+            try TurboQuant.checkNormCorrection(desc.norm_correction)
             _ = try device.registry.pipeline(PagedAppend.turboQuantKernel, constants: PagedAppend.turboQuantConstants(
                 src: srcDType, kBits: desc.k_bits, vBits: desc.v_bits, headDim: desc.head_dim))
         } else {

@@ -14,6 +14,11 @@ public enum TurboQuant {
                     "\(name): \(bits) is not a TurboQuant bit width (\(bitWidths.map(String.init).joined(separator: ", ")))")
     }
 
+    static func checkNormCorrection(_ mode: UInt32) throws {
+        try require(mode <= UInt32(PYFA_TQ_NORM_UNBIASED),
+                    "norm_correction: \(mode) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+    }
+
     static func checkHeadDim(_ d: UInt32) throws {
         try require(headDims.contains(d),
                     "head_dim: \(d) is not supported by TurboQuant (the Hadamard rotation needs a power of two: \(headDims.map(String.init).joined(separator: ", ")))")
@@ -62,8 +67,7 @@ public enum TurboQuant {
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
                     "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
         try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")
-        try require(p.norm_correction <= UInt32(PYFA_TQ_NORM_UNBIASED),
-                    "norm_correction: \(p.norm_correction) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
+        try checkNormCorrection(p.norm_correction)
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src")
         let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements)
         let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
