@@ -3,7 +3,7 @@ Hopper / Blackwell) timed in the same run: causal bf16 prefill and f16 decode
 over a long cache. Prefill shares the tensors (pyfa reads FA4's [B, S, H, D]
 layout in place with layout="bshd"); decode gives each its own cache layout
 (pyfa's K/V are [B, H_kv, L, D]). Times are CUDA events around back-to-back calls
-(test_cuda_prefill.event_ms). Without FA4, or on a GPU it does not support,
+(cuda_timing.event_ms). Without FA4, or on a GPU it does not support,
 every case skips with the reason.
 
 Bounds: regression guards at about 80% of the ratios measured on an H100
@@ -30,7 +30,7 @@ if torch.cuda.get_device_capability() < (9, 0):
 
 import pyfa  # noqa: E402
 from gate_record import record_gate  # noqa: E402
-from test_cuda_prefill import event_ms  # noqa: E402
+from cuda_timing import event_ms  # noqa: E402
 
 try:
     DEVICE = pyfa.Device("cuda")

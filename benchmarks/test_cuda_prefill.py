@@ -18,6 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import pyfa  # noqa: E402
+from cuda_timing import event_ms  # noqa: E402
 from gate_record import record_gate  # noqa: E402
 
 try:
@@ -29,21 +30,6 @@ except pyfa.PyfaError as e:
 # through this API on an H200 (0.50, 0.58, 0.63: each call includes ~0.2 ms of host work, which
 # weighs most at L = 4096), so they catch regressions rather than noise.
 CASES = [(128, 4096, 0.4), (128, 16384, 0.45), (256, 16384, 0.5), (512, 16384, None)]
-
-
-def event_ms(fn, iters=5):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(3):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return sorted(times)[1]
 
 
 @pytest.mark.parametrize("D,L,gate", CASES, ids=lambda v: str(v))

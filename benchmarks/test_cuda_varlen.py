@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import pyfa  # noqa: E402
+from cuda_timing import event_ms  # noqa: E402
 
 try:
     DEVICE = pyfa.Device("cuda")
@@ -27,21 +28,6 @@ except pyfa.PyfaError as e:
     pytest.skip(f"pyfa cuda backend unavailable: {e}", allow_module_level=True)
 
 H, HKV, D = 32, 8, 128
-
-
-def event_ms(fn, iters=5):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(3):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return sorted(times)[1]
 
 
 def causal_pairs(q_len, kv_len):

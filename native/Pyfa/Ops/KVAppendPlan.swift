@@ -27,11 +27,9 @@ public final class KVAppendPlan: OpPlan {
         self.desc = desc
         try super.init(device: device, workspaceBytes: 0)
         if desc.k_bits != 0 {
-            try TurboQuant.checkHeadDim(desc.head_dim)
-            try TurboQuant.checkBits(desc.k_bits, "k_bits")
-            try TurboQuant.checkBits(desc.v_bits, "v_bits")
+            try TurboQuant.checkCodecOptions(headDim: desc.head_dim, kBits: desc.k_bits, vBits: desc.v_bits,
+                                             normCorrection: desc.norm_correction)
             try require(cacheDType == .u8, "cache_dtype: \(cacheDType.name) must be u8 for TurboQuant codes (k_bits != 0)")
-            try TurboQuant.checkNormCorrection(desc.norm_correction)
             for (src, bits) in [(kDType, desc.k_bits), (vDType, desc.v_bits)] {
                 _ = try device.registry.pipeline("hadamard_quantize_kv", constants: TurboQuant.quantizeConstants(
                     src: src, bits: bits, headDim: desc.head_dim))

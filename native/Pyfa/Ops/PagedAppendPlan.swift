@@ -20,11 +20,9 @@ public final class PagedAppendPlan: OpPlan {
         self.desc = desc
         try super.init(device: device, workspaceBytes: 0)
         if desc.k_bits != 0 {
-            try TurboQuant.checkHeadDim(desc.head_dim)
-            try TurboQuant.checkBits(desc.k_bits, "k_bits")
-            try TurboQuant.checkBits(desc.v_bits, "v_bits")
+            try TurboQuant.checkCodecOptions(headDim: desc.head_dim, kBits: desc.k_bits, vBits: desc.v_bits,
+                                             normCorrection: desc.norm_correction)
             try require(poolDType == .u8, "pool_dtype: \(poolDType.name) must be u8 for TurboQuant pools (k_bits != 0)")
-            try TurboQuant.checkNormCorrection(desc.norm_correction)
             _ = try device.registry.pipeline(PagedAppend.turboQuantKernel, constants: PagedAppend.turboQuantConstants(
                 src: srcDType, kBits: desc.k_bits, vBits: desc.v_bits, headDim: desc.head_dim))
         } else {

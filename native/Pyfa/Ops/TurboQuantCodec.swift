@@ -14,6 +14,14 @@ public enum TurboQuant {
                     "\(name): \(bits) is not a TurboQuant bit width (\(bitWidths.map(String.init).joined(separator: ", ")))")
     }
 
+    /// The codec options of a plan that encodes both streams (k_bits != 0).
+    static func checkCodecOptions(headDim: UInt32, kBits: UInt32, vBits: UInt32, normCorrection: UInt32) throws {
+        try checkHeadDim(headDim)
+        try checkBits(kBits, "k_bits")
+        try checkBits(vBits, "v_bits")
+        try checkNormCorrection(normCorrection)
+    }
+
     static func checkNormCorrection(_ mode: UInt32) throws {
         try require(mode <= UInt32(PYFA_TQ_NORM_UNBIASED),
                     "norm_correction: \(mode) must be 0 (none), 1 (norm-preserving) or 2 (unbiased)")
