@@ -141,7 +141,7 @@ class _RingCache:
             row = rows.nbytes // rows.shape[0]
             return rows.ptr + first * row, row * (rows.shape[0] - first), rows
         part = rows[first:]  # a leading-axis slice of a C-contiguous array: contiguous
-        if self.device.host_visible:
+        if self._host_visible:
             ptr = ffi.from_buffer(part)
             return int(ffi.cast("uintptr_t", ptr)), part.nbytes, ptr
         buf = self._stage(part, role)

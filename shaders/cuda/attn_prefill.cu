@@ -294,24 +294,28 @@ __device__ __forceinline__ void load_tile(char *dst, int ld, const char *src, in
     }
 }
 
+/* The pool row of key s of a paged sequence (its block_table row bt) for KV
+ * head kvh; a block_table entry outside the pool reads the last page.
+ * shift, tmask: log2(page_size) and page_size - 1 (page_size: a power of two). */
+__device__ __forceinline__ uint32_t paged_row(const pyfa_kv_pages &g, const int32_t *bt, uint32_t num_kv_heads,
+                                              uint32_t kvh, uint32_t shift, uint32_t tmask, uint32_t s) {
+    int32_t page = bt[s >> shift];
+    if (page < 0 || (uint32_t)page >= g.num_pages) page = (int32_t)g.num_pages - 1;
+    return PYFA_PAGE_ROW(g.layout, g.page_size, num_kv_heads, (uint32_t)page, s & tmask, kvh);
+}
+
 /* load_tile for keys [j0, j0 + n) of a paged sequence: row r's source is its
- * pool row (row_bytes apart; a block_table entry outside the pool reads the
- * last page). */
+ * pool row (paged_row; row_bytes apart). */
 template <int CH>
 __device__ __forceinline__ void load_tile_paged(char *dst, int ld, const char *pool, int64_t row_bytes,
                                                 const pyfa_kv_pages &g, const int32_t *bt, uint32_t num_kv_heads,
                                                 uint32_t kvh, uint32_t j0, uint32_t c0, int rows, uint32_t n) {
-    const uint32_t shift = __ffs(g.page_size) - 1, tmask = g.page_size - 1; /* page_size: a power of two */
+    const uint32_t shift = __ffs(g.page_size) - 1, tmask = g.page_size - 1;
     for (int idx = threadIdx.x; idx < rows * CH; idx += THREADS) {
         const int r = idx / CH, c = idx % CH;
         const bool live = (uint32_t)r < n;
         int64_t off = 0;
-        if (live) {
-            const uint32_t s = j0 + r;
-            int32_t page = bt[s >> shift];
-            if (page < 0 || (uint32_t)page >= g.num_pages) page = (int32_t)g.num_pages - 1;
-            off = (int64_t)PYFA_PAGE_ROW(g.layout, g.page_size, num_kv_heads, (uint32_t)page, s & tmask, kvh) * row_bytes;
-        }
+        if (live) off = (int64_t)paged_row(g, bt, num_kv_heads, kvh, shift, tmask, j0 + r) * row_bytes;
         pyfa_cp_async16(dst + r * ld + c * 16, pool + off + (int64_t)(c0 + c) * 16, live ? 16u : 0u);
     }
 }
@@ -564,8 +568,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_mma(const pyfa_cuda_args &a, co
 
 #pragma unroll
             for (int kc = 0; kc < BK / 16; kc++) {
-                /* P as the A operand: the score accumulator's layout is the A
-                 * fragment's. With P_TERMS = 2, P = hi + lo in the I/O dtype. */
+                /* P as the A operand (the score accumulator's layout is the A fragment's). */
                 uint32_t pa[4], pl[4];
                 p_fragment<DT, P_TERMS>(s, kc, pa, pl);
 #pragma unroll

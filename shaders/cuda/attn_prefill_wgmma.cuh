@@ -134,13 +134,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
             const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
             const char *pool = pyfa_ptr<const char>(a, pool_slot);
-            const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1; /* page_size: a power of two */
+            const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
             load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) {
-                const uint32_t s = j0 + r;
-                int32_t page = bi.bt[s >> shift];
-                if (page < 0 || (uint32_t)page >= pg.num_pages) page = (int32_t)pg.num_pages - 1;
-                return pool + (int64_t)PYFA_PAGE_ROW(pg.layout, pg.page_size, p.num_kv_heads, (uint32_t)page, s & tmask,
-                                                     bi.kvh) * (D * 2);
+                return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
             }, pool, n);
         } else {
             load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) { return base + (int64_t)(j0 + r) * rowb; }, base, n);

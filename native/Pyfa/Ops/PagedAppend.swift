@@ -121,11 +121,9 @@ public enum PagedAppend {
                                         srcK: Buffer?, srcV: Buffer?, kCodes: Buffer?, kScales: Buffer?,
                                         vCodes: Buffer?, vScales: Buffer?, slotMapping: SequenceValues?) throws {
         let rows = try checkPages(p.pages, numKvHeads: p.num_kv_heads)
-        try TurboQuant.checkHeadDim(p.head_dim)
-        try TurboQuant.checkBits(p.k_bits, "k_bits")
-        try TurboQuant.checkBits(p.v_bits, "v_bits")
+        try TurboQuant.checkCodecOptions(headDim: p.head_dim, kBits: p.k_bits, vBits: p.v_bits,
+                                         normCorrection: p.norm_correction)
         try require(p.num_tokens > 0, "num_tokens: must be > 0")
-        try TurboQuant.checkNormCorrection(p.norm_correction)
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src_k")
         let (sk, sv) = try checkSources(srcK, srcV, elements: srcElements)
         let kc = try Check.buffer(kCodes, "k_codes", dtypes: [.u8],

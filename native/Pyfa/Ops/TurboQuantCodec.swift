@@ -14,7 +14,7 @@ public enum TurboQuant {
                     "\(name): \(bits) is not a TurboQuant bit width (\(bitWidths.map(String.init).joined(separator: ", ")))")
     }
 
-    /// The codec options of a plan that encodes both streams (k_bits != 0).
+    /// The codec options of an op that encodes both streams (k_bits != 0).
     static func checkCodecOptions(headDim: UInt32, kBits: UInt32, vBits: UInt32, normCorrection: UInt32) throws {
         try checkHeadDim(headDim)
         try checkBits(kBits, "k_bits")
