@@ -192,10 +192,16 @@ final class CUDABackend: Backend {
 final class Occupancy {
     weak var backend: CUDABackend?
     private let lock = Lock()
-    private var cache: [String: UInt32] = [:]
+    /// Hashed as values, not formatted into a string: plans ask on every run.
+    private struct Key: Hashable {
+        let name: String
+        let constants: FunctionConstants
+        let sharedBytes: Int
+    }
+    private var cache: [Key: UInt32] = [:]
 
     func blocks(_ name: String, constants: FunctionConstants, sharedBytes: Int) -> UInt32 {
-        let key = "\(name) \(constants) \(sharedBytes)"
+        let key = Key(name: name, constants: constants, sharedBytes: sharedBytes)
         if let b = lock.withLock({ cache[key] }) { return b }
         guard let backend, let pipeline = try? backend.compile(name: name, constants: constants) else { return 0 }
         let b = backend.residentBlocks(pipeline, threads: Int(CUDAPlan.warps) * 32, sharedBytes: sharedBytes)

@@ -137,11 +137,12 @@ final class CUDAQueue: CommandQueue {
         }
         pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
         try withUnsafeMutablePointer(to: &args) { argsPtr in
-            var params: [UnsafeMutableRawPointer?] = [UnsafeMutableRawPointer(argsPtr)]
-            try params.withUnsafeMutableBufferPointer { pp in
+            // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
+            var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
+            try withUnsafeMutablePointer(to: &param) { pp in
                 try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
                                                     d.threads.0, d.threads.1, d.threads.2,
-                                                    UInt32(smem), stream, pp.baseAddress, nil),
+                                                    UInt32(smem), stream, pp, nil),
                              "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
             }
         }
