@@ -11,7 +11,8 @@ Cases (shapes in the test ids; bf16, H_q / H_kv = 32 / 8, D = 128 on the GPU):
   torch.cuda.synchronize()), B = 1, 8 and L = 4K, 32K: torch flash, torch cuDNN,
   pyfa, and the pyfa step captured in a CUDA graph with kv_len a device int32 tensor.
 - cache: pyfa.KVCache / pyfa.TurboQuantKVCache on the cuda device fed torch tensors:
-  append one token, then attend, against the GPU time of the attend alone.
+  append one token, then attend, against the GPU time of the step's kernels (the append's
+  and the attend's; the attend's alone is recorded beside it).
 - cpu: a tiny decode on numpy (B=1, H=1, D=64, kv_len=1, f32) on the CPU backend,
   beside the same arithmetic in numpy. Runs without torch (CI runs it once).
 - cpu-cache: one layer's decode step through pyfa.KVCache on the CPU backend (append a
@@ -23,13 +24,13 @@ the host's cost per call and the GPU's. "gpu_us": CUDA events around the same N
 calls with the stream held (torch.cuda._sleep) until the host has queued them, so
 the GPU runs them back to back: the device's own time per call. "kernel_us" of the
 cache cases: the GPU busy time (kernels and copies, from torch.profiler / CUPTI) of
-one attend, since the caches may run on streams the events do not see.
+one step (append + attend), since the caches may run on streams the events do not see.
 
 Targets (each pyfa row records its peer, ratio, target and whether it met it in
 benchmark.extra_info; scripts/serving_report.py turns the JSON into a table):
 call overhead <= torch flash's (aim <= 10 us); 32-layer step within 1.1x torch flash
 at 4K and faster at 32K; graph-captured step faster than torch flash eager; cache
-append+attend within 1.2x the attend's GPU time; CPU tiny call <= 10 us.
+append+attend within 1.2x its kernels' GPU time; CPU tiny call <= 10 us.
 They are recorded, not enforced, unless --serving-gates is given (benchmarks/conftest.py).
 
 Variants that the current API refuses (a device kv_len for the graph, torch tensors
@@ -442,12 +443,16 @@ def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
 
     benchmark.pedantic(_loop(step, n), rounds=20 if full_size else 1, warmup_rounds=2 if full_size else 0)
     us = _median_us(benchmark, n)
+    # The step's kernels (the append's and the attend's) are the peer; the attend's alone is recorded beside.
+    step_us = kernel_us(step) if full_size else None
     attend_us = kernel_us(lambda: cache.attend(q)) if full_size else None
-    _record(benchmark, "cache", shape, kind, n, us, kernel_us=None if attend_us is None else round(attend_us, 3))
-    if full_size and attend_us is None:
+    _record(benchmark, "cache", shape, kind, n, us, kernel_us=None if step_us is None else round(step_us, 3))
+    if attend_us is not None:
+        benchmark.extra_info["attend_kernel_us"] = round(attend_us, 3)
+    if full_size and step_us is None:
         benchmark.extra_info["kernel_us_note"] = "torch.profiler recorded no device activity (no CUPTI?)"
-    _target(request, benchmark, peer="attend GPU time", peer_us=attend_us, us=us,
-            target="<= 1.20x the attend's GPU time", limit=1.2)
+    _target(request, benchmark, peer="append + attend kernels' GPU time", peer_us=step_us, us=us,
+            target="<= 1.20x the kernels' own time", limit=1.2)
 
 
 # --------------------------------------------------------------------------- CPU backend

@@ -42,7 +42,7 @@ import threading
 
 import numpy as np
 
-from . import _args, _io, _plans, dtypes
+from . import _args, _io, _plans, cuda_interop, dtypes
 from ._native import ffi, lib
 from .cuda_interop import GpuArray
 from .device import Device
@@ -50,6 +50,20 @@ from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
 _SOURCE_TYPES = frozenset(dtypes.FLOAT_TYPES)  # row dtypes the append kernels read
+_CU_STREAM_LEGACY = 1  # torch's legacy default stream (reported as 0) as pyfa's encoders take it
+_torch_tensor = None  # torch.Tensor once torch is imported (the torch fast paths compare types with it)
+
+
+def _note_torch(t) -> bool:
+    """Whether ``t`` is a plain torch.Tensor (then remembered as the type the fast paths compare with)."""
+    global _torch_tensor
+    if _torch_tensor is None:
+        import torch
+
+        _torch_tensor = torch.Tensor
+    return type(t) is _torch_tensor
+
+
 K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 
 
@@ -101,6 +115,8 @@ class _RingCache:
         if isinstance(v, GpuArray) != (like is not None):
             side = "a GPU array" if like is not None else "a host array"
             raise invalid(f"v: must be {side} like k (k and v are read on one side)")
+        if like is not None and like.kind == "torch":
+            _note_torch(like.obj)
         if like is not None and v.kind != k.kind:
             raise invalid(f"v: a {v.kind} array, k is a {k.kind} array (pass both from one framework)")
         if k.shape[0] != v.shape[0]:
@@ -142,8 +158,7 @@ class _RingCache:
             return rows.ptr + first * row, row * (rows.shape[0] - first), rows
         part = rows[first:]  # a leading-axis slice of a C-contiguous array: contiguous
         if self._host_visible:
-            ptr = ffi.from_buffer(part)
-            return int(ffi.cast("uintptr_t", ptr)), part.nbytes, ptr
+            return _io.address(part), part.nbytes, part
         buf = self._stage(part, role)
         return lib.pyfa_buffer_address(buf.handle), part.nbytes, buf
 
@@ -170,6 +185,34 @@ class _RingCache:
         return (len(shape) == 3 and shape[0] >= 1 and shape[1] == self.num_kv_heads and shape[2] == self.head_dim
                 and v.shape == shape and k.dtype == v.dtype and k.dtype in _SOURCE_TYPES
                 and k.flags.c_contiguous and v.flags.c_contiguous)
+
+    def _append_torch(self, k, v) -> bool:
+        """Appends ``k``, ``v`` when they are torch CUDA tensors an append reads as they are (on
+        CUDA device 0 with a GPU cache device, one float dtype the kernels read, ``[n >= 1,
+        num_kv_heads, head_dim]``, contiguous), queued on torch's current stream, and returns True;
+        False for anything else (the general checks then take them). The torch decode loop's path:
+        what the general path would check is checked here, with no intermediate objects."""
+        T = _torch_tensor
+        if T is None or type(k) is not T or type(v) is not T or self._host_visible:
+            return False
+        dt = cuda_interop._TORCH_DTYPES.get(k.dtype)
+        shape = k.shape
+        if (dt not in _SOURCE_TYPES or v.dtype != k.dtype or len(shape) != 3 or shape[0] < 1
+                or shape[1] != self.num_kv_heads or shape[2] != self.head_dim or v.shape != shape
+                or k.get_device() != 0 or v.get_device() != 0 or not k.is_contiguous() or not v.is_contiguous()):
+            return False
+        n = shape[0]
+        with self._lock:
+            skip, slot, count = self._plan_append(n)
+            plan, args = self._append_run(dt, dt)
+            row = dt.itemsize * shape[1] * shape[2]
+            args.k.address, args.k.nbytes = k.data_ptr() + skip * row, count * row
+            args.v.address, args.v.nbytes = v.data_ptr() + skip * row, count * row
+            args.num_tokens, args.write_pos = count, slot
+            stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
+            self._total += n
+        return True
 
     def _stage(self, rows: np.ndarray, role: int):
         """``rows`` copied into the device staging buffer of ``role``. It is reused by the next
@@ -207,13 +250,17 @@ class _RingCache:
         return (q, like, _args.default_scale(scale, self.head_dim), _args.float_arg(softcap, "softcap"),
                 _args.out_dtype_arg(out_dtype, q.dtype, dtypes.FLOAT_TYPES), _args.bool_arg(return_lse, "return_lse"))
 
-    @staticmethod
-    def _repeat_key(q, scale, softcap, out_dtype, return_lse):
-        """(q's shape, dtype, the scale as given) when an attend may take or seed the repeat path: a
-        numpy q of a float type the kernels read, every other option at its default; else None."""
-        if (type(q) is np.ndarray and q.dtype in _SOURCE_TYPES and out_dtype is None and return_lse is False
-                and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float)):
-            return (q.shape, q.dtype, scale)
+    def _repeat_key(self, q, scale, softcap, out_dtype, return_lse):
+        """(q's shape, dtype, the scale as given) when an attend may take or seed the repeat path,
+        every option but scale at its default: a numpy q of a float type the kernels read on a
+        host-visible device, or a torch CUDA q on a GPU device; else None."""
+        if not (out_dtype is None and return_lse is False and type(softcap) is float and softcap == 0.0
+                and (scale is None or type(scale) is float)):
+            return None
+        if type(q) is np.ndarray:
+            return (q.shape, q.dtype, scale) if q.dtype in _SOURCE_TYPES and self._host_visible else None
+        if _torch_tensor is not None and type(q) is _torch_tensor and not self._host_visible:
+            return (q.shape, q.dtype, scale) if cuda_interop._TORCH_DTYPES.get(q.dtype) in _SOURCE_TYPES else None
         return None
 
     def _attend_planned(self, kind, q, like, desc, constructor, runner, tensors, out_dtype, return_lse,
@@ -263,8 +310,11 @@ class _RingCache:
             args.lse.nbytes = H * 4
         stream = like.stream if like is not None else 0
         _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
-        if repeat_key is not None and like is None and type(result) is np.ndarray and _plans.HOST_SLOTS:
-            self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind)
+        if repeat_key is not None:
+            if like is None and type(result) is np.ndarray and _plans.HOST_SLOTS:
+                self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind)
+            elif like is not None and like.kind == "torch" and _note_torch(result):
+                self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind, gpu=True)
         return result, lse
 
     # ---- the repeat path ----------------------------------------------------------------------------
@@ -274,16 +324,21 @@ class _RingCache:
     # shape and dtype, the scale as given, the length bucket that picked the plan); a later call that
     # matches sets q's and the result's addresses and the cache's current length and runs.
 
-    def _remember_attend(self, key, plan, runner, args, kind):
-        entries = getattr(self._repeats, "entries", None)
+    # The same for a torch CUDA q on a GPU device (entries of their own): the call sets q's and a new
+    # result tensor's addresses and runs on torch's current stream.
+
+    def _remember_attend(self, key, plan, runner, args, kind, gpu=False):
+        name = "gpu_entries" if gpu else "entries"
+        entries = getattr(self._repeats, name, None)
         if entries is None:
-            entries = self._repeats.entries = {}
+            entries = {}
+            setattr(self._repeats, name, entries)
         elif len(entries) >= 8:
             entries.pop(next(iter(entries)))
         kept = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *", args[0])
         lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call
         kept.kv_len.host, kept.ring_start.host = lengths, lengths + 1
-        entries[key] = (plan, runner, kept, lengths, _plans.address_slots(kept, "q", "out"))
+        entries[key] = (plan, runner, kept, lengths, None if gpu else _plans.address_slots(kept, "q", "out"))
 
     def _attend_repeat(self, q, scale):
         """The result of an attend matching a remembered one (numpy ``q``, every default), or None
@@ -304,6 +359,26 @@ class _RingCache:
             slots[0][0] = ffi.from_buffer(q)
             slots[1][0] = ffi.from_buffer(out)
             _plans.run(self.device, runner, plan, _plans.encoder(self.device), args)
+        return out
+
+    def _attend_repeat_gpu(self, q, scale):
+        """The result of an attend matching a remembered torch CUDA one (every default), or None."""
+        entries = getattr(self._repeats, "gpu_entries", None)
+        if entries is None or q.get_device() != 0 or not q.is_contiguous():
+            return None
+        with self._lock:
+            kv_len, ring_start = self._ring()
+            if kv_len == 0:
+                return None
+            entry = entries.get((q.shape, q.dtype, scale, 1 << (kv_len - 1).bit_length()))
+            if entry is None:
+                return None
+            plan, runner, args, lengths, _slots = entry
+            lengths[0], lengths[1] = kv_len, ring_start
+            out = q.new_empty(q.shape)
+            args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
+            stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+            _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
         return out
 
     def _query_buffer(self, key, shape, dtype):
@@ -375,6 +450,8 @@ class KVCache(_RingCache):
         PyfaError, changing nothing, on bad input or (without a window) overflow."""
         if self._fast_rows(k, v):
             return self._append_rows(k, v, None)
+        if self._append_torch(k, v):
+            return
         k, v, like = self._check_kv(k, v)
         if like is None:  # float64 rounds once, on the host, straight to the cache dtype
             k, v = (a.astype(self.dtype) if a.dtype == np.float64 else a for a in (k, v))
@@ -394,8 +471,8 @@ class KVCache(_RingCache):
         ``return_lse``: also the float32 LSE ``[H]`` (as :func:`pyfa.decode_attention`'s; ``-inf``
         for an empty cache), as ``(out, lse)``."""
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse)
-        if repeat_key is not None and self._host_visible:
-            out = self._attend_repeat(q, scale)
+        if repeat_key is not None:
+            out = self._attend_repeat(q, scale) if self._host_visible else self._attend_repeat_gpu(q, scale)
             if out is not None:
                 return out
         q_arg = q

@@ -322,6 +322,8 @@ class TurboQuantKVCache(_RingCache):
         window) overflow."""
         if self._fast_rows(k, v):
             return self._append_rows(k, v, None)
+        if self._append_torch(k, v):
+            return
         k, v, like = self._check_kv(k, v)
         if like is None:  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)
             k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
@@ -339,8 +341,8 @@ class TurboQuantKVCache(_RingCache):
         (tests and tuning)."""
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse) \
             if fused is True and nwg is None else None
-        if repeat_key is not None and self._host_visible:
-            out = self._attend_repeat(q, scale)
+        if repeat_key is not None:
+            out = self._attend_repeat(q, scale) if self._host_visible else self._attend_repeat_gpu(q, scale)
             if out is not None:
                 return out
         q_arg = q

@@ -34,7 +34,9 @@ def step(fns):
     return run
 
 
-for B, L in ((1, 4096), (8, 4096), (1, 32768), (8, 32768)):
+import sys as _sys
+
+for B, L in (() if "--loop" in _sys.argv else ((1, 4096), (8, 4096), (1, 32768), (8, 32768))):
     H, Hkv, D = 32, 8, 128
     q = torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda")
     layers = [(torch.randn(B, Hkv, L, D, dtype=torch.bfloat16, device="cuda"),
@@ -75,6 +77,35 @@ if __name__ == "__main__":
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    if "--loop" in sys.argv:
+        # Public calls for a while, for a sampling profiler attached from outside
+        # (py-spy record --native -- python3 scripts/gpu_call_overhead.py --loop).
+        B, L, H, Hkv, D = 1, 4096, 32, 8, 128
+        q = torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(B, Hkv, L, D, dtype=torch.bfloat16, device="cuda")
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 8:
+            for _ in range(500):
+                pyfa.decode_attention(q, k, k, L, device=dev)
+            torch.cuda.synchronize()
+            n += 500
+        print("loop: %.1f us per call over %d calls" % ((time.perf_counter() - t0) / n * 1e6, n))
+        # Then a cache step: KVCache on the GPU fed torch tensors, append one token + attend.
+        from pyfa import dtypes as _dt
+        cache = pyfa.KVCache(Hkv, D, L, dtype=_dt.bfloat16, device=dev, sliding_window=L)
+        rows = torch.randn(L - 8, Hkv, D, dtype=torch.bfloat16, device="cuda")
+        cache.append(rows, rows)
+        kv1 = torch.randn(1, Hkv, D, dtype=torch.bfloat16, device="cuda")
+        q1 = torch.randn(H, D, dtype=torch.bfloat16, device="cuda")
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < 8:
+            for _ in range(500):
+                cache.append(kv1, kv1)
+                cache.attend(q1)
+            torch.cuda.synchronize()
+            n += 500
+        print("cache loop: %.1f us per step over %d steps" % ((time.perf_counter() - t0) / n * 1e6, n))
     if "--native" in sys.argv:
         # The library's share: one run + finish with prepared arguments.
         from pyfa import _io, _plans
@@ -83,7 +114,7 @@ if __name__ == "__main__":
         B, L, H, Hkv, D = 1, 4096, 32, 8, 128
         q = torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(B, Hkv, L, D, dtype=torch.bfloat16, device="cuda")
-        out = torch.empty(B, H, D, dtype=torch.float32, device="cuda")
+        out = torch.empty(B, H, D, dtype=torch.bfloat16, device="cuda")
         pyfa.decode_attention(q, k, k, L, device=dev, out=out)
         plan = next(iter(_plans._table().values()))
         stream = torch.cuda.current_stream().cuda_stream or 1

@@ -112,8 +112,11 @@ def report(data: dict, skips_text: str | None = None) -> str:
             lines += ["", "† the calls waited for the GPU while being queued (or torch has no "
                           "`torch.cuda._sleep`), so this GPU time includes the host's gaps."]
         if case == "cache":
-            lines += ["", "GPU µs of cache rows: the attend's GPU busy time alone (torch.profiler), "
-                          "which is the peer of the target row."]
+            attend = ", ".join(f"{i['impl']} {i['shape'].rsplit('-L', 1)[-1]}: {us(i['attend_kernel_us'])}"
+                               for i in these if i.get("attend_kernel_us") is not None)
+            lines += ["", "GPU µs of cache rows: the GPU busy time (torch.profiler) of the step's kernels, the "
+                          "append's and the attend's, which is the peer of the target row."
+                          + (f" The attend's alone: {attend} µs." if attend else "")]
         lines.append("")
 
     if skips_text is not None:

@@ -235,3 +235,45 @@ def test_cupy_in_place(rng, kind):
     if torch.cuda.is_available():
         with pytest.raises(pyfa.InvalidArgumentError, match="v: a torch array, k is a cupy array"):
             ours.append(cupy.asarray(k), _cuda(torch, k))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_torch_decode_loop_matches_host_twin(rng, kind, monkeypatch):
+    """A decode loop on torch tensors, one token per step: appends take the torch fast path and
+    attends repeat a remembered call, yet every step equals the host-fed twin's, across length
+    buckets and the ring's wrap, with q's dtype, the scale and q's contiguity changing on the way
+    (each change takes the full path once)."""
+    torch = _torch()
+    ours, twin = _pair(kind, pyfa.Device("cuda"))  # capacity 48, window 40
+    checks = {"kv": 0, "q": 0}
+    cls = type(ours).__mro__[1]  # _RingCache
+    check_kv, check_query = cls._check_kv, cls._check_query
+
+    def counted(name, check):
+        def run(self, *a):
+            checks[name] += self is ours  # the twin's host arrays take the general checks every time
+            return check(self, *a)
+        return run
+    monkeypatch.setattr(cls, "_check_kv", counted("kv", check_kv))
+    monkeypatch.setattr(cls, "_check_query", counted("q", check_query))
+    rows = rng.standard_normal((70, 2, 128)).astype(np.float16)
+    ours.append(_cuda(torch, rows[:3]), _cuda(torch, rows[:3]))
+    twin.append(rows[:3], rows[:3])
+    steps = range(3, 70)
+    for t in steps:
+        r = rows[t:t + 1]
+        ours.append(_cuda(torch, r), _cuda(torch, 2 * r))
+        twin.append(r, 2 * r)
+        q = rng.standard_normal((8, 128)).astype(np.float32 if t % 10 == 0 else np.float16)
+        scale = 0.1 if 20 <= t < 30 else None
+        tq = _cuda(torch, q)
+        if t % 13 == 0:
+            tq = torch.cat([tq, tq], 1)[:, :128]  # a non-contiguous view: the full path copies it
+        out = ours.attend(tq, scale=scale)
+        assert isinstance(out, torch.Tensor) and out.dtype == tq.dtype and out.shape == (8, 128)
+        np.testing.assert_array_equal(out.float().cpu().numpy(), twin.attend(q, scale=scale).astype(np.float32),
+                                      err_msg=f"step {t}")
+    # Only the first append checked its rows the general way; most attends repeated one before them.
+    assert checks["kv"] == 1
+    assert checks["q"] < len(steps) // 2, checks
