@@ -70,16 +70,32 @@ def _to_bhsd(x: np.ndarray, layout: str) -> np.ndarray:
 
 
 def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, window=None, softcap=0.0,
-              layout="bhsd", return_lse=False):
+              layout="bhsd", return_lse=False, rounding=None):
     """Reference of :func:`pyfa.attention`: float64 output in q's layout (and the
-    float64 natural-log LSE ``[B, H, q_len]`` when ``return_lse``)."""
+    float64 natural-log LSE ``[B, H, q_len]`` when ``return_lse``).
+
+    ``rounding`` (a float16 / bfloat16 dtype) computes instead as a framework does in that dtype
+    (flash-attn's tests' ``attention_ref`` without upcast): q * scale, the scores, each soft-cap
+    step, the masked scores, the softmax weights and the output are each rounded to it (products
+    accumulate exactly). Its error against the float64 result is what flash-attn's accuracy rule
+    compares a kernel's error with."""
     q, k, v = (_to_bhsd(_f64(x), layout) for x in (q, k, v))
     B, H, qL, D = q.shape
     Hkv, kL = k.shape[1], k.shape[2]
     k = np.repeat(k, H // Hkv, axis=1)
     v = np.repeat(v, H // Hkv, axis=1)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    s = capped(np.einsum("bhid,bhjd->bhij", q, k) * scale, softcap)
+    if rounding is not None:
+        r = np.dtype(rounding)
+
+        def rnd(x):
+            return x.astype(r).astype(np.float64)
+        s = rnd(np.einsum("bhid,bhjd->bhij", rnd(q * scale), k))
+        if softcap > 0:
+            s = rnd(rnd(np.tanh(rnd(s / softcap))) * softcap)
+    else:
+        rnd = None
+        s = capped(np.einsum("bhid,bhjd->bhij", q, k) * scale, softcap)
     visible = np.ones((B, H, qL, kL), bool)
     if mask is not None:
         m = np.asarray(mask)
@@ -90,6 +106,7 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
             m = m.astype(np.float64)
             visible &= m != -np.inf
             s = s + np.where(np.isfinite(m), m, 0.0)
+            s = s if rnd is None else rnd(s)
     pos = (kL - qL if q_offset is None else q_offset) + np.arange(qL)[:, None]
     key = np.arange(kL)[None, :]
     if causal:
@@ -97,7 +114,7 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     if window:
         visible &= pos - key < window
     w, lse = softmax_rows(s, visible)
-    out = _to_bhsd(w @ v, layout)
+    out = _to_bhsd(w @ v if rnd is None else rnd(rnd(w) @ v), layout)
     return (out, lse) if return_lse else out
 
 

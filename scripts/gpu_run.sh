@@ -15,8 +15,8 @@
 # `check --backend cuda --full` and `bench --backend cuda`, into main.txt + main_bench.png;
 # "wgmma" checks and times the Hopper prefill path (scripts/gpu_wgmma_probe.py,
 # the prefill-family tests with it selected, benchmarks/cuda_prefill_sweep.py
-# beside the mma.sync path) into wgmma.txt, wgmma_tests.txt, wgmma_probe.npz,
-# prefill_sweep.jsonl;
+# beside the mma.sync path) into wgmma.txt, wgmma_tests.txt (P rounded, the default),
+# wgmma_tests_exact_p.txt (PYFA_CUDA_PREFILL_P_TERMS=2), wgmma_probe.npz, prefill_sweep.jsonl;
 # "gates" runs the GPU perf gates, ratios against torch SDPA and
 # FlashAttention-4 timed in the same run (benchmarks/test_cuda_decode.py, test_cuda_prefill.py,
 # test_cuda_fa4.py, test_serving_loop.py with --serving-gates), into gates.txt (pytest output)
@@ -148,7 +148,7 @@ if has wgmma; then
     echo "== Hopper prefill (warpgroup MMA): layout probes, the prefill tests, public calls beside torch"
     # Probes first (an operand-layout error shows there in seconds), then the
     # prefill-family tests with the path selected, then the public-call sweep
-    # for the wgmma path (P in two terms, then one) and the mma.sync path.
+    # for the wgmma path (P rounded, the default; then P in two terms) and the mma.sync path.
     PYFA_CUDA_PREFILL_WGMMA=1 timeout 90 python3 scripts/gpu_wgmma_probe.py --out "$out/wgmma_probe.npz" \
         > "$out/wgmma.txt" 2>&1 || status=1
     cat "$out/wgmma.txt"
@@ -156,7 +156,11 @@ if has wgmma; then
         -n ${PYFA_TEST_WORKERS:-12} tests/test_prefill.py tests/test_varlen.py tests/test_paged_prefill.py \
         > "$out/wgmma_tests.txt" 2>&1 || status=1
     tail -8 "$out/wgmma_tests.txt"
-    for knobs in "PYFA_CUDA_PREFILL_WGMMA=1" "PYFA_CUDA_PREFILL_WGMMA=1 PYFA_CUDA_PREFILL_P_TERMS=1" "PYFA_CUDA_PREFILL_WGMMA=0"; do
+    PYFA_CUDA_PREFILL_P_TERMS=2 timeout ${PYFA_WGMMA_TEST_TIMEOUT:-240} python3 -m pytest -q -rs --tb=line --maxfail=30 \
+        -n ${PYFA_TEST_WORKERS:-12} tests/test_prefill.py tests/test_varlen.py tests/test_paged_prefill.py \
+        > "$out/wgmma_tests_exact_p.txt" 2>&1 || status=1
+    tail -3 "$out/wgmma_tests_exact_p.txt"
+    for knobs in "PYFA_CUDA_PREFILL_WGMMA=1" "PYFA_CUDA_PREFILL_WGMMA=1 PYFA_CUDA_PREFILL_P_TERMS=2" "PYFA_CUDA_PREFILL_WGMMA=0"; do
         env $knobs timeout ${PYFA_WGMMA_SWEEP_TIMEOUT:-120} python3 benchmarks/cuda_prefill_sweep.py --label "$knobs" \
             --json "$out/prefill_sweep.jsonl" 2>&1 | grep '^|' || status=1
     done

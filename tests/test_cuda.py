@@ -166,7 +166,9 @@ def test_torch_prefill_and_merge_in_place(rng, mask_kind):
     ref, ref_lse = reference.attention(q, k, v, mask=mask, causal=True, return_lse=True)
     got = out.float().cpu().numpy()
     assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, ref, atol=1e-2, rtol=0)  # bf16 output rounding (2^-8) on |o| <= ~2
+    # flash-attn's rule (tests/test_prefill.py): within twice the error of the same attention in bf16.
+    ref16 = reference.attention(q, k, v, mask=mask, causal=True, rounding=pyfa.bfloat16)
+    assert np.abs(got - ref).max() <= 2 * np.abs(ref16 - ref).max() + 2e-5
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-4, rtol=0)
     if mask is None:
         oa, la = pyfa.attention(to(q), to(k)[:, :, :150], to(v)[:, :, :150], return_lse=True, device=dev)

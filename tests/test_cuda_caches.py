@@ -274,6 +274,7 @@ def test_torch_decode_loop_matches_host_twin(rng, kind, monkeypatch):
         assert isinstance(out, torch.Tensor) and out.dtype == tq.dtype and out.shape == (8, 128)
         np.testing.assert_array_equal(out.float().cpu().numpy(), twin.attend(q, scale=scale).astype(np.float32),
                                       err_msg=f"step {t}")
-    # Only the first append checked its rows the general way; most attends repeated one before them.
-    assert checks["kv"] == 1
+    # At most the first append checked its rows the general way (none once an earlier call showed pyfa
+    # torch tensors); most attends repeated one before them.
+    assert checks["kv"] <= 1
     assert checks["q"] < len(steps) // 2, checks

@@ -11,6 +11,7 @@ import pytest
 import pyfa
 from pyfa import reference
 from pyfa._native import ffi, lib
+from test_varlen import _p_rounding  # noqa: F401 (autouse: the rule check_close applies on this test's device)
 from test_varlen import BF16, assert_same_run, check_close, check_lse, cu, reference_varlen
 
 
@@ -263,4 +264,5 @@ def test_cuda_device_values_clamped(rng):
     pages_1 = [table[1, 0]] + [last] * (pps - 1)
     keys = np.concatenate([kp[p] for p in pages_1])[None]
     vals = np.concatenate([vp[p] for p in pages_1])[None]
-    check_close(o[3:8], reference.attention(q[None, 3:8], keys, vals, causal=True, layout="bshd")[0], np.float16)
+    check_close(o[3:8], reference.attention(q[None, 3:8], keys, vals, causal=True, layout="bshd")[0], np.float16,
+                reference.attention(q[None, 3:8], keys, vals, causal=True, layout="bshd", rounding=np.float16)[0])

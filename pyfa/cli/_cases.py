@@ -85,7 +85,9 @@ def prefill(device, rng, dt, B, H, Hkv, qL, kL, D, layout="bhsd", mask=None, out
     ref, ref_lse = reference.attention(q, k, v, layout=layout, return_lse=True, **kw)
     row = M.SHORT[np.dtype(dt)]
     want = np.dtype(out_dtype if out_dtype is not None else dt)
-    return [M.output("prefill", row, out, ref, want, floor=1.0), M.lse("prefill lse", row, got_lse, ref_lse)]
+    in_dtype = None if np.dtype(dt) == np.float32 else reference.attention(q, k, v, layout=layout, rounding=dt, **kw)
+    return [M.output("prefill", row, out, ref, want, ref_in_dtype=in_dtype),
+            M.lse("prefill lse", row, got_lse, ref_lse)]
 
 
 # (B, H, Hkv, qL, kL, D, layout, causal), tests/test_prefill.py SHAPES: GQA ratios, both layouts,

@@ -46,12 +46,13 @@
 #include "pyfa_mma.cuh"
 
 /* Terms of P in the I/O dtype for P V (NVRTC -D option from the CUDA plan):
- * 1 rounds P to f16 / bf16 as FlashAttention does (a relative error of half
- * an ulp per weight, up to ROUND * max|v| in the output); 2 adds the rounding
- * residual as a second product (P exact to ~2^-17, f32-grade output; the
- * P V tensor-core work doubles). */
+ * 1 (default) rounds P to f16 / bf16 as FlashAttention does (a relative
+ * error of half an ulp per weight, up to ROUND * max|v| in the output: the
+ * accuracy rule of flash-attn's tests); 2 adds the rounding residual as a
+ * second product (P exact to ~2^-17, f32-grade output; the P V tensor-core
+ * work doubles). */
 #ifndef PYFA_PREFILL_P_TERMS
-#define PYFA_PREFILL_P_TERMS 2
+#define PYFA_PREFILL_P_TERMS 1
 #endif
 
 #ifdef PYFA_COMPILE_CHECK

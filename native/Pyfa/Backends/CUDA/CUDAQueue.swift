@@ -213,10 +213,10 @@ struct CUDAPlan: BackendPlan {
     static let vecMmaStagesWide = max(2, envInt("PYFA_CUDA_VEC_MMA_STAGES_WIDE", 2)) /* D = 512 */
     static let vecMmaWideSplit = envInt("PYFA_CUDA_VEC_MMA_WIDE_SPLIT", 2) == 4 ? 4 : 2 /* D = 512 */
 
-    /// attn_prefill.cu's terms of P in the I/O dtype for P V: 2 (default)
-    /// keeps P exact to ~2^-17, 1 rounds it to f16 / bf16 (FlashAttention's
-    /// accuracy, less tensor-core work).
-    static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 2), 2)
+    /// attn_prefill.cu's terms of P in the I/O dtype for P V: 1 (default)
+    /// rounds P to f16 / bf16 before P V as FlashAttention does (its accuracy
+    /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
+    static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
     /// bf16 up to D = 256: on unless PYFA_CUDA_PREFILL_WGMMA is 0 / off /
     /// false / no (which keeps the mma.sync path everywhere).
