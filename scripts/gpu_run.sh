@@ -148,7 +148,8 @@ if has wgmma; then
     echo "== Hopper prefill (warpgroup MMA): layout probes, the prefill tests, public calls beside torch"
     # Probes first (an operand-layout error shows there in seconds), then the
     # prefill-family tests with the path selected, then the public-call sweep
-    # for the wgmma path (P rounded, the default; then P in two terms) and the mma.sync path.
+    # for the plan's choice, the wgmma path forced (P rounded, the default; then P in two terms) and the
+    # mma.sync path.
     PYFA_CUDA_PREFILL_WGMMA=1 timeout 90 python3 scripts/gpu_wgmma_probe.py --out "$out/wgmma_probe.npz" \
         > "$out/wgmma.txt" 2>&1 || status=1
     cat "$out/wgmma.txt"
@@ -160,7 +161,8 @@ if has wgmma; then
         -n ${PYFA_TEST_WORKERS:-12} tests/test_prefill.py tests/test_varlen.py tests/test_paged_prefill.py \
         > "$out/wgmma_tests_exact_p.txt" 2>&1 || status=1
     tail -3 "$out/wgmma_tests_exact_p.txt"
-    for knobs in "PYFA_CUDA_PREFILL_WGMMA=1" "PYFA_CUDA_PREFILL_WGMMA=1 PYFA_CUDA_PREFILL_P_TERMS=2" "PYFA_CUDA_PREFILL_WGMMA=0"; do
+    for knobs in "PYFA_SWEEP=plan-default" "PYFA_CUDA_PREFILL_WGMMA=1" "PYFA_CUDA_PREFILL_WGMMA=1 PYFA_CUDA_PREFILL_P_TERMS=2" \
+        "PYFA_CUDA_PREFILL_WGMMA=0"; do
         env $knobs timeout ${PYFA_WGMMA_SWEEP_TIMEOUT:-120} python3 benchmarks/cuda_prefill_sweep.py --label "$knobs" \
             --json "$out/prefill_sweep.jsonl" 2>&1 | grep '^|' || status=1
     done

@@ -46,14 +46,16 @@ final class PrefillLayoutTests: XCTestCase {
     }
 
     /// The CUDA rule for the warpgroup-MMA prefill (cuda_layout.h): sm_90a,
-    /// 16-bit inputs, head dims up to 256, unless the knob is 0; its tiles fit
+    /// 16-bit inputs, head dims 80 to 256 (every one up to 256 when forced),
+    /// unless the knob is 0; its tiles fit
     /// the H100/H200 shared memory (227 KiB a block), split into whole
     /// k-steps, and give every thread the same number of 16-byte copies.
     func testCudaWgmmaPrefillRuleAndGeometry() {
         let dims = (pyfa_supported("head_dims").map { String(cString: $0) } ?? "").split(separator: ",").compactMap { Int32($0) }
         XCTAssertTrue(dims.contains(512) && dims.contains(64))
         for d in dims {
-            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d) forced")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, -1, 2, d), d <= 256 && d >= 80 ? 1 : 0, "D \(d) by the rule")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(0, 1, 2, d), 0, "not sm_90a")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 0, 2, d), 0, "knob off")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 4, d), 0, "f32 stays on the SIMT path")

@@ -186,7 +186,7 @@ struct CUDAPlan: BackendPlan {
     let residentBlocks: (String, FunctionConstants, Int) -> UInt32
     /// Kernels compile for sm_90a (Hopper): warpgroup MMA is available.
     var sm90a = false
-    /// The knob of the warpgroup-MMA prefill (prefillWgmmaKnob), 0 = off.
+    /// The knob of the warpgroup-MMA prefill (prefillWgmmaKnob): 0 off, 1 forced, -1 the rule.
     var prefillWgmma = CUDAPlan.prefillWgmmaKnob
 
     static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
@@ -218,11 +218,12 @@ struct CUDAPlan: BackendPlan {
     /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
-    /// bf16 up to D = 256: on unless PYFA_CUDA_PREFILL_WGMMA is 0 / off /
-    /// false / no (which keeps the mma.sync path everywhere).
+    /// bf16 up to D = 256 (cuda_layout.h): unset, where it measured faster (-1);
+    /// PYFA_CUDA_PREFILL_WGMMA = 0 / off / false / no keeps the mma.sync path
+    /// everywhere (0), any other value forces it at every head dim it serves (1).
     static let prefillWgmmaKnob = getenv("PYFA_CUDA_PREFILL_WGMMA").map {
         ["0", "off", "false", "no"].contains(String(cString: $0).lowercased()) ? 0 : 1
-    } ?? 1
+    } ?? -1
     /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
     /// and step (even), cp.async ring depth, blocks per SM (register cap).
     static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
