@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 CASES = {"call": "Call overhead (one decode call, torch CUDA tensors)",
          "step": "32-layer decode step (32 calls + one synchronize)",
@@ -61,7 +62,9 @@ def skipped(text: str):
     return tests, summary
 
 
-def report(data: dict, skips_text: str | None = None) -> str:
+def report(data: dict, skips_text: str | None = None, code_commit: str | None = None) -> str:
+    """The markdown report; ``code_commit`` (a bundle's COMMIT) names the code that ran, which
+    pytest-benchmark's own commit_info (the git checkout around the run) may not be."""
     entries = rows(data.get("benchmarks", []))
     infos = [b["extra_info"] for b in entries]
     gpu = next((i["gpu"] for i in infos if i.get("gpu")), None)
@@ -74,7 +77,9 @@ def report(data: dict, skips_text: str | None = None) -> str:
              f"Python {machine.get('python_version', '?')}"]
     if torch_version:
         where.append(f"torch {torch_version}")
-    if commit.get("id"):
+    if code_commit:
+        where.append(f"commit {code_commit[:10]}")
+    elif commit.get("id"):
         where.append(f"commit {commit['id'][:10]}{' (dirty)' if commit.get('dirty') else ''}")
     if data.get("datetime"):
         where.append(data["datetime"][:19].replace("T", " ") + " UTC")
@@ -112,7 +117,7 @@ def report(data: dict, skips_text: str | None = None) -> str:
             lines += ["", "† the calls waited for the GPU while being queued (or torch has no "
                           "`torch.cuda._sleep`), so this GPU time includes the host's gaps."]
         if case == "cache":
-            attend = ", ".join(f"{i['impl']} {i['shape'].rsplit('-L', 1)[-1]}: {us(i['attend_kernel_us'])}"
+            attend = ", ".join(f"{i['impl']} {i['shape'].split('-')[-2]}: {us(i['attend_kernel_us'])}"
                                for i in these if i.get("attend_kernel_us") is not None)
             lines += ["", "GPU µs of cache rows: the GPU busy time (torch.profiler) of the step's kernels, the "
                           "append's and the attend's, which is the peer of the target row."
@@ -139,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("json", help="pytest-benchmark JSON (--benchmark-json) of benchmarks/test_serving_loop.py")
     ap.add_argument("--skips", help="pytest output of the same run (-v / -rs), to list what was skipped and why")
     ap.add_argument("-o", "--out", help="write the markdown here (default: stdout)")
+    ap.add_argument("--commit", help="the commit of the code that ran (default: a bundle's COMMIT file, if any)")
     args = ap.parse_args(argv)
     with open(args.json) as f:
         data = json.load(f)
@@ -146,7 +152,9 @@ def main(argv=None) -> int:
     if args.skips:
         with open(args.skips, errors="replace") as f:
             skips = f.read()
-    text = report(data, skips)
+    commit_file = Path(__file__).resolve().parent.parent / "COMMIT"
+    code_commit = args.commit or (commit_file.read_text().strip() if commit_file.is_file() else None)
+    text = report(data, skips, code_commit)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
