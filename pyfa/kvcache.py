@@ -322,10 +322,9 @@ class _RingCache:
     # call on a numpy q on a host-visible device has gone through every check, its plan and run
     # arguments (the cache memory bound) are kept for this thread under what the checks looked at (q's
     # shape and dtype, the scale as given, the length bucket that picked the plan); a later call that
-    # matches sets q's and the result's addresses and the cache's current length and runs.
-
-    # The same for a torch CUDA q on a GPU device (entries of their own): the call sets q's and a new
-    # result tensor's addresses and runs on torch's current stream.
+    # matches sets q's and the result's addresses and the cache's current length and runs. The same
+    # for a torch CUDA q on a GPU device (entries of their own), whose result is a new torch tensor
+    # and whose run is queued on torch's current stream.
 
     def _remember_attend(self, key, plan, runner, args, kind, gpu=False):
         name = "gpu_entries" if gpu else "entries"
@@ -341,10 +340,11 @@ class _RingCache:
         entries[key] = (plan, runner, kept, lengths, None if gpu else _plans.address_slots(kept, "q", "out"))
 
     def _attend_repeat(self, q, scale):
-        """The result of an attend matching a remembered one (numpy ``q``, every default), or None
-        (take the full path)."""
-        entries = getattr(self._repeats, "entries", None)
-        if entries is None or not q.flags.c_contiguous:
+        """The result of an attend matching a remembered one (every default: a numpy ``q`` on a
+        host-visible device, a torch CUDA ``q`` on a GPU device), or None (take the full path)."""
+        gpu = not self._host_visible
+        entries = getattr(self._repeats, "gpu_entries" if gpu else "entries", None)
+        if entries is None or not (q.get_device() == 0 and q.is_contiguous() if gpu else q.flags.c_contiguous):
             return None
         with self._lock:
             kv_len, ring_start = self._ring()
@@ -355,29 +355,15 @@ class _RingCache:
                 return None
             plan, runner, args, lengths, slots = entry
             lengths[0], lengths[1] = kv_len, ring_start
-            out = np.empty(q.shape, q.dtype)
-            slots[0][0] = ffi.from_buffer(q)
-            slots[1][0] = ffi.from_buffer(out)
-            _plans.run(self.device, runner, plan, _plans.encoder(self.device), args)
-        return out
-
-    def _attend_repeat_gpu(self, q, scale):
-        """The result of an attend matching a remembered torch CUDA one (every default), or None."""
-        entries = getattr(self._repeats, "gpu_entries", None)
-        if entries is None or q.get_device() != 0 or not q.is_contiguous():
-            return None
-        with self._lock:
-            kv_len, ring_start = self._ring()
-            if kv_len == 0:
-                return None
-            entry = entries.get((q.shape, q.dtype, scale, 1 << (kv_len - 1).bit_length()))
-            if entry is None:
-                return None
-            plan, runner, args, lengths, _slots = entry
-            lengths[0], lengths[1] = kv_len, ring_start
-            out = q.new_empty(q.shape)
-            args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
-            stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+            if gpu:
+                out = q.new_empty(q.shape)
+                args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
+                stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+            else:
+                out = np.empty(q.shape, q.dtype)
+                slots[0][0] = ffi.from_buffer(q)
+                slots[1][0] = ffi.from_buffer(out)
+                stream = 0
             _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
         return out
 
@@ -472,7 +458,7 @@ class KVCache(_RingCache):
         for an empty cache), as ``(out, lse)``."""
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse)
         if repeat_key is not None:
-            out = self._attend_repeat(q, scale) if self._host_visible else self._attend_repeat_gpu(q, scale)
+            out = self._attend_repeat(q, scale)
             if out is not None:
                 return out
         q_arg = q

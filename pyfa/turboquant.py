@@ -342,7 +342,7 @@ class TurboQuantKVCache(_RingCache):
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse) \
             if fused is True and nwg is None else None
         if repeat_key is not None:
-            out = self._attend_repeat(q, scale) if self._host_visible else self._attend_repeat_gpu(q, scale)
+            out = self._attend_repeat(q, scale)
             if out is not None:
                 return out
         q_arg = q

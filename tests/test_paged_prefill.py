@@ -11,7 +11,7 @@ import pytest
 import pyfa
 from pyfa import reference
 from pyfa._native import ffi, lib
-from test_varlen import _p_rounding  # noqa: F401 (autouse: the rule check_close applies on this test's device)
+from test_prefill import _p_rounding  # noqa: F401 (autouse: the rule check_close applies on this test's device)
 from test_varlen import BF16, assert_same_run, check_close, check_lse, cu, reference_varlen
 
 

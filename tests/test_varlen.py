@@ -16,26 +16,15 @@ import pyfa
 from pyfa import reference
 from pyfa._native import ffi, lib
 
+import test_prefill
+from test_prefill import _p_rounding  # noqa: F401 (autouse: test_prefill.P_EXACT for this test's device)
+
 BF16 = pyfa.bfloat16
 ROUND = {np.dtype(np.float32): 0.0, np.dtype(np.float16): 2.0**-11, BF16: 2.0**-8}
 # The MSL executor's perturbation mode adds random ulps per dispatch: two
 # dispatches that are bit-identical on a device differ there in the last bit.
 PERTURBED = os.environ.get("PYFA_MSL_PERTURB_ULPS", "0") not in ("", "0")
 LAST_BIT = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2.0**-10, BF16: 2.0**-7}
-
-
-P_EXACT = False  # test_prefill.P_EXACT, for this module's tests (set by _p_rounding)
-
-
-@pytest.fixture(autouse=True)
-def _p_rounding(request):
-    """P_EXACT for this test's device (test_prefill.p_exact); flash-attn's rule only without one."""
-    global P_EXACT
-    from test_prefill import p_exact
-
-    P_EXACT = "device" in request.fixturenames and p_exact(request.getfixturevalue("device"))
-    yield
-    P_EXACT = False
 
 
 def cu(lengths):
@@ -89,7 +78,7 @@ def check_close(out, ref, dtype, ref_dtype=None):
     assert not np.isnan(o).any()
     bound = 2e-5 if ref_dtype is None else 2 * np.abs(np.asarray(ref_dtype) - ref).max(initial=0.0) + 2e-5
     assert np.abs(o - ref).max() <= bound, (np.abs(o - ref).max(), bound)
-    if ref_dtype is not None and P_EXACT:
+    if ref_dtype is not None and test_prefill.P_EXACT:
         exact = ROUND[dtype] * max(np.abs(ref).max(), 1.0) + 2e-5
         assert np.abs(o - ref).max() <= exact, ("exact P", np.abs(o - ref).max(), exact)
 
