@@ -49,6 +49,12 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
         bfloat16 inputs skips the rounding to 16 bits).
 
+    Accuracy: float32 accumulation and softmax statistics. With float16 / bfloat16 inputs the CUDA
+    kernels round the softmax weights to the input dtype before ``P @ V``, as FlashAttention does
+    (``PYFA_CUDA_PREFILL_P_TERMS=2`` keeps them exact); the CPU and Metal kernels keep them exact.
+    Either way the output is within flash-attn's accuracy rule: twice the error of the same
+    attention computed in the input dtype (``pyfa.reference.attention(..., rounding=dtype)``).
+
     Returns
     -------
     array of q's shape and ``out_dtype`` (rows with no visible key are zeros), or ``(out, lse)``:
