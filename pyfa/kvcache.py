@@ -199,7 +199,8 @@ class _RingCache:
         shape = k.shape
         if (dt not in _SOURCE_TYPES or v.dtype != k.dtype or len(shape) != 3 or shape[0] < 1
                 or shape[1] != self.num_kv_heads or shape[2] != self.head_dim or v.shape != shape
-                or k.get_device() != 0 or v.get_device() != 0 or not k.is_contiguous() or not v.is_contiguous()):
+                or not (k.is_cuda and v.is_cuda) or k.get_device() != 0 or v.get_device() != 0
+                or not k.is_contiguous() or not v.is_contiguous()):
             return False
         n = shape[0]
         with self._lock:
@@ -241,6 +242,8 @@ class _RingCache:
         if isinstance(q, GpuArray):
             _io.gpu_input(self.device, q, "q")
             like = q
+            if q.kind == "torch":
+                _note_torch(q.obj)  # later torch attends may then repeat this one
         elif q.dtype == np.float64:
             q = q.astype(np.float32)
         H, D = q.shape
@@ -332,7 +335,7 @@ class _RingCache:
         if entries is None:
             entries = {}
             setattr(self._repeats, name, entries)
-        elif len(entries) >= 8:
+        elif len(entries) >= 8 and key not in entries:
             entries.pop(next(iter(entries)))
         kept = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *", args[0])
         lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call
@@ -344,7 +347,8 @@ class _RingCache:
         host-visible device, a torch CUDA ``q`` on a GPU device), or None (take the full path)."""
         gpu = not self._host_visible
         entries = getattr(self._repeats, "gpu_entries" if gpu else "entries", None)
-        if entries is None or not (q.get_device() == 0 and q.is_contiguous() if gpu else q.flags.c_contiguous):
+        if entries is None or not (q.is_cuda and q.get_device() == 0 and q.is_contiguous() if gpu
+                                   else q.flags.c_contiguous):
             return None
         with self._lock:
             kv_len, ring_start = self._ring()

@@ -78,7 +78,8 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     (flash-attn's tests' ``attention_ref`` without upcast): q * scale, the scores, each soft-cap
     step, the masked scores, the softmax weights and the output are each rounded to it (products
     accumulate exactly). Its error against the float64 result is what flash-attn's accuracy rule
-    compares a kernel's error with."""
+    compares a kernel's error with. Values past the dtype's range (65504 for float16) become
+    infinite there, as they would in a framework's computation."""
     q, k, v = (_to_bhsd(_f64(x), layout) for x in (q, k, v))
     B, H, qL, D = q.shape
     Hkv, kL = k.shape[1], k.shape[2]

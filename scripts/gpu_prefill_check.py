@@ -37,7 +37,9 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 ROUND = {F32: 0.0, F16: 2.0**-11, np.dtype(BF16): 2.0**-8}
 NAMES = {F32: "f32", F16: "f16", np.dtype(BF16): "bf16"}
 HEAD_DIMS = [64, 80, 96, 128, 192, 256, 512]
-P_TERMS = min(int(os.environ.get("PYFA_CUDA_PREFILL_P_TERMS", "1") or 1), 2)
+# As the CUDA plan reads the knob: values >= 2 keep P exact, anything else rounds it (1).
+_P_KNOB = os.environ.get("PYFA_CUDA_PREFILL_P_TERMS", "")
+P_TERMS = 2 if _P_KNOB.isdigit() and int(_P_KNOB) >= 2 else 1
 
 RESULTS = []
 

@@ -16,7 +16,7 @@
 # "wgmma" checks and times the Hopper prefill path (scripts/gpu_wgmma_probe.py,
 # the prefill-family tests with it selected, benchmarks/cuda_prefill_sweep.py
 # beside the mma.sync path) into wgmma.txt, wgmma_tests.txt (P rounded, the default),
-# wgmma_tests_exact_p.txt (PYFA_CUDA_PREFILL_P_TERMS=2), wgmma_probe.npz, prefill_sweep.jsonl;
+# wgmma_tests_exact_p.txt (forced, PYFA_CUDA_PREFILL_P_TERMS=2), wgmma_probe.npz, prefill_sweep.jsonl;
 # "gates" runs the GPU perf gates, ratios against torch SDPA and
 # FlashAttention-4 timed in the same run (benchmarks/test_cuda_decode.py, test_cuda_prefill.py,
 # test_cuda_fa4.py, test_serving_loop.py with --serving-gates), into gates.txt (pytest output)
@@ -157,7 +157,7 @@ if has wgmma; then
         -n ${PYFA_TEST_WORKERS:-12} tests/test_prefill.py tests/test_varlen.py tests/test_paged_prefill.py \
         > "$out/wgmma_tests.txt" 2>&1 || status=1
     tail -8 "$out/wgmma_tests.txt"
-    PYFA_CUDA_PREFILL_P_TERMS=2 timeout ${PYFA_WGMMA_TEST_TIMEOUT:-240} python3 -m pytest -q -rs --tb=line --maxfail=30 \
+    PYFA_CUDA_PREFILL_WGMMA=1 PYFA_CUDA_PREFILL_P_TERMS=2 timeout ${PYFA_WGMMA_TEST_TIMEOUT:-240} python3 -m pytest -q -rs --tb=line --maxfail=30 \
         -n ${PYFA_TEST_WORKERS:-12} tests/test_prefill.py tests/test_varlen.py tests/test_paged_prefill.py \
         > "$out/wgmma_tests_exact_p.txt" 2>&1 || status=1
     tail -3 "$out/wgmma_tests_exact_p.txt"

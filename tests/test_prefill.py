@@ -51,7 +51,8 @@ P_EXACT = False
 def p_exact(device) -> bool:
     """Whether ``device``'s f16 / bf16 prefill keeps the softmax weights exact: the CPU and Metal
     kernels, and CUDA with PYFA_CUDA_PREFILL_P_TERMS=2; CUDA's default rounds P to the I/O dtype."""
-    return device.backend != "cuda" or int(os.environ.get("PYFA_CUDA_PREFILL_P_TERMS") or 1) >= 2
+    knob = os.environ.get("PYFA_CUDA_PREFILL_P_TERMS", "")  # read as the CUDA plan reads it: digits, else 1
+    return device.backend != "cuda" or (knob.isdigit() and int(knob) >= 2)
 
 
 @pytest.fixture(autouse=True)

@@ -218,12 +218,15 @@ struct CUDAPlan: BackendPlan {
     /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
-    /// bf16 up to D = 256 (cuda_layout.h): unset, where it measured faster (-1);
+    /// bf16 up to D = 256 (cuda_layout.h): unset or empty, where it measured faster (-1);
     /// PYFA_CUDA_PREFILL_WGMMA = 0 / off / false / no keeps the mma.sync path
     /// everywhere (0), any other value forces it at every head dim it serves (1).
-    static let prefillWgmmaKnob = getenv("PYFA_CUDA_PREFILL_WGMMA").map {
-        ["0", "off", "false", "no"].contains(String(cString: $0).lowercased()) ? 0 : 1
-    } ?? -1
+    static let prefillWgmmaKnob: Int = {
+        guard let raw = getenv("PYFA_CUDA_PREFILL_WGMMA") else { return -1 }
+        let value = String(cString: raw).lowercased()
+        if value.isEmpty { return -1 }  // set but empty: as if unset
+        return ["0", "off", "false", "no"].contains(value) ? 0 : 1
+    }()
     /// turboquant.cu's decode knobs: query heads per pass, row loads per lane
     /// and step (even), cp.async ring depth, blocks per SM (register cap).
     static let tqVecHeads = envInt("PYFA_CUDA_TQ_VEC_HEADS", 2)
