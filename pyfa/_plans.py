@@ -19,11 +19,22 @@ from ._native import ffi, lib
 from .errors import check
 
 _MAX_PLANS = 64
-_local = threading.local()
+
+
+class _ThreadState(threading.local):
+    """This thread's plans, encoders and the encoder a multi-dispatch call is recording on. The class
+    defaults make a lookup of a field not set yet a plain miss, not a caught AttributeError (whose
+    message would be formatted on every call)."""
+    plans = None
+    encoders = None
+    recording = None
+
+
+_local = _ThreadState()
 
 
 def _table() -> OrderedDict:
-    t = getattr(_local, "plans", None)
+    t = _local.plans
     if t is None:
         t = _local.plans = OrderedDict()
     return t
@@ -58,14 +69,14 @@ def length_bucket(n: int) -> int:
 def encoder(device, stream: int = 0):
     """This thread's encoder for `device`, bound to `stream` (0: its own), empty: what a
     multi-dispatch call (pyfa/_io.py) recorded before it failed is dropped first."""
-    encoders = getattr(_local, "encoders", None)
+    encoders = _local.encoders
     if encoders is None:
         encoders = _local.encoders = {}
     entry = encoders.get(device)
     if entry is None:
         entry = encoders[device] = [device.encoder(), 0]
     enc = entry[0]
-    if getattr(_local, "recording", None) is enc:
+    if _local.recording is enc:
         check(lib.pyfa_encoder_reset(enc))
         _local.recording = None
     if entry[1] != stream:
@@ -81,13 +92,13 @@ def begin_recording(enc) -> None:
 
 
 def end_recording(enc) -> None:
-    if getattr(_local, "recording", None) is enc:
+    if _local.recording is enc:
         _local.recording = None
 
 
 def discard_encoder(device) -> None:
     """Drops this thread's encoder for `device` (after a failed run left dispatches recorded)."""
-    encoders = getattr(_local, "encoders", None)
+    encoders = _local.encoders
     if encoders is not None:
         encoders.pop(device, None)
 

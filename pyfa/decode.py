@@ -249,7 +249,10 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     # Host arrays: the four address fields seen as pointers, so a call stores
     # ffi.from_buffer(...) into them without converting it to an int.
     slots = None if gpu is not None else _plans.address_slots(reused, "q", "k_cache", "v_cache", "out")
-    _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots)
+    # Host arrays: the k and v objects the slots point at, kept so their memory stays put (a decode
+    # loop passes the same caches every step: their addresses are then not taken again).
+    seen = [None, None]
+    _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots, seen)
 
 
 def _repeat_call(q, k, v, kv_len, device, scale):
@@ -271,7 +274,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     entry = table.get(key)
     if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
-    plan, args, host, B, capacity, shape, gpu, _zeros, _slots = entry
+    plan, args, host, B, capacity, shape, gpu, _zeros, _slots, _seen = entry
     if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
         return None
     out = q.new_empty(shape)
@@ -290,7 +293,7 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
     entry = table.get((device, scale, bucket, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype))
     if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
         return None
-    plan, args, host, B, capacity, shape, _gpu, _zeros, slots = entry
+    plan, args, host, B, capacity, shape, _gpu, _zeros, slots, seen = entry
     if kv_len > capacity:
         return None
     for i in range(B):
@@ -298,8 +301,12 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
     out = np.empty(shape, q.dtype)
     from_buffer = ffi.from_buffer
     slots[0][0] = from_buffer(q)
-    slots[1][0] = from_buffer(k)
-    slots[2][0] = from_buffer(v)
+    if k is not seen[0]:
+        slots[1][0] = from_buffer(k)
+        seen[0] = k
+    if v is not seen[1]:
+        slots[2][0] = from_buffer(v)
+        seen[1] = v
     slots[3][0] = from_buffer(out)
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device), args)
     return out

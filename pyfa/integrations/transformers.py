@@ -443,7 +443,13 @@ class _Call:
         return self.finish(out, l, query.dtype)
 
 
-_PENDING = threading.local()  # .layer, .key, .value: a PyfaCache layer's update awaiting its attention call
+class _Pending(threading.local):
+    """A PyfaCache layer's update awaiting its attention call on this thread (class defaults: a
+    lookup before any update is a plain None, not a caught AttributeError per attention call)."""
+    layer = key = value = None
+
+
+_PENDING = _Pending()
 
 
 def pending_cache_layer(layer, key, value) -> None:
@@ -454,11 +460,11 @@ def pending_cache_layer(layer, key, value) -> None:
 
 def pending_layer():
     """The cache layer whose update still awaits its attention call on this thread, or None."""
-    return getattr(_PENDING, "layer", None)
+    return _PENDING.layer
 
 
 def _take_pending(key, value):
-    layer = getattr(_PENDING, "layer", None)
+    layer = _PENDING.layer
     if layer is None or _PENDING.key is not key or _PENDING.value is not value:
         return None
     _PENDING.layer = _PENDING.key = _PENDING.value = None

@@ -17,20 +17,27 @@ public struct FunctionConstants: Hashable, CustomStringConvertible, Sendable {
     /// Builds the constants of a family with `count` indices from
     /// (index, value) pairs, e.g. `[PYFA_VEC_FC_HEAD_DIM: 128, ...]`.
     public init(count: Int32, _ pairs: KeyValuePairs<Int32, Int32>) throws {
-        var values = [Int32](repeating: 0, count: Int(max(0, count)))
-        var set = [Bool](repeating: false, count: values.count)
+        // Families have at most 64 constants: which are set is a bit mask, not a
+        // second array (ops build constants on every dispatch).
+        guard count >= 0 && count <= 64 else {
+            throw PyfaError.internal("function constant count \(count) is outside 0...64")
+        }
+        var values = [Int32](repeating: 0, count: Int(count))
+        var set: UInt64 = 0
         for (index, value) in pairs {
-            guard index >= 0 && Int(index) < values.count else {
+            guard index >= 0 && index < count else {
                 throw PyfaError.internal("function constant index \(index) is outside 0..<\(count)")
             }
-            guard !set[Int(index)] else {
+            let bit: UInt64 = 1 << UInt64(index)
+            guard set & bit == 0 else {
                 throw PyfaError.internal("function constant \(index) set twice")
             }
             values[Int(index)] = value
-            set[Int(index)] = true
+            set |= bit
         }
-        if let missing = set.firstIndex(of: false) {
-            throw PyfaError.internal("function constant \(missing) of \(count) not set")
+        let all: UInt64 = count == 64 ? ~0 : (1 << UInt64(count)) - 1
+        if set != all {
+            throw PyfaError.internal("function constant \((~set & all).trailingZeroBitCount) of \(count) not set")
         }
         self.init(values: values)
     }

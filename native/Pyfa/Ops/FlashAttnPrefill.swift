@@ -137,7 +137,7 @@ public enum FlashAttnPrefill {
         try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k", k), ("v", v), ("mask", mask), ("blk", blk)]
         try Check.noOverlap(out, "out", inputs: inputs)
-        try Check.noOverlap(lse, "lse", inputs: inputs + [("out", out)])
+        try Check.noOverlap(lse, "lse", inputs: inputs, ("out", out))
 
         let constants = try prefillConstants(dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k,
                                              maskKind: mask == nil ? nil : kind, causal: p.causal != 0,

@@ -135,7 +135,7 @@ public enum FlashAttnPrefillPacked {
         let inputs: [(String, Buffer?)] = [("q", q), (kName, k), (vName, v), ("cu_seqlens_q", cuQ),
                                            (seqKName, seqK), ("block_table", table)]
         try Check.noOverlap(out, "out", inputs: inputs)
-        try Check.noOverlap(lse, "lse", inputs: inputs + [("out", out)])
+        try Check.noOverlap(lse, "lse", inputs: inputs, ("out", out))
 
         let constants = try FlashAttnPrefill.prefillConstants(
             dtype: q.dtype, headDim: p.head_dim, blockQ: p.block_q, blockK: p.block_k, maskKind: nil,

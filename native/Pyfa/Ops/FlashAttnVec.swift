@@ -135,9 +135,9 @@ public enum FlashAttnVec {
                              encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), (kName, k), (vName, v), ("kv_len", kvLen.buffer),
                                            ("ring_start", ringValues.buffer), ("block_table", table?.buffer)]
-        try Check.noOverlap(out, "out", inputs: inputs + [("tmp", tmpBuffer)])
+        try Check.noOverlap(out, "out", inputs: inputs, ("tmp", tmpBuffer))
         try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
-        try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", tmpBuffer), ("out", out)])
+        try Check.noOverlap(lse, "lse", inputs: inputs, ("tmp", tmpBuffer), ("out", out))
 
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,

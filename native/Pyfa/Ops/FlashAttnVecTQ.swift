@@ -95,9 +95,9 @@ public enum FlashAttnVecTQ {
         let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),
                                            ("v_scales", vs), ("kv_len", kvLen.buffer), ("ring_start", ringValues.buffer),
                                            ("block_table", table?.buffer)]
-        try Check.noOverlap(out, "out", inputs: inputs + [("tmp", t)])
+        try Check.noOverlap(out, "out", inputs: inputs, ("tmp", t))
         try Check.noOverlap(t, "tmp", inputs: inputs)
-        try Check.noOverlap(lse, "lse", inputs: inputs + [("tmp", t), ("out", out)])
+        try Check.noOverlap(lse, "lse", inputs: inputs, ("tmp", t), ("out", out))
         let seedLo = p.seed_lo, seedHi = p.seed_hi
         let nrows = a.batch * a.num_heads  // fits 32 bits: validate
 

@@ -48,18 +48,24 @@ enum Check {
     }
 
     /// An output whose memory overlaps an input's would be written while the
-    /// kernel still reads that input: refused, naming both.
-    static func noOverlap(_ out: Buffer?, _ name: String, inputs: [(String, Buffer?)]) throws {
+    /// kernel still reads that input: refused, naming both. `more` and `last`:
+    /// further named inputs beside `inputs`, so a caller checking one output
+    /// against a few more buffers builds no second array on every call.
+    static func noOverlap(_ out: Buffer?, _ name: String, inputs: [(String, Buffer?)],
+                          _ more: (String, Buffer?)? = nil, _ last: (String, Buffer?)? = nil) throws {
         guard let out else { return }
-        for (inputName, input) in inputs {
-            guard let input else { continue }
+        func check(_ inputName: String, _ input: Buffer?) throws {
+            guard let input else { return }
             try require(!out.addressRange.overlaps(input.addressRange),
                         "\(name): overlaps \(inputName) in memory (an output must not alias an input the kernel reads)")
         }
+        for (inputName, input) in inputs { try check(inputName, input) }
+        if let (inputName, input) = more { try check(inputName, input) }
+        if let (inputName, input) = last { try check(inputName, input) }
     }
 
     static func sameDevice(_ buffers: [Buffer?], _ device: Device) throws {
-        for b in buffers.compactMap({ $0 }) {
+        for case let b? in buffers {
             try require(b.device === device, "buffers: every buffer must belong to the encoder's device")
         }
     }
