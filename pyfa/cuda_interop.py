@@ -100,6 +100,12 @@ def _torch_stream(device_id: int) -> int:
     return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
 
 
+def torch_stream_handle(device_id: int) -> int:
+    """torch's current stream on a GPU as an encoder takes it: the legacy default stream, which
+    torch reports as 0, is CU_STREAM_LEGACY (0 would mean the encoder's own stream)."""
+    return _torch_stream(device_id) or _CU_STREAM_LEGACY
+
+
 def _torch_dtypes():
     import torch
 

@@ -280,7 +280,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     out = q.new_empty(shape)
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
-    _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop._torch_stream(gpu) or 1), args)
+    _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)
     return out
 
 

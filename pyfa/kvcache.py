@@ -50,7 +50,6 @@ from .errors import check, invalid
 
 _ACCEPTED = dtypes.FLOAT_TYPES + (np.dtype(np.float64),)
 _SOURCE_TYPES = frozenset(dtypes.FLOAT_TYPES)  # row dtypes the append kernels read
-_CU_STREAM_LEGACY = 1  # torch's legacy default stream (reported as 0) as pyfa's encoders take it
 _torch_tensor = None  # torch.Tensor once torch is imported (the torch fast paths compare types with it)
 
 
@@ -210,7 +209,7 @@ class _RingCache:
             args.k.address, args.k.nbytes = k.data_ptr() + skip * row, count * row
             args.v.address, args.v.nbytes = v.data_ptr() + skip * row, count * row
             args.num_tokens, args.write_pos = count, slot
-            stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+            stream = cuda_interop.torch_stream_handle(0)
             _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
             self._total += n
         return True
@@ -362,7 +361,7 @@ class _RingCache:
             if gpu:
                 out = q.new_empty(q.shape)
                 args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
-                stream = cuda_interop._torch_stream(0) or _CU_STREAM_LEGACY
+                stream = cuda_interop.torch_stream_handle(0)
             else:
                 out = np.empty(q.shape, q.dtype)
                 slots[0][0] = ffi.from_buffer(q)

@@ -393,6 +393,6 @@ def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scal
     args.q.address, args.k_pages.address, args.v_pages.address = q.data_ptr(), k.data_ptr(), v.data_ptr()
     args.out.address = out.data_ptr()
     args.block_table.device.address = block_table.data_ptr()
-    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device, cuda_interop._torch_stream(gpu) or 1),
+    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)),
                args)
     return out
