@@ -88,7 +88,7 @@ if has variant-tests; then
     for knobs in "PYFA_CUDA_VEC_MMA=0 PYFA_CUDA_TQ_VEC_MMA=0" "PYFA_CUDA_VEC_MMA=1"; do
         echo "-- $knobs" >> "$out/pytest.txt"
         env $knobs timeout 200 python3 -m pytest -q -n ${PYFA_TEST_WORKERS:-12} -k cuda tests/test_decode.py \
-            tests/test_kvcache.py tests/test_turboquant.py 2>&1 | tail -3 | tee -a "$out/pytest.txt" || status=1
+            tests/test_decode_outputs.py tests/test_paged_decode.py tests/test_kvcache.py tests/test_turboquant.py 2>&1 | tail -3 | tee -a "$out/pytest.txt" || status=1
     done
 fi
 if has serving; then

@@ -70,6 +70,19 @@ def test_wide_groups(device, rng, D, dtype, group):
     check(out, reference.decode_attention(q, k, v, 300, window=123, ring_start=[5, 299], softcap=4.0))
 
 
+@pytest.mark.parametrize("D", pyfa.supported("head_dims"))
+@pytest.mark.parametrize("dtype", [np.float16, pyfa.bfloat16])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_queries_in_cache_dtype(device, rng, D, dtype, group):
+    # q in the cache's dtype: the CUDA tensor-core decode takes it as one exact
+    # term and scales the scores after the product (other q dtypes are split).
+    q, k, v = make(rng, 2, 2 * group, 2, D, 300, dtype, dtype)
+    check(pyfa.decode_attention(q, k, v, [300, 77], out_dtype=np.float32, device=device),
+          reference.decode_attention(q, k, v, [300, 77]))
+    out = pyfa.decode_attention(q, k, v, 300, window=123, ring_start=[5, 299], softcap=4.0, device=device)
+    check(out, reference.decode_attention(q, k, v, 300, window=123, ring_start=[5, 299], softcap=4.0), dtype=dtype)
+
+
 @pytest.mark.parametrize("window", [1, 7, 64, 500])
 @pytest.mark.parametrize("ring_start", [0, 1, 77, 199])
 def test_window_and_ring(device, rng, window, ring_start):

@@ -15,9 +15,12 @@
  *      (same values, same order: identical m and s in every warp), then adds
  *      Pᵀ into its own slice of the output Oᵀ[dim][head] += Vᵀ · Pᵀ, V by
  *      ldmatrix.trans.
- * q (scaled by scale * log2 e) and P are each split into hi + lo 16-bit
- * halves, two products each, so scores and weights keep about f32 accuracy
- * (2^-22 relative for f16, 2^-16 for bf16) while K and V are used exactly.
+ * P is split into hi + lo 16-bit halves, two products, so weights keep about
+ * f32 accuracy (2^-22 relative for f16, 2^-16 for bf16) while V is used
+ * exactly. q in the cache's own dtype is exact in one 16-bit term: it enters
+ * the mma unscaled and the f32 scores take scale * log2 e after it (one
+ * product per k-step). Any other q (f32, or the other 16-bit type) is scaled
+ * first and split into hi + lo like P.
  * Softmax statistics stay in f32, in the log2 domain; the partial (S, M)
  * pairs go out in the natural-log domain of the reduce contract.
  */
@@ -115,6 +118,8 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     const char *vbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_V) + head_off;
     const char *qbase = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
     const float qscale = SOFTCAP ? 1.0f : p.scale * PYFA_LOG2E;
+    /* q is exact in one term of the cache's dtype: no lo product, scale after the mma */
+    constexpr bool Q_EXACT = QDT == KVDT;
 
     /* This thread's copies in a tile: chunk k is row (tid + k NT) / CPR. */
     constexpr int NT = NW * 32, PER = TP * CPR / NT;
@@ -164,7 +169,8 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
         vec_mma::store_q_fragments<S::KSTEPS, KVDT>(s_q, gn, [&](int h, int d) {
-            return load_q(qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2), d, QDT) * qscale;
+            const float x = load_q(qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2), d, QDT);
+            return Q_EXACT ? x : x * qscale;
         });
 
         float acc[S::MB][4];
@@ -181,7 +187,8 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
             stage = stage + 1 == STAGES ? 0 : stage + 1;
 
             /* A. Sᵀ for positions 16 pb + [0, 16) over this warp's k-steps; four
-             * accumulators (k-step parity x q half) keep dependent mma chains short. */
+             * accumulators (k-step parity x q half, or k-step mod 4 for an exact
+             * q) keep dependent mma chains short. */
             {
                 float sp[4][4] = {};
                 const uint32_t arow = smem_addr(ktile + (pb * 16 + (lane & 15)) * LD + (lane >> 4) * 16);
@@ -190,18 +197,31 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                     ldsm_x4(arow + kk * 32, fa[0], fa[1], fa[2], fa[3]);
                     const uint4 fq = s_q[kk * 32 + lane];
                     mma16816<KVDT>(s0, fa, fq.x, fq.y);
-                    mma16816<KVDT>(s1, fa, fq.z, fq.w);
+                    if constexpr (!Q_EXACT) mma16816<KVDT>(s1, fa, fq.z, fq.w);
                 };
                 const int k0 = ks * S::KSPAN;
+                if constexpr (Q_EXACT && S::KSPAN % 4 == 0) {
 #pragma unroll 2
-                for (int t = 0; t < S::KSPAN / 2; t++) {
-                    kstep(k0 + 2 * t, sp[0], sp[1]);
-                    kstep(k0 + 2 * t + 1, sp[2], sp[3]);
+                    for (int t = 0; t < S::KSPAN / 4; t++) {
+                        kstep(k0 + 4 * t, sp[0], sp[0]);
+                        kstep(k0 + 4 * t + 1, sp[1], sp[1]);
+                        kstep(k0 + 4 * t + 2, sp[2], sp[2]);
+                        kstep(k0 + 4 * t + 3, sp[3], sp[3]);
+                    }
+                } else {
+#pragma unroll 2
+                    for (int t = 0; t < S::KSPAN / 2; t++) {
+                        kstep(k0 + 2 * t, sp[0], sp[1]);
+                        kstep(k0 + 2 * t + 1, sp[2], sp[3]);
+                    }
+                    if constexpr (S::KSPAN % 2 != 0) kstep(k0 + S::KSPAN - 1, sp[0], sp[1]);
                 }
-                if constexpr (S::KSPAN % 2 != 0) kstep(k0 + S::KSPAN - 1, sp[0], sp[1]);
                 float sc[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[e] = (sp[0][e] + sp[1][e]) + (sp[2][e] + sp[3][e]);
+                for (int e = 0; e < 4; e++) {
+                    sc[e] = (sp[0][e] + sp[1][e]) + (sp[2][e] + sp[3][e]);
+                    if constexpr (Q_EXACT) sc[e] *= qscale;
+                }
                 float *dst = s_score + (ks * TP + pb * 16 + g) * HEADS + 2 * c;
                 *reinterpret_cast<float2 *>(dst) = make_float2(sc[0], sc[1]);
                 *reinterpret_cast<float2 *>(dst + 8 * HEADS) = make_float2(sc[2], sc[3]);

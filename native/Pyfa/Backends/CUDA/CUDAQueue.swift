@@ -281,14 +281,19 @@ struct CUDAPlan: BackendPlan {
                                          Int32(D > 256 ? vecMmaWideSplit : 1)))
     }
 
-    /// The tensor-core variant for 16-bit caches wherever a query head group
-    /// is wide (G >= 4: the vector kernel re-reads or runs out of issue
-    /// slots) or rows are 1 KB (D = 512); the vector kernel elsewhere.
+    /// The tensor-core variant for 16-bit caches, except at D = 192 / 256 with
+    /// fewer than 4 query heads per KV head, where the vector kernel keeps
+    /// up with it (H200, f16, 16/8 heads, D = 256, 32K: 78.6 us both at B = 1,
+    /// 507 vs 520 us at B = 8). Elsewhere the tensor-core kernel reads the
+    /// cache at copy speed and the vector kernel does not (same run, D = 128,
+    /// 32K, B = 8: 265 vs 487 us at 16/8 heads, 263 vs 402 at 8/8; D = 64:
+    /// 145 vs 489).
     static func vecVariant(_ p: pyfa_flash_attn_vec_params, kvDType: DType) -> Int32 {
         guard kvDType == .f16 || kvDType == .bf16 else { return PYFA_VEC_VARIANT_PORTABLE }
         if let forced = vecMma { return forced != 0 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE }
         let group = p.num_heads / max(1, p.num_kv_heads)
-        return group >= 4 || p.head_dim >= 512 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE
+        let vectorKeepsUp = group < 4 && p.head_dim > 128 && p.head_dim <= 256
+        return vectorKeepsUp ? PYFA_VEC_VARIANT_PORTABLE : PYFA_VEC_VARIANT_MMA
     }
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
