@@ -105,7 +105,8 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
 
 /* attn_prefill_wgmma.cuh (sm_90a, f16 / bf16, D <= 256): query rows per block
  * (two warpgroups of 64), threads, the key tile and the dynamic shared bytes
- * (Q [128][D], K [BK][D] and V [BK][D] in 16 bits, unpadded core matrices). */
+ * (Q [128][D], then per ring stage K [BK][D] and V [BK][D], in 16 bits,
+ * unpadded core matrices). */
 #define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128
 #define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
 #define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
@@ -119,7 +120,11 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
     return sm90a != 0 && knob != 0 && elem_size == 2 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM &&
            (knob == 1 || D >= 80);
 }
+/* K and V tiles in flight: a ring of this many (K, V) pairs, so a tile's
+ * copies are issued a whole tile of work ahead of its use. */
+#define PYFA_CUDA_PREFILL_WGMMA_KV_STAGES 2
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 ? 64 : 128; }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
-    return (PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q + 2 * pyfa_cuda_prefill_wgmma_block_k(D)) * D * 2;
+    return (PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * pyfa_cuda_prefill_wgmma_block_k(D)) *
+           D * 2;
 }

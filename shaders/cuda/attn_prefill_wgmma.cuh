@@ -21,8 +21,10 @@
  * scores finished and the online softmax run in registers by the mma path's
  * steps (the wgmma accumulator layout is mma.sync's, repeated over columns),
  * then O += P V as BK/16 products m64nDk16 with P taken from the score
- * registers (their layout is the A fragment's). Loads overlap as in the mma
- * path: V[t] is copied while S[t] runs, K[t + 1] while P V[t] runs.
+ * registers (their layout is the A fragment's). K and V tiles stream
+ * through a ring of KV_STAGES (K, V) pairs: tile t + KV_STAGES - 1 is copied
+ * while tile t is worked on, so one barrier per tile both publishes tile t
+ * and frees the stage of tile t - 1 for the next copies.
  */
 #pragma once
 #include "pyfa_wgmma.cuh"
@@ -37,8 +39,10 @@ struct wgmma_shape {
     static constexpr int NT = BK / 8;  /* 8-column blocks of a score tile */
     static constexpr int ND = D / 8;   /* 8-column blocks of the output */
     static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
+    static constexpr int STAGES = PYFA_CUDA_PREFILL_WGMMA_KV_STAGES;
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
-    static_assert(Q_BYTES + 2 * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
+    static_assert(STAGES >= 2, "the ring refills a stage while another is read");
+    static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
     static_assert(BLOCK_THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
@@ -63,18 +67,26 @@ __device__ __forceinline__ void pin_operands(float (&o)[ND][4], uint32_t (&pa)[K
 }
 
 /* Copies rows [0, n) of a ROWS x C tile (16-bit elements; row r starts at
- * row_src(r)) into the core-matrix layout at dst, rows [n, ROWS) as zeros.
- * Chunk i = (8-row group, 16-byte column chunk, row in group) goes to dst + 16 i. */
+ * row_src(r)) into the core-matrix layout at dst, rows [n, ROWS) as zeros:
+ * 16-byte chunk ch of row r goes to dst + ((r / 8) CH + ch) 128 + (r % 8) 16.
+ * Copy i takes, in its 8-thread phase (the unit a 16-byte copy is served in),
+ * two neighbouring chunks of four rows: four whole 32-byte sectors of global
+ * memory, where one chunk of eight rows would read half of eight sectors and
+ * fetch each sector twice. The price is a 2-way bank conflict on the shared
+ * side (the two chunks of a row land 128 bytes apart). */
 template <int C, int ROWS, int BLOCK_THREADS, class RowSrc>
 __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const char *any, uint32_t n) {
     constexpr int CH = C / 8, CHUNKS = ROWS * CH;
     static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
+    static_assert(CH % 2 == 0, "rows of whole 32-byte sectors");
 #pragma unroll
     for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
         const int i = (int)threadIdx.x + k * BLOCK_THREADS;
-        const int r = i / (8 * CH) * 8 + (i & 7), ch = (i >> 3) % CH;
+        /* i = (row group, chunk pair, row half, row in half, chunk in pair) */
+        const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
+        const int r = rg * 8 + rin, ch = pair * 2 + (i & 1);
         const bool live = (uint32_t)r < n;
-        pyfa_cp_async16(dst + i * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
+        pyfa_cp_async16(dst + ((rg * CH + ch) * 8 + rin) * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
     }
 }
 
@@ -97,13 +109,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 
     extern __shared__ uint4 smem_raw[];
     char *sq = reinterpret_cast<char *>(smem_raw);
-    char *sk = sq + S::Q_BYTES;
-    char *sv = sk + S::KV_BYTES;
+    /* Ring stage st: K at sk(st), V KV_BYTES after it. */
+    auto sk = [&](int st) { return sq + S::Q_BYTES + st * 2 * S::KV_BYTES; };
     /* Descriptor bases: this warpgroup's 64 Q rows (8 row groups on), K, V.
      * K-major (Q, K): core matrices 128 bytes apart along K, row groups GROUP
      * apart; N-major (V): 8-key groups GROUP apart along K, core matrices 128
      * bytes apart along N. */
-    const uint32_t q_addr = smem_addr(sq) + wg * 8 * GROUP, k_addr = smem_addr(sk), v_addr = smem_addr(sv);
+    const uint32_t q_addr = smem_addr(sq) + wg * 8 * GROUP;
     auto kmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
     auto nmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, GROUP, 128); };
 
@@ -148,17 +160,29 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    uint32_t kt = bi.next_tile(bi.t_begin);
-    if (kt < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, kt);
-    pyfa_cp_async_commit();
+    /* Copies K and V of the next live tile (none past the last) into ring stage `st`, one commit group. */
+    uint32_t issued = bi.next_tile(bi.t_begin); /* the next tile to copy */
+    auto issue = [&](int st) {
+        if (issued < bi.t_end) {
+            load_kv(sk(st), kbase, krow, PYFA_PREFILL_ARG_K, issued);
+            load_kv(sk(st) + S::KV_BYTES, vbase, vrow, PYFA_PREFILL_ARG_V, issued);
+            issued = bi.next_tile(issued + 1);
+        }
+        pyfa_cp_async_commit();
+    };
+    uint32_t kt = issued;
+#pragma unroll
+    for (int st = 0; st < S::STAGES - 1; st++) issue(st); /* Q rides in the first group */
 
+    int stage = 0;
 #pragma unroll 1
     while (kt < bi.t_end) {
-        pyfa_cp_async_wait<0>();
+        pyfa_cp_async_wait<S::STAGES - 2>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
-        __syncthreads();          /* K[kt] (and Q) landed; every warpgroup is done with the previous V */
-        load_kv(sv, vbase, vrow, PYFA_PREFILL_ARG_V, kt);
-        pyfa_cp_async_commit();
+        __syncthreads();          /* tile kt (and Q) landed; every warpgroup is done with the previous tile */
+        issue(stage == 0 ? S::STAGES - 1 : stage - 1); /* into the previous tile's stage */
+        const uint32_t k_addr = smem_addr(sk(stage)), v_addr = k_addr + S::KV_BYTES;
+        stage = stage + 1 == S::STAGES ? 0 : stage + 1;
 
         float s[NT][4];
 #pragma unroll
@@ -177,13 +201,6 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
         softmax_tile(s, o, m, l);
 
-        pyfa_cp_async_wait<0>();
-        pyfa_fence_proxy_async();
-        __syncthreads(); /* V[kt] landed; every warpgroup is done with K[kt] */
-        const uint32_t next = bi.next_tile(kt + 1);
-        if (next < bi.t_end) load_kv(sk, kbase, krow, PYFA_PREFILL_ARG_K, next);
-        pyfa_cp_async_commit();
-
         uint32_t pa[KP][4], pl[KP][4]; /* pl: the residual terms, P_TERMS = 2 only */
 #pragma unroll
         for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
@@ -198,7 +215,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         pyfa_wgmma_commit();
         pyfa_wgmma_wait<0>();
         pin_operands<P_TERMS>(o, pa, pl);
-        kt = next;
+        kt = bi.next_tile(kt + 1);
     }
     pyfa_cp_async_wait<0>();
 

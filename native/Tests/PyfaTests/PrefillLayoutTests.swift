@@ -62,7 +62,8 @@ final class PrefillLayoutTests: XCTestCase {
             guard d <= 256 else { continue }
             let bq = Int32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q), bk = pyfa_cuda_prefill_wgmma_block_k(d)
             let threads = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS)
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), (bq + 2 * bk) * d * 2)
+            let stages = Int32(PYFA_CUDA_PREFILL_WGMMA_KV_STAGES)
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), (bq + 2 * stages * bk) * d * 2)
             XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), 227 * 1024, "D \(d)")
             XCTAssertTrue(bk == 64 || bk == 128, "a key tile with a shared-memory wgmma wrapper (gen_wgmma.py)")
             XCTAssertEqual(d % 16, 0)
