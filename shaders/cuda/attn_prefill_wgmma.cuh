@@ -13,9 +13,8 @@
  * of 16 bytes, 128 contiguous bytes) ordered [row / 8][col / 8][row % 8]
  * [col % 8], with no padding: the same layout is the K-major operand (Q as A,
  * K as B of S = Q Kᵀ) and the N-major operand (V as B of O += P V), and the
- * wgmma reads whole 128-byte core matrices, free of bank conflicts. Chunk i
- * of a tile's cp.async copies lands at byte 16 i, eight consecutive threads
- * filling one core matrix.
+ * wgmma reads whole 128-byte core matrices, free of bank conflicts. The
+ * tile copies (load_core_tile) read whole 32-byte sectors of global memory.
  *
  * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
  * scores finished and the online softmax run in registers by the mma path's
