@@ -7,11 +7,15 @@ each: a target for Nsight Compute, or CUDA-event timings without one.
     python3 scripts/gpu_decode_profile.py --shape 8,32,8,128,32768 [--shape ...]
 """
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import pyfa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from cuda_timing import event_ms  # noqa: E402
 
 
 def main():
@@ -36,13 +40,7 @@ def run(B, H, Hkv, D, L):
             torch.cuda.synchronize()
             if "--once" in sys.argv:
                 continue
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(20):
-                fn()
-            e1.record()
-            torch.cuda.synchronize()
-            us = e0.elapsed_time(e1) / 20 * 1e3
+            us = event_ms(fn, iters=20) * 1e3
             gbs = 2 * k.numel() * 2 / us / 1e3
             print(f"{name}: {us:.1f} us per call, {gbs:.0f} GB/s of K+V (B={B} H={H}/{Hkv} D={D} L={L})")
 

@@ -7,10 +7,14 @@ or CUDA-event timings (TFLOP/s) without one.
     python3 scripts/gpu_prefill_profile.py --shape 16,8,128,16384,1     (Hq, Hkv, D, L, causal)
 """
 import sys
+from pathlib import Path
 
 import torch
 
 import pyfa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from cuda_timing import event_ms  # noqa: E402
 
 
 def main():
@@ -35,13 +39,7 @@ def run(Hq, Hkv, D, L, causal):
     torch.cuda.synchronize()
     if "--once" in sys.argv:
         return
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(10):
-        call()
-    e1.record()
-    torch.cuda.synchronize()
-    ms = e0.elapsed_time(e1) / 10
+    ms = event_ms(call, iters=10)
     flops = 4 * Hq * L * L * D / (2 if causal else 1)
     print(f"Hq/Hkv {Hq}/{Hkv} D={D} L={L} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
 
