@@ -12,7 +12,8 @@ Cases (shapes in the test ids; bf16, H_q / H_kv = 32 / 8, D = 128 on the GPU):
   pyfa, and the pyfa step captured in a CUDA graph with kv_len a device int32 tensor.
 - cache: pyfa.KVCache / pyfa.TurboQuantKVCache on the cuda device fed torch tensors:
   append one token, then attend, against the GPU time of the step's kernels (the append's
-  and the attend's; the attend's alone is recorded beside it).
+  and the attend's; the attend's alone is recorded beside it); and the same step captured
+  in a CUDA graph (the cache keeps its length on the device) and replayed ("-graph").
 - cpu: a tiny decode on numpy (B=1, H=1, D=64, kv_len=1, f32) on the CPU backend,
   beside the same arithmetic in numpy. Runs without torch (CI runs it once).
 - cpu-cache: one layer's decode step through pyfa.KVCache on the CPU backend (append a
@@ -453,6 +454,46 @@ def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
         benchmark.extra_info["kernel_us_note"] = "torch.profiler recorded no device activity (no CUPTI?)"
     _target(request, benchmark, peer="append + attend kernels' GPU time", peer_us=step_us, us=us,
             target="<= 1.20x the kernels' own time", limit=1.2)
+
+
+@pytest.mark.parametrize("kind,L", CACHE_CASES, ids=[f"{k}-graph-{_shape(1, L)}" for k, L in CACHE_CASES])
+def test_cache_append_attend_graph(benchmark, request, gpu, full_size, kind, L):
+    """The same step captured in a CUDA graph (the cache keeps its length on the device, so each
+    replay appends after the last), replayed; the peer is the eager step's kernels' GPU time."""
+    dev, _kw = gpu
+    _Layers.release()
+    if not full_size and L != CACHE_LENGTHS[0]:
+        pytest.skip("larger shapes only when benchmarking is enabled")
+    g = torch.Generator(device="cuda").manual_seed(L)
+    new = lambda *s: torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    cache = _cache(kind, L, dev)
+    rows, k1, v1, q = new(L, HKV, D), new(1, HKV, D), new(1, HKV, D), new(HQ, D)
+
+    def step():
+        cache.append(k1, v1)
+        return cache.attend(q)
+
+    cache.append(rows, rows)
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            step()
+    except (pyfa.PyfaError, RuntimeError) as e:
+        pytest.skip(f"{kind}: a step does not capture: {e}")
+    _gpu_info(benchmark)
+    shape = _shape(1, L)
+    _group(benchmark, "cache", shape)
+    n = 50 if full_size else 2
+    benchmark.pedantic(_loop(graph.replay, n), rounds=20 if full_size else 1, warmup_rounds=2 if full_size else 0)
+    us = _median_us(benchmark, n)
+    step_us = kernel_us(step) if full_size else None
+    _record(benchmark, "cache", shape, f"{kind}-graph", n, us, kernel_us=None if step_us is None else round(step_us, 3))
+    _target(request, benchmark, peer="append + attend kernels' GPU time (eager)", peer_us=step_us, us=us,
+            target="<= 1.20x the kernels' own time", limit=1.2)
+    del graph
+    torch.cuda.synchronize()
 
 
 # --------------------------------------------------------------------------- CPU backend

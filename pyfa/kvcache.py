@@ -30,6 +30,20 @@ default stream (torch's and cupy's default). After GPU-array calls on
 another stream, synchronise it before a host-array call or a read
 (``dequantize``, ``codes``).
 
+On a device with its own memory (CUDA) the cache's length also lives on the
+device (a ``pyfa_kv_state``): an append advances it and writes where it says,
+and an attend reads it, when their kernels run. So ``append`` and ``attend``
+with GPU arrays can be captured in a CUDA graph (``torch.cuda.graph``), and
+each replay appends after the rows of the replay before it, as eager calls
+would. The host cannot follow replays: once a graph captured an append, what
+needs the length on the host (``len(cache)``, reads, the capacity check of an
+append to a cache without a window) reads it back from the device, which
+waits for the device (synchronise the replays' stream first). A replayed
+append that finds a cache without a window full writes nothing; the next
+host read of the length raises :class:`pyfa.PyfaError` saying how many were
+dropped. A captured cache's memory stays allocated after the cache is gone,
+since the graph may replay later.
+
 A cache may be shared between threads: appends, attends and reads of one
 cache are serialised by the cache's lock, so every append gets its own slots
 (none is lost or overwritten by another) and an attend sees the rows of the
@@ -64,6 +78,7 @@ def _note_torch(t) -> bool:
 
 
 K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
+_GRAPH_KEPT = []  # memory of caches a CUDA graph captured: a replay may come after the cache is gone
 
 
 def _positive_int(value, name: str, hi: int = _args.U32_MAX) -> int:
@@ -91,10 +106,51 @@ class _RingCache:
         self._append_runs = {}  # (k dtype, v dtype) -> (plan, run arguments); used under _lock
         self._host_visible = self.device.host_visible
         self._repeats = threading.local()  # this thread's remembered attends (_attend_repeat)
+        self._state = None  # the length on the device (pyfa_kv_state), where the device has its own memory
+        self._captured = False  # a graph captured an append: replays move the length without the host
+        self._dropped_seen = 0  # appends the state counted as dropped, as reported
+        if not self._host_visible:
+            self._keep_length_on_device()
+
+    def _keep_length_on_device(self) -> None:
+        """Keeps the length in a device pyfa_kv_state that appends advance and attends read when their
+        kernels run (what graph capture needs). On where the device has its own memory; tests also turn
+        it on elsewhere, before the first append."""
+        self._state = self.device.buffer((4,), np.int32, storage="private")
+        self._state.write(np.zeros(4, np.int32))
+        self._state_address = lib.pyfa_buffer_address(self._state.handle)
+        self._capturing_flag = ffi.new("uint32_t *")
+
+    def _capturing(self, stream) -> bool:
+        """Whether a graph is capturing `stream` (an empty cache's attend must then run: replays may
+        find rows)."""
+        check(lib.pyfa_encoder_is_capturing(_plans.encoder(self.device, stream), self._capturing_flag))
+        return bool(self._capturing_flag[0])
+
+    def _note_capture(self, enc) -> None:
+        """Before recording a GPU-array append on `enc`: whether a graph captures it."""
+        check(lib.pyfa_encoder_is_capturing(enc, self._capturing_flag))
+        if self._capturing_flag[0] and not self._captured:
+            self._captured = True
+            _GRAPH_KEPT.append((self._state,) + tuple(b for _, b in self._append_memory()))
+
+    def _sync_length(self) -> None:
+        """The host count re-read from the device state once a graph captured an append (replays move it);
+        raises, once, for appends a replay dropped because a cache without a window was full."""
+        if not self._captured:
+            return
+        _, kv_len, ring_start, dropped = (int(x) for x in self._state.read())
+        self._total = kv_len if kv_len < self.capacity else self.capacity + ring_start
+        if dropped > self._dropped_seen:
+            n, self._dropped_seen = dropped - self._dropped_seen, dropped
+            raise invalid(f"append: {n} replayed append(s) found the cache full ({self.capacity} tokens, no "
+                          "sliding_window) and wrote nothing")
 
     def __len__(self) -> int:
         """Tokens stored (at most ``capacity``); attention sees the last ``sliding_window`` of them."""
-        return min(self._total, self.capacity)
+        with self._lock:
+            self._sync_length()
+            return min(self._total, self.capacity)
 
     def _rows(self, x, name: str):
         """``x`` checked as ``[n, num_kv_heads, head_dim]`` floats, n >= 1: a numpy array, or a
@@ -123,11 +179,16 @@ class _RingCache:
         return k, v, like
 
     def _plan_append(self, n: int):
-        """(first source row, write slot, rows to write), or raises before anything changes."""
+        """(first source row, write slot, rows to pass), or raises before anything changes. With the
+        length on the device the run passes n as num_tokens and the library places the rows (slot 0)."""
+        if self._captured and self.sliding_window is None:
+            self._sync_length()  # the capacity check needs the length that replays left
         if self.sliding_window is None and self._total + n > self.capacity:
             raise invalid(f"append: {n} tokens would exceed capacity {self.capacity} ({self._total} stored); "
                           "pass sliding_window for a ring buffer")
         skip = max(0, n - self.capacity)  # a ring keeps only the last `capacity` rows
+        if self._state is not None:
+            return skip, 0, n - skip
         return skip, (self._total + skip) % self.capacity, n - skip
 
     def _append_run(self, k_dtype, v_dtype):
@@ -145,6 +206,9 @@ class _RingCache:
             for field, buffer in self._append_memory():
                 t = getattr(args, field)
                 t.address, t.nbytes = lib.pyfa_buffer_address(buffer.handle), buffer.nbytes
+            if self._state is not None:
+                args.state.address, args.state.nbytes = self._state_address, 16
+                args.ring = int(self.sliding_window is not None)
             entry = runs[(k_dtype, v_dtype)] = (plan, args)
         return entry
 
@@ -169,9 +233,12 @@ class _RingCache:
             plan, args = self._append_run(k.dtype, v.dtype)
             args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K)
             args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V)
-            args.num_tokens, args.write_pos = count, slot
+            args.num_tokens, args.write_pos = count if self._state is None else k.shape[0], slot
             stream = like.stream if like is not None else 0
-            _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
+            enc = _plans.encoder(self.device, stream)
+            if like is not None and self._state is not None:
+                self._note_capture(enc)
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
             self._total += k.shape[0]
 
     def _fast_rows(self, k, v) -> bool:
@@ -208,9 +275,11 @@ class _RingCache:
             row = dt.itemsize * shape[1] * shape[2]
             args.k.address, args.k.nbytes = k.data_ptr() + skip * row, count * row
             args.v.address, args.v.nbytes = v.data_ptr() + skip * row, count * row
-            args.num_tokens, args.write_pos = count, slot
-            stream = cuda_interop.torch_stream_handle(0)
-            _plans.run(self.device, lib.pyfa_kv_append_run, plan, _plans.encoder(self.device, stream), args)
+            args.num_tokens, args.write_pos = count if self._state is None else n, slot
+            enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0))
+            if self._state is not None:
+                self._note_capture(enc)
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
             self._total += n
         return True
 
@@ -228,7 +297,8 @@ class _RingCache:
         return buf
 
     def _ring(self):
-        """(kv_len, ring_start) of the flash_attn_vec contract."""
+        """(kv_len, ring_start) of the flash_attn_vec contract (re-read from the device once captured)."""
+        self._sync_length()
         if self._total < self.capacity:
             return self._total, 0
         return self.capacity, self._total % self.capacity
@@ -272,14 +342,21 @@ class _RingCache:
         are (field, buffer) of the cache's memory. Returns (out, lse or None).
         `repeat_key`: the call may be remembered under it for _attend_repeat."""
         H, D = q.shape
-        kv_len, ring_start = self._ring()
-        bucket = _plans.length_bucket(kv_len)  # sizes the split; a growing cache keeps its plan within a bucket
+        device_state = self._state is not None
+        if device_state:
+            # The kernels read the length; the split is sized for the capacity, so the plan a graph
+            # captures is the one eager calls made, whatever length its replays reach.
+            kv_len, ring_start = (-1 if self._captured else min(self._total, self.capacity)), 0
+            bucket = _plans.length_bucket(self.capacity)
+        else:
+            kv_len, ring_start = self._ring()
+            bucket = _plans.length_bucket(kv_len)  # sizes the split; a growing cache keeps its plan within a bucket
         key = (kind, self.device, repr(desc), q.dtype, out_dtype, return_lse, bucket)
         plan = _plans.cached(key, lambda: _plans.new_plan(constructor, self.device, _args.params(
             "pyfa_tq_decode_plan_desc *" if kind == "tq" else "pyfa_decode_plan_desc *",
             dict(desc, q_dtype=dtypes.code(q.dtype), out_dtype=dtypes.code(out_dtype), return_lse=int(return_lse),
                  max_kv_len=min(bucket, self.capacity)))))
-        if kv_len == 0:
+        if kv_len == 0 and not (device_state and like is not None and self._capturing(like.stream)):
             out = self._zeros((H, D), like, out_dtype)
             lse = self._zeros((H,), like, np.float32, -np.inf) if return_lse else None
             return out, lse
@@ -287,8 +364,11 @@ class _RingCache:
         for field, buffer in tensors:
             t = getattr(args, field)
             t.address, t.nbytes = lib.pyfa_buffer_address(buffer.handle), buffer.nbytes
-        _io.sequence_values(kv_len, "kv_len", 1, None).set(args.kv_len)
-        _io.sequence_values(ring_start, "ring_start", 1, None).set(args.ring_start)
+        if device_state:
+            self._bind_state(args)
+        else:
+            _io.sequence_values(kv_len, "kv_len", 1, None).set(args.kv_len)
+            _io.sequence_values(ring_start, "ring_start", 1, None).set(args.ring_start)
         staged = like is None and not self.device.host_visible
         if staged:
             # Host arrays on a GPU: q goes up and the results come back through
@@ -319,6 +399,13 @@ class _RingCache:
                 self._remember_attend(repeat_key + (bucket,), plan, runner, args, kind, gpu=True)
         return result, lse
 
+    def _bind_state(self, args) -> None:
+        """Points a decode run's kv_len and ring_start at the device state's fields."""
+        for field, offset in (("kv_len", 4), ("ring_start", 8)):
+            t = getattr(args, field)
+            t.host = ffi.NULL
+            t.device.address, t.device.nbytes = self._state_address + offset, 4
+
     # ---- the repeat path ----------------------------------------------------------------------------
     # A decode loop attends with the same q shape and dtype and the defaults every step. After such a
     # call on a numpy q on a host-visible device has gone through every check, its plan and run
@@ -337,8 +424,9 @@ class _RingCache:
         elif len(entries) >= 8 and key not in entries:
             entries.pop(next(iter(entries)))
         kept = ffi.new("pyfa_tq_decode_run_args *" if kind == "tq" else "pyfa_decode_run_args *", args[0])
-        lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call
-        kept.kv_len.host, kept.ring_start.host = lengths, lengths + 1
+        lengths = ffi.new("int32_t[2]")  # kv_len, ring_start: written per call (the device state's otherwise)
+        if self._state is None:
+            kept.kv_len.host, kept.ring_start.host = lengths, lengths + 1
         entries[key] = (plan, runner, kept, lengths, None if gpu else _plans.address_slots(kept, "q", "out"))
 
     def _attend_repeat(self, q, scale):
@@ -350,9 +438,14 @@ class _RingCache:
                                    else q.flags.c_contiguous):
             return None
         with self._lock:
-            kv_len, ring_start = self._ring()
-            if kv_len == 0:
-                return None
+            if self._state is not None:  # as _attend_planned: the capacity's plan, the device's length
+                if self._total == 0 and not self._captured:
+                    return None
+                kv_len, ring_start = self.capacity, 0
+            else:
+                kv_len, ring_start = self._ring()
+                if kv_len == 0:
+                    return None
             entry = entries.get((q.shape, q.dtype, scale, 1 << (kv_len - 1).bit_length()))
             if entry is None:
                 return None

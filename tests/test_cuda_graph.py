@@ -98,3 +98,68 @@ def test_replays_of_a_two_layer_step_keep_their_own_inputs():
         torch.cuda.synchronize()
         for (q, k, v), out in zip(layers, outs):
             assert torch.equal(out, pyfa.decode_attention(q, k, v, lens, device=DEVICE)), f"kv_len {lengths}"
+
+
+# ---- KVCache / TurboQuantKVCache steps captured in a graph -----------------------------------------
+# On a GPU a cache keeps its length on the device: the append advances it and writes where it says,
+# the attend reads it, so a captured step appends after the previous replay's row.
+
+def _cache(kind, cap, window):
+    """A bf16 dense or 4-bit TurboQuant cache of `cap` slots on the GPU."""
+    if kind == "dense":
+        return pyfa.KVCache(HKV, D, cap, dtype=pyfa.bfloat16, sliding_window=window, device=DEVICE)
+    return pyfa.TurboQuantKVCache(HKV, D, cap, k_bits=4, v_bits=4, sliding_window=window, device=DEVICE)
+
+
+@pytest.mark.parametrize("window", [None, 24], ids=["no-window", "ring"])
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_cache_step_replays_like_eager_steps(kind, window):
+    """A graph of (append one token, attend), replayed with new rows and q each time, gives what the
+    same eager steps on a twin cache give, bit for bit, through the ring's wrap; len() reads the
+    length the replays left; a replay into a full cache without a window writes nothing and is
+    reported; the graph still replays after the cache object is gone."""
+    cap, dtype = 32, torch.bfloat16
+    eager, captured = _cache(kind, cap, window), _cache(kind, cap, window)
+    k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
+
+    def feed(t):  # new values in the captured tensors' memory, as a decode loop writes them
+        k_in.copy_(_filled(k_in.shape, dtype, 3 * t))
+        v_in.copy_(_filled(v_in.shape, dtype, 3 * t + 1))
+        q_in.copy_(_filled(q_in.shape, dtype, 3 * t + 2))
+
+    def step(c):
+        c.append(k_in, v_in)
+        return c.attend(q_in)
+
+    t = 0
+    for _ in range(3):  # eager warm-up on both: plans made, kernels compiled
+        feed(t)
+        assert torch.equal(step(captured), step(eager))
+        t += 1
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(captured)
+    torch.cuda.synchronize()
+    assert captured._captured and len(captured) == 3  # capture ran nothing
+    replays = cap - 3 if window is None else 2 * cap
+    for i in range(replays):
+        feed(t)
+        graph.replay()
+        want = step(eager)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"replay {i} differs from the eager step"
+        t += 1
+    assert len(captured) == len(eager) == min(3 + replays, cap)
+    if window is None:  # full: one more replay is dropped on the device and reported once
+        graph.replay()
+        torch.cuda.synchronize()
+        with pytest.raises(pyfa.PyfaError, match="1 replayed append"):
+            len(captured)
+        assert len(captured) == cap
+        assert torch.equal(captured.attend(q_in), eager.attend(q_in))
+    del captured
+    import gc
+    gc.collect()
+    graph.replay()  # the captured memory stays allocated: no fault
+    torch.cuda.synchronize()

@@ -312,6 +312,7 @@ def test_append_run_rules(cpu):
     v = np.ones((3, 2, 64), np.float16)
     caches = [np.zeros((2, 8, 64), pyfa.bfloat16) for _ in range(2)]
     small = np.zeros(8, np.float32)
+    state = np.zeros(4, np.int32)
 
     def tensor(t, a):
         t.address, t.nbytes = int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes
@@ -336,12 +337,23 @@ def test_append_run_rules(cpu):
         (lambda a: tensor(a.v, small), "v: 32 bytes cannot hold 384 f16 values"),
         (lambda a: tensor(a.v_cache, small), "v_cache: 32 bytes cannot hold 1024 bf16 values"),
         (lambda a: tensor(a.k_scales, small), "k_scales: dense caches take no scales"),
-        (lambda a: setattr(a, "reserved", 1), "reserved: must be 0"),
+        (lambda a: setattr(a, "ring", 1), "ring: 1 given without a state"),
+        (lambda a: tensor(a.state, state), "write_pos: 6 given with a state, which says where rows go"),
+        (lambda a: (tensor(a.state, state), setattr(a, "write_pos", 0), setattr(a, "ring", 2)),
+         "ring: 2 must be 0 or 1"),
+        (lambda a: (tensor(a.state, state[:2]), setattr(a, "write_pos", 0)), "state: 8 bytes cannot hold 4 i32 values"),
+        (lambda a: (tensor(a.state, k.reshape(-1)[:4].view(np.int32)), setattr(a, "write_pos", 0)),
+         "state: overlaps k in memory"),
+        (lambda a: (tensor(a.state, caches[1].reshape(-1)[:8].view(np.int32)), setattr(a, "write_pos", 0)),
+         "state: overlaps v_cache in memory"),
+        (lambda a: (tensor(a.state, state), setattr(a, "write_pos", 0), setattr(a, "num_tokens", 0)),
+         "num_tokens: must be > 0"),
         (lambda a: setattr(a, "flags", 8), "flags: unknown bits 0x8"),
     ]:
         status, msg = run(change)
         assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
     assert not any(c.view(np.uint16).any() for c in caches)  # nothing written by a refused run
+    assert not state.any()
     # Nor recorded: a refused run leaves its encoder empty (V's memory is checked before K is recorded).
     enc = cpu.encoder()
     args = ffi.new("pyfa_kv_append_run_args *")
@@ -458,3 +470,99 @@ def test_a_decode_step_allocates_nothing(device, rng, kind):
         "device_allocations", "pinned_allocations", "host_allocations", "plans_created")
     grown = {k: after[k] - before[k] for k in keys}
     assert grown == dict.fromkeys(grown, 0), grown
+
+
+# ---- the length on the device (pyfa_kv_state) -------------------------------------------------------
+
+@pytest.mark.parametrize("before,n,ring,after,slots", [
+    ([0, 0, 0, 0], 3, 0, [0, 3, 0, 0], [0, 1, 2]),              # room: rows after the stored ones
+    ([5, 6, 0, 0], 3, 0, [-1, 6, 0, 1], []),                    # no room, no ring: dropped and counted
+    ([5, 6, 0, 0], 3, 1, [6, 8, 1, 0], [6, 7, 0]),              # a ring fills up and wraps
+    ([0, 8, 5, 0], 10, 1, [7, 8, 7, 0], [7, 0, 1, 2, 3, 4, 5, 6]),  # 10 rows: the last 8 stay, oldest at 7
+    ([0, -5, 99, 2], 1, 0, [0, 1, 0, 2], [0]),                  # kv_len < 0 read as 0, ring_start as 0
+    ([0, 1000, 1000, 0], 1, 1, [0, 8, 1, 0], [0]),              # kv_len past capacity is full; bad ring_start 0
+    ([0, 1000, -3, 0], 1, 0, [-1, 1000, -3, 1], []),            # full without a ring: dropped, the rest kept
+])
+def test_append_run_with_a_state(cpu, before, n, ring, after, slots):
+    """A run with a state advances it (kv_advance) and writes where it says: the last
+    min(n, capacity) rows, from the slot the state names; values out of range are clamped, so no
+    slot outside the cache is ever written."""
+    from pyfa._native import ffi, lib
+    status, plan = _append_plan(cpu)
+    assert status == lib.PYFA_OK, plan
+    rows = min(n, 8)
+    k = (np.arange(rows, dtype=np.float32) + 1)[:, None, None] * np.ones((rows, 2, 64), np.float32)
+    v = k.astype(np.float16)
+    caches = [np.zeros((2, 8, 64), pyfa.bfloat16) for _ in range(2)]
+    state = np.array(before, np.int32)
+    args = ffi.new("pyfa_kv_append_run_args *")
+    for field, a in zip(("k", "v", "k_cache", "v_cache", "state"), [k, v] + caches + [state]):
+        t = getattr(args, field)
+        t.address, t.nbytes = int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes
+    args.num_tokens, args.ring, args.flags = n, ring, lib.PYFA_RUN_FINISH
+    assert lib.pyfa_kv_append_run(plan, cpu.encoder(), args) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error())
+    assert state.tolist() == after
+    for c in caches:
+        got = c[:, :, 0].astype(np.float32)
+        want = np.zeros((2, 8), np.float32)
+        for i, slot in enumerate(slots):
+            want[:, slot] = i + 1
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+@pytest.mark.parametrize("window", [None, 5])
+def test_length_on_the_device_matches_the_host_count(device, rng, kind, window):
+    """A cache keeping its length on the device (as on CUDA) stores, attends and counts as one
+    counting on the host, bit for bit, through ring wraps and appends longer than the ring."""
+    def make():
+        if kind == "dense":
+            return pyfa.KVCache(2, 64, 8, sliding_window=window, device=device)
+        return pyfa.TurboQuantKVCache(2, 64, 8, sliding_window=window, device=device)
+    host, dev = make(), make()
+    dev._keep_length_on_device()
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(dev.attend(q), np.zeros((4, 64), np.float32))
+    for n in (3, 4, 1) + ((12, 2) if window else ()):
+        k, v = (rng.standard_normal((n, 2, 64)).astype(np.float32) for _ in range(2))
+        host.append(k, v)
+        dev.append(k, v)
+        assert len(dev) == len(host)
+        np.testing.assert_array_equal(dev.attend(q), host.attend(q))
+        _, kv_len, ring_start, dropped = dev._state.read().tolist()
+        assert (kv_len, ring_start, dropped) == (*host._ring(), 0)
+    if window is None:
+        with pytest.raises(pyfa.PyfaError, match="would exceed capacity 8"):
+            dev.append(np.ones((1, 2, 64), np.float32), np.ones((1, 2, 64), np.float32))
+        assert dev._state.read().tolist()[1:] == [8, 0, 0]  # refused on the host: nothing changed
+
+
+def test_replayed_appends_move_the_length_the_host_reads_back(cpu, rng):
+    """What a graph replay does, without a GPU: the recorded append run runs again with the host
+    count left behind. Once the cache knows it was captured, the length is read back from the
+    device; a replay that found a cache without a window full is reported once, then counted."""
+    from pyfa._native import lib
+    c = pyfa.KVCache(2, 64, 4, dtype=np.float32, device=cpu)
+    c._keep_length_on_device()
+    row = rng.standard_normal((1, 2, 64)).astype(np.float32)
+    c.append(row, row)
+    plan, args = c._append_runs[(np.dtype(np.float32), np.dtype(np.float32))]
+    c._captured = True  # as _note_capture sets it when an append is recorded into a graph
+
+    def replay():
+        args.flags = lib.PYFA_RUN_FINISH
+        assert lib.pyfa_kv_append_run(plan, cpu.encoder(), args) == lib.PYFA_OK
+
+    for _ in range(3):
+        replay()
+    assert len(c) == 4
+    q = rng.standard_normal((2, 64)).astype(np.float32)
+    want = reference.decode_attention(q[None], np.repeat(row.transpose(1, 0, 2), 4, 1)[None],
+                                      np.repeat(row.transpose(1, 0, 2), 4, 1)[None], 4)[0]
+    np.testing.assert_allclose(c.attend(q), want, rtol=0, atol=2e-6)
+    replay()  # the cache is full and has no window: dropped on the device
+    with pytest.raises(pyfa.PyfaError, match="1 replayed append\\(s\\) found the cache full"):
+        len(c)
+    assert len(c) == 4  # reported once
+    with pytest.raises(pyfa.PyfaError, match="would exceed capacity 4"):
+        c.append(row, row)  # an eager append checks against the length read back

@@ -3,6 +3,7 @@
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_vec)
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_vec_reduce)
 PYFA_CPU_KERNEL(pyfa_cpu_kv_append)
+PYFA_CPU_KERNEL(pyfa_cpu_kv_advance)
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_prefill)
 PYFA_CPU_KERNEL(pyfa_cpu_flash_attn_prefill_blk)
 PYFA_CPU_KERNEL(pyfa_cpu_merge_attention_states)

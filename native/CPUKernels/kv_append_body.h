@@ -46,13 +46,36 @@ void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32
     const pyfa_kv_append_params *p = (const pyfa_kv_append_params *)d->args[PYFA_KV_APPEND_ARG_PARAMS];
     const int sdt = d->constants[PYFA_KV_APPEND_FC_SRC_DTYPE], cdt = d->constants[PYFA_KV_APPEND_FC_CACHE_DTYPE];
     const uint32_t D = p->head_dim, cap = p->kv_capacity;
-    /* (write_pos + x) mod cap without forming a sum that may pass 2^32. */
-    const uint32_t slot = x >= cap - p->write_pos ? x - (cap - p->write_pos) : x + p->write_pos;
+    const int32_t position = *(const int32_t *)d->args[PYFA_KV_APPEND_ARG_POSITION];
+    if (position < 0 || (uint32_t)position >= cap) return; /* a dropped append (kv_advance) */
+    /* (position + x) mod cap without forming a sum that may pass 2^32. */
+    const uint32_t pos = (uint32_t)position;
+    const uint32_t slot = x >= cap - pos ? x - (cap - pos) : x + pos;
     const char *src = (const char *)d->args[PYFA_KV_APPEND_ARG_SRC] +
                       ((size_t)x * p->num_kv_heads + y) * D * dtype_size(sdt);
     char *dst = (char *)d->args[PYFA_KV_APPEND_ARG_CACHE] +
                 (((size_t)p->sequence * p->num_kv_heads + y) * cap + slot) * D * dtype_size(cdt);
     kv_append_convert(d, dst, src, D, sdt, cdt, "cache");
+}
+
+/* kv_advance (contract in pyfa_params.h): the one workgroup moves the cache
+ * state past an append; 64-bit sums, since num_tokens may be near 2^32. */
+void PYFA_ISA(pyfa_cpu_kv_advance)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
+    (void)x, (void)y, (void)z, (void)scratch;
+    const pyfa_kv_advance_params *p = (const pyfa_kv_advance_params *)d->args[PYFA_KV_ADVANCE_ARG_PARAMS];
+    pyfa_kv_state *st = (pyfa_kv_state *)d->args[PYFA_KV_ADVANCE_ARG_STATE];
+    const int64_t cap = p->kv_capacity, n = p->num_tokens;
+    const int64_t len = st->kv_len < 0 ? 0 : (st->kv_len > cap ? cap : st->kv_len);
+    const int64_t ring_start = (len == cap && st->ring_start >= 0 && st->ring_start < cap) ? st->ring_start : 0;
+    const int64_t start = len < cap ? len : ring_start;
+    if (!p->ring && len + n > cap) {
+        st->write_pos = -1;
+        st->dropped += 1;
+        return;
+    }
+    st->write_pos = (int32_t)((start + (n > cap ? n - cap : 0)) % cap);
+    st->kv_len = (int32_t)(len + n <= cap ? len + n : cap);
+    st->ring_start = (int32_t)(len + n <= cap ? 0 : (start + n) % cap);
 }
 
 /* The pool row of slot `slot` for KV head `head`, or -1 for a slot outside

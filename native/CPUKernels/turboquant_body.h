@@ -96,6 +96,8 @@ void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_
     const int dt = d->constants[PYFA_TQ_QUANT_FC_SRC_DTYPE];
     const uint32_t D = p->head_dim, bits = p->bits, levels = 1u << bits;
     float row[PYFA_MAX_HEAD_DIM], work[PYFA_MAX_HEAD_DIM], th[TQ_MAX_LEVELS];
+    const int32_t position = *(const int32_t *)d->args[PYFA_TQ_QUANT_ARG_POSITION];
+    if (position < 0 || (uint32_t)position >= p->kv_capacity) return; /* a dropped append (kv_advance) */
     if (!tq_head_dim_ok(D) || !tq_bits_ok((int)bits)) {
         pyfa_cpu_fail(d, "unsupported head_dim %u / bits %u", D, bits);
         return;
@@ -110,7 +112,7 @@ void PYFA_ISA(pyfa_cpu_hadamard_quantize_kv)(const pyfa_cpu_dispatch *d, uint32_
     case PYFA_DTYPE_F32: row_to_f32(row, src, D, PYFA_DTYPE_F32); break;
     default: pyfa_cpu_fail(d, "unsupported src dtype %d", dt); return;
     }
-    uint32_t slot = p->write_pos + x;
+    uint32_t slot = (uint32_t)position + x;
     if (slot >= p->kv_capacity) slot -= p->kv_capacity;
     const size_t r = ((size_t)p->sequence * p->num_kv_heads + y) * p->kv_capacity + slot;
     uint8_t *codes = (uint8_t *)d->args[PYFA_TQ_QUANT_ARG_CODES] + r * PYFA_TQ_ROW_BYTES((size_t)D, bits);

@@ -7,6 +7,9 @@ _Static_assert(sizeof(pyfa_flash_attn_vec_params) == 40, "pyfa_flash_attn_vec_pa
 _Static_assert(offsetof(pyfa_flash_attn_vec_params, scale) == 28, "pyfa_flash_attn_vec_params.scale");
 _Static_assert(sizeof(pyfa_attn_reduce_params) == 16, "pyfa_attn_reduce_params layout");
 _Static_assert(sizeof(pyfa_kv_append_params) == 24, "pyfa_kv_append_params layout");
+_Static_assert(sizeof(pyfa_kv_state) == 16, "pyfa_kv_state layout");
+_Static_assert(offsetof(pyfa_kv_state, kv_len) == 4 && offsetof(pyfa_kv_state, ring_start) == 8, "pyfa_kv_state fields");
+_Static_assert(sizeof(pyfa_kv_advance_params) == 16, "pyfa_kv_advance_params layout");
 _Static_assert(sizeof(pyfa_flash_attn_prefill_params) == 184, "pyfa_flash_attn_prefill_params layout");
 _Static_assert(offsetof(pyfa_flash_attn_prefill_params, q_strides) == 64, "pyfa_flash_attn_prefill_params.q_strides");
 _Static_assert(offsetof(pyfa_flash_attn_prefill_params, mask_strides) == 160, "pyfa_flash_attn_prefill_params.mask_strides");

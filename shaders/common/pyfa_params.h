@@ -137,9 +137,12 @@ typedef struct pyfa_attn_reduce_params {
  * kv_append: writes num_tokens rows per KV head into a dense cache (K or V).
  *   src   [num_tokens, num_kv_heads, head_dim]               f32 | f16 | bf16
  *   cache [batch, num_kv_heads, kv_capacity, head_dim]       f32 | f16 | bf16 (written)
- * Token i of KV head h lands in slot (write_pos + i) mod kv_capacity of
+ * Token i of KV head h lands in slot (position + i) mod kv_capacity of
  * sequence `sequence`; num_tokens <= kv_capacity so no two tokens share a
- * slot, and nothing else of the cache is written. src and cache dtypes are
+ * slot, and nothing else of the cache is written. `position` is the int32
+ * argument PYFA_KV_APPEND_ARG_POSITION: the launch's copy of write_pos, or
+ * the write_pos of a cache's device state (pyfa_kv_state, set by
+ * kv_advance); a value outside 0..kv_capacity-1 writes nothing. src and cache dtypes are
  * independent: each element is widened to f32 (exact), then rounded to the
  * cache dtype to nearest even (overflow becomes +-inf, NaN stays a NaN of
  * unspecified payload); equal dtypes copy the bits. src must not overlap
@@ -151,13 +154,52 @@ typedef struct pyfa_kv_append_params {
     uint32_t num_kv_heads;
     uint32_t head_dim;     /**< elements per row, >= 1 */
     uint32_t kv_capacity;  /**< slots per (sequence, KV head): the cache's row stride */
-    uint32_t write_pos;    /**< slot of token 0, < kv_capacity */
+    uint32_t write_pos;    /**< slot of token 0, < kv_capacity (the dispatcher sends it as the position) */
     uint32_t sequence;     /**< index into the cache's batch dimension */
 } pyfa_kv_append_params;
 
 #define PYFA_KV_APPEND_ARG_PARAMS 0
 #define PYFA_KV_APPEND_ARG_SRC 1
 #define PYFA_KV_APPEND_ARG_CACHE 2
+#define PYFA_KV_APPEND_ARG_POSITION 3 /**< int32 [1]: the slot of token 0 (launch bytes or memory) */
+
+/* ---------------------------------------------------------------------------
+ * A single-sequence cache's length kept in device memory, so appends and
+ * attends read it when they run (a CUDA graph replays them without the
+ * host): int32 [4] as below. kv_len and ring_start are what flash_attn_vec
+ * reads (pass their addresses as its per-sequence values); write_pos is the
+ * slot the last append's first written row went to, -1 when that append was
+ * dropped.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_kv_state {
+    int32_t write_pos;  /**< slot of the last append's first written row; -1: dropped */
+    int32_t kv_len;     /**< rows stored, 0..kv_capacity */
+    int32_t ring_start; /**< slot of the oldest row once the ring is full, else 0 */
+    int32_t dropped;    /**< appends dropped for want of room (no ring), counted */
+} pyfa_kv_state;
+
+/* ---------------------------------------------------------------------------
+ * kv_advance: moves a cache's pyfa_kv_state past an append of num_tokens
+ * rows, before the append's kernels run (they read state.write_pos):
+ *   state  pyfa_kv_state (read and written)
+ * write_pos becomes the slot the appended rows start at: kv_len while the
+ * cache has room, else ring_start; a ring (`ring` 1) keeps the last
+ * kv_capacity of more than kv_capacity rows, so it starts num_tokens -
+ * kv_capacity later. Without a ring an append past kv_capacity is dropped:
+ * write_pos -1, dropped + 1, kv_len and ring_start unchanged. kv_len and
+ * ring_start read outside their ranges are clamped first (0..kv_capacity,
+ * 0..kv_capacity-1), so no slot outside the cache is ever named.
+ * Grid: (1, 1, 1); one thread works.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_kv_advance_params {
+    uint32_t kv_capacity; /**< >= 1 */
+    uint32_t num_tokens;  /**< rows the append was given, >= 1 */
+    uint32_t ring;        /**< 1: a ring buffer (a sliding-window cache); 0: appends past capacity drop */
+    uint32_t reserved;    /**< zero */
+} pyfa_kv_advance_params;
+
+#define PYFA_KV_ADVANCE_ARG_PARAMS 0
+#define PYFA_KV_ADVANCE_ARG_STATE 1
 
 #define PYFA_KV_APPEND_FC_SRC_DTYPE 0   /**< dtype code of src */
 #define PYFA_KV_APPEND_FC_CACHE_DTYPE 1 /**< dtype code of the cache */

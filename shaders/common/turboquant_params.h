@@ -99,8 +99,11 @@
  *   codes  [batch, num_kv_heads, kv_capacity, row_bytes] u8 (written)
  *   scales [batch, num_kv_heads, kv_capacity] f32        (written)
  *   codebook: inline f32[2^bits]
- * Token i of KV head h lands in slot (write_pos + i) mod kv_capacity of
+ * Token i of KV head h lands in slot (position + i) mod kv_capacity of
  * sequence `sequence`; num_tokens <= kv_capacity so no two tokens share a slot.
+ * `position` is the int32 argument PYFA_TQ_QUANT_ARG_POSITION, as kv_append's
+ * (pyfa_params.h): write_pos, or a cache's device state; outside
+ * 0..kv_capacity-1 nothing is written.
  * Grid: (num_tokens, num_kv_heads, 1); one workgroup encodes one row.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_tq_quantize_params {
@@ -108,7 +111,7 @@ typedef struct pyfa_tq_quantize_params {
     uint32_t num_kv_heads;
     uint32_t head_dim;        /**< 64, 128, 256 or 512 */
     uint32_t kv_capacity;
-    uint32_t write_pos;       /**< slot of token 0, < kv_capacity */
+    uint32_t write_pos;       /**< slot of token 0, < kv_capacity (sent as the position) */
     uint32_t bits;            /**< 2, 3, 4 or 8 */
     uint32_t stream;          /**< PYFA_TQ_STREAM_K or _V: which sign vector */
     uint32_t norm_correction; /**< PYFA_TQ_NORM_* */
@@ -123,6 +126,7 @@ typedef struct pyfa_tq_quantize_params {
 #define PYFA_TQ_QUANT_ARG_CODES 2
 #define PYFA_TQ_QUANT_ARG_SCALES 3
 #define PYFA_TQ_QUANT_ARG_CODEBOOK 4
+#define PYFA_TQ_QUANT_ARG_POSITION 5 /**< int32 [1]: the slot of token 0 (launch bytes or memory) */
 
 #define PYFA_TQ_QUANT_FC_SRC_DTYPE 0 /**< dtype code of src */
 #define PYFA_TQ_QUANT_FC_BITS 1      /**< == params.bits */

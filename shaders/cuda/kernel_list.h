@@ -9,6 +9,7 @@
 PYFA_CUDA_KERNEL(flash_attn_vec, "attn_vec.cu", 128)
 PYFA_CUDA_KERNEL(flash_attn_vec_reduce, "attn_vec.cu", 512)
 PYFA_CUDA_KERNEL(kv_append, "kv_append.cu", 128)
+PYFA_CUDA_KERNEL(kv_advance, "kv_append.cu", 32)
 PYFA_CUDA_KERNEL(flash_attn_prefill, "attn_prefill.cu", PYFA_CUDA_PREFILL_WGMMA_THREADS)
 PYFA_CUDA_KERNEL(flash_attn_prefill_blk, "attn_prefill.cu", 128)
 PYFA_CUDA_KERNEL(merge_attention_states, "attn_prefill.cu", 128)

@@ -306,8 +306,10 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
     constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
     const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) +
                       ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
+    const int32_t position = pyfa_values<int32_t>(a, PYFA_TQ_QUANT_ARG_POSITION)[0];
+    if (position < 0 || (uint32_t)position >= p.kv_capacity) return; /* a dropped append (kv_advance) */
     for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
-    uint32_t slot = p.write_pos + blockIdx.x;
+    uint32_t slot = (uint32_t)position + blockIdx.x;
     if (slot >= p.kv_capacity) slot -= p.kv_capacity;
     const size_t r = ((size_t)p.sequence * p.num_kv_heads + blockIdx.y) * p.kv_capacity + slot;
     uint8_t *codes = pyfa_ptr<uint8_t>(a, PYFA_TQ_QUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);

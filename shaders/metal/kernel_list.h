@@ -14,6 +14,7 @@
 PYFA_METAL_KERNEL(flash_attn_vec, "flash_attn_vec.metal")
 PYFA_METAL_KERNEL(flash_attn_vec_reduce, "flash_attn_vec_reduce.metal")
 PYFA_METAL_KERNEL(kv_append, "kv_append.metal")
+PYFA_METAL_KERNEL(kv_advance, "kv_append.metal")
 PYFA_METAL_KERNEL(flash_attn_prefill, "flash_attn_prefill.metal")
 PYFA_METAL_KERNEL(flash_attn_prefill_blk, "flash_attn_prefill_blk.metal")
 PYFA_METAL_KERNEL(merge_attention_states, "merge_attention_states.metal")

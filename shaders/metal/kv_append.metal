@@ -22,14 +22,17 @@ kernel void kv_append(
     constant pyfa_kv_append_params &p [[buffer(PYFA_KV_APPEND_ARG_PARAMS)]],
     device const uchar *src [[buffer(PYFA_KV_APPEND_ARG_SRC)]],
     device uchar *cache [[buffer(PYFA_KV_APPEND_ARG_CACHE)]],
+    device const int *position [[buffer(PYFA_KV_APPEND_ARG_POSITION)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_threadgroup]])
 {
     // Unreachable through the dispatcher (it checks both dtypes): write nothing.
     if (!pyfa_is_attn_dtype(fc_src_dtype) || !pyfa_is_attn_dtype(fc_cache_dtype)) return;
     const uint token = tg.x, head = tg.y, D = p.head_dim, cap = p.kv_capacity;
-    // (write_pos + token) mod cap without forming a sum that may pass 2^32.
-    const uint slot = pyfa_ring_slot(token, p.write_pos, cap);
+    const int pos = position[0];
+    if (pos < 0 || uint(pos) >= cap) return; // a dropped append (kv_advance)
+    // (pos + token) mod cap without forming a sum that may pass 2^32.
+    const uint slot = pyfa_ring_slot(token, uint(pos), cap);
     device const uchar *s = src + (ulong(token) * p.num_kv_heads + head) * D * pyfa_dtype_size(fc_src_dtype);
     device uchar *c = cache + ((ulong(p.sequence) * p.num_kv_heads + head) * cap + slot) * D *
                                   pyfa_dtype_size(fc_cache_dtype);
@@ -41,6 +44,29 @@ kernel void kv_append(
         else
             pyfa_store1(c, i, fc_cache_dtype, pyfa_load1(s, i, fc_src_dtype));
     }
+}
+
+// kv_advance (contract: pyfa_params.h): lane 0 of the one threadgroup moves
+// the cache state past an append; 64-bit sums, since num_tokens may be near 2^32.
+kernel void kv_advance(
+    constant pyfa_kv_advance_params &p [[buffer(PYFA_KV_ADVANCE_ARG_PARAMS)]],
+    device pyfa_kv_state *st [[buffer(PYFA_KV_ADVANCE_ARG_STATE)]],
+    uint3 tg [[threadgroup_position_in_grid]],
+    ushort lane [[thread_index_in_threadgroup]])
+{
+    if (lane != 0 || tg.x != 0) return;
+    const long cap = p.kv_capacity, n = p.num_tokens;
+    const long len = st->kv_len < 0 ? 0 : (st->kv_len > cap ? cap : long(st->kv_len));
+    const long ring_start = (len == cap && st->ring_start >= 0 && st->ring_start < cap) ? long(st->ring_start) : 0;
+    const long start = len < cap ? len : ring_start;
+    if (p.ring == 0 && len + n > cap) {
+        st->write_pos = -1;
+        st->dropped += 1;
+        return;
+    }
+    st->write_pos = int((start + (n > cap ? n - cap : 0)) % cap);
+    st->kv_len = int(len + n <= cap ? len + n : cap);
+    st->ring_start = int(len + n <= cap ? 0 : (start + n) % cap);
 }
 
 // kv_append_paged (contract: paged_kv_params.h): one SIMD-group writes one

@@ -124,12 +124,15 @@ kernel void hadamard_quantize_kv(
     device uchar *codes [[buffer(PYFA_TQ_QUANT_ARG_CODES)]],
     device float *scales [[buffer(PYFA_TQ_QUANT_ARG_SCALES)]],
     constant float *codebook [[buffer(PYFA_TQ_QUANT_ARG_CODEBOOK)]],
+    device const int *position [[buffer(PYFA_TQ_QUANT_ARG_POSITION)]],
     threadgroup float *shared [[threadgroup(0)]],
     uint3 tg [[threadgroup_position_in_grid]],
     ushort lane [[thread_index_in_threadgroup]])
 {
     const uint token = tg.x, head = tg.y;
-    uint slot = p.write_pos + token;
+    const int pos = position[0];
+    if (pos < 0 || uint(pos) >= p.kv_capacity) return; // a dropped append (kv_advance)
+    uint slot = uint(pos) + token;
     if (slot >= p.kv_capacity) slot -= p.kv_capacity;
     const ulong r = (ulong(p.sequence) * p.num_kv_heads + head) * p.kv_capacity + slot;
     if (!pyfa_is_tq_head_dim(fc_head_dim) || !pyfa_is_tq_bits(fc_bits) || !pyfa_is_attn_dtype(fc_src_dtype)) {

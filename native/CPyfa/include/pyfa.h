@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 5
+#define PYFA_ABI_VERSION 6
 
 /* Status codes. */
 #define PYFA_OK 0
@@ -500,7 +500,17 @@ int pyfa_paged_append_run(pyfa_plan *plan, pyfa_encoder *encoder, const pyfa_pag
  * cache geometry (kv_capacity <= INT32_MAX), dtypes and TurboQuant options
  * (widths, norm_correction, seed; all 0 for a dense cache) are the plan's; a
  * run passes the memory, num_tokens and write_pos, the slot of the first row
- * (rows wrap around the ring). cache_dtype is the dense cache's dtype (U8 for
+ * (rows wrap around the ring), or instead of write_pos the cache's length
+ * state in memory (`state`, a pyfa_kv_state of int32 [4], pyfa_params.h):
+ * the run then records kv_advance, which moves the state past num_tokens
+ * rows, and the appends write where it says, all when the kernels run, so a
+ * CUDA graph that captured the run appends after the rows of the replay
+ * before it. A decode reads the same state's kv_len and ring_start as its
+ * device per-sequence values. With a state, num_tokens (the rows appended)
+ * may pass kv_capacity, and k and v hold its last min(num_tokens,
+ * kv_capacity) rows: a ring keeps only those, and without a ring such an
+ * append is dropped, as every append past capacity is (state.write_pos -1,
+ * dropped + 1); `ring` says whether the cache is a ring buffer. cache_dtype is the dense cache's dtype (U8 for
  * TurboQuant codes, which k_cache / v_cache then hold, as k_codes / v_codes
  * of pyfa_tq_decode_run_args). A run binds and checks all its memory before
  * recording anything, so a refused run leaves the encoder as it was. No
@@ -521,13 +531,14 @@ typedef struct pyfa_kv_append_plan_desc {
 } pyfa_kv_append_plan_desc;
 
 typedef struct pyfa_kv_append_run_args {
-    pyfa_tensor k, v;               /* [num_tokens, num_kv_heads, head_dim] of k_dtype, v_dtype */
+    pyfa_tensor k, v;               /* [num_tokens (with a state: at most kv_capacity), num_kv_heads, head_dim] */
     pyfa_tensor k_cache, v_cache;   /* [num_kv_heads, kv_capacity, head_dim] of cache_dtype, or the codes */
     pyfa_tensor k_scales, v_scales; /* TurboQuant scales [num_kv_heads, kv_capacity] f32 (absent when dense) */
-    uint32_t num_tokens;            /* 1 ... kv_capacity */
-    uint32_t write_pos;             /* < kv_capacity */
+    pyfa_tensor state;              /* pyfa_kv_state int32 [4], or absent: write_pos is used */
+    uint32_t num_tokens;            /* 1 ... kv_capacity (any >= 1 with a state) */
+    uint32_t write_pos;             /* < kv_capacity; 0 with a state */
     uint32_t flags;                 /* PYFA_RUN_FINISH, or 0 */
-    uint32_t reserved;
+    uint32_t ring;                  /* with a state: 1 for a ring buffer (sliding window); else 0 */
 } pyfa_kv_append_run_args;
 
 int pyfa_kv_append_plan_new(pyfa_plan **out, pyfa_device *device, const pyfa_kv_append_plan_desc *desc);
@@ -554,6 +565,10 @@ int pyfa_counters_get(pyfa_counters *out);
  * caller's (torch, cupy), and pyfa_encoder_finish does not wait. Backends
  * without streams return PYFA_ERR_UNSUPPORTED. */
 int pyfa_encoder_set_stream(pyfa_encoder *encoder, uint64_t stream);
+/* *out = 1 while the encoder's stream is being captured into a CUDA graph
+ * (what it records then runs only when the graph replays), else 0; 0 on
+ * backends without streams. */
+int pyfa_encoder_is_capturing(pyfa_encoder *encoder, uint32_t *out);
 /* Compiles every CUDA kernel specialisation the dispatchers can request for
  * arch ("sm_80", "sm_90a", ...) with NVRTC; needs no GPU or driver. Uses the
  * disk cache. count receives the number of specialisations (may be NULL). */

@@ -10,6 +10,15 @@ public func pyfa_encoder_set_stream_impl(_ encoder: OpaquePointer?, _ stream: UI
     abiCall { try (object(encoder, "encoder") as CommandEncoder).useStream(stream) }
 }
 
+@_cdecl("pyfa_encoder_is_capturing")
+public func pyfa_encoder_is_capturing_impl(_ encoder: OpaquePointer?, _ out: UnsafeMutablePointer<UInt32>?) -> Int32 {
+    abiCall {
+        let e: CommandEncoder = try object(encoder, "encoder")
+        guard let out else { throw PyfaError.invalid("out: is NULL") }
+        out.pointee = e.isCapturing ? 1 : 0
+    }
+}
+
 @_cdecl("pyfa_cuda_compile_all")
 public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: UnsafeMutablePointer<UInt32>?) -> Int32 {
     abiCall {

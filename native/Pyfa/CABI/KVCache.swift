@@ -21,9 +21,8 @@ public func pyfa_kv_append_plan_new_impl(_ out: UnsafeMutablePointer<OpaquePoint
 public func pyfa_kv_append_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePointer?,
                                     _ args: UnsafePointer<pyfa_kv_append_run_args>?) -> Int32 {
     runPlan(plan, encoder, args, flags: \.flags) { (p: KVAppendPlan, e, a) in
-        try require(a.reserved == 0, "reserved: must be 0")
         try p.run(e, k: TensorRef(a.k), v: TensorRef(a.v), kCache: TensorRef(a.k_cache), vCache: TensorRef(a.v_cache),
                   kScales: TensorRef(a.k_scales), vScales: TensorRef(a.v_scales), numTokens: a.num_tokens,
-                  writePos: a.write_pos)
+                  writePos: a.write_pos, state: TensorRef(a.state), ring: a.ring)
     }
 }

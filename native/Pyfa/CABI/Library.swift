@@ -31,6 +31,9 @@ let structSizes: [String: Int] = [
     // paged appends
     "pyfa_kv_append_paged_params": MemoryLayout<pyfa_kv_append_paged_params>.size,
     "pyfa_tq_quantize_paged_params": MemoryLayout<pyfa_tq_quantize_paged_params>.size,
+    // device-resident cache lengths
+    "pyfa_kv_state": MemoryLayout<pyfa_kv_state>.size,
+    "pyfa_kv_advance_params": MemoryLayout<pyfa_kv_advance_params>.size,
 ]
 
 @_cdecl("pyfa_struct_size")

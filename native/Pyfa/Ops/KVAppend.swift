@@ -15,8 +15,11 @@ public enum KVAppend {
         ])
     }
 
+    /// `position`: where the kernels read the slot of token 0; nil sends
+    /// p.write_pos with the launch, a buffer is a cache's device state
+    /// (pyfa_kv_state, whose first field kv_advance set).
     public static func encode(_ encoder: CommandEncoder, _ p: pyfa_kv_append_params, src: Buffer?,
-                              cache: Buffer?) throws {
+                              cache: Buffer?, position: Buffer? = nil) throws {
         try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
         try require(p.head_dim > 0, "head_dim: must be > 0")
         try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
@@ -37,7 +40,39 @@ public enum KVAppend {
             (Int(PYFA_KV_APPEND_ARG_PARAMS), .value(p)),
             (Int(PYFA_KV_APPEND_ARG_SRC), .buffer(src)),
             (Int(PYFA_KV_APPEND_ARG_CACHE), .buffer(cache)),
+            (Int(PYFA_KV_APPEND_ARG_POSITION), positionArg(position, p.write_pos)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1),
            threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
+    }
+
+    /// The position argument of an append: the state's write_pos, or the
+    /// host slot as launch bytes.
+    static func positionArg(_ state: Buffer?, _ writePos: UInt32) -> KernelArg {
+        if let state { return .buffer(state, offset: 0) }
+        return .value(Int32(bitPattern: writePos))
+    }
+}
+
+/// Moves a cache's device-resident length (pyfa_kv_state) past an append,
+/// before the append's kernels read its write_pos. Contract: pyfa_params.h,
+/// `pyfa_kv_advance_params`.
+public enum KVAdvance {
+    static let kernel = "kv_advance"
+    static func constants() throws -> FunctionConstants { try FunctionConstants(count: 0, [:]) }
+
+    public static func encode(_ encoder: CommandEncoder, _ p: pyfa_kv_advance_params, state: Buffer?) throws {
+        try require(p.kv_capacity > 0 && p.kv_capacity <= UInt32(Int32.max),
+                    "kv_capacity: \(p.kv_capacity) must be in 1...\(Int32.max)")
+        try require(p.num_tokens > 0, "num_tokens: must be > 0")
+        try require(p.ring <= 1, "ring: \(p.ring) must be 0 or 1")
+        try require(p.reserved == 0, "reserved: must be 0")
+        let state = try Check.buffer(state, "state", dtypes: [.i32], elements: 4)
+        try Check.sameDevice([state], encoder.device)
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants())
+        encoder.setOpKind(.other)
+        try encoder.dispatch(pipeline, args: [
+            (Int(PYFA_KV_ADVANCE_ARG_PARAMS), .value(p)),
+            (Int(PYFA_KV_ADVANCE_ARG_STATE), .buffer(state)),
+        ], grid: (1, 1, 1), threads: (encoder.device.backend.plan.kvAppend(headDim: 1), 1, 1))
     }
 }

@@ -55,16 +55,41 @@ public final class KVAppendPlan: OpPlan {
 
     /// Binds every tensor of the run before recording anything, so a refused
     /// run leaves nothing on the encoder.
+    /// `state` (optional): the cache's pyfa_kv_state; the run then advances
+    /// it (kv_advance) by num_tokens and the appends write k and v, which hold
+    /// the last min(num_tokens, kv_capacity) rows, where it says instead of at
+    /// writePos.
     public func run(_ encoder: CommandEncoder, k: TensorRef, v: TensorRef, kCache: TensorRef, vCache: TensorRef,
-                    kScales: TensorRef, vScales: TensorRef, numTokens: UInt32, writePos: UInt32) throws {
+                    kScales: TensorRef, vScales: TensorRef, numTokens: UInt32, writePos: UInt32,
+                    state: TensorRef = TensorRef(address: 0, nbytes: 0), ring: UInt32 = 0) throws {
         try require(encoder.device === device, "encoder: belongs to another device than the plan")
-        try require(numTokens > 0 && numTokens <= desc.kv_capacity,
-                    "num_tokens: \(numTokens) must be in 1...kv_capacity (\(desc.kv_capacity)); one run writes each slot at most once")
-        try require(writePos < desc.kv_capacity, "write_pos: \(writePos) must be < kv_capacity (\(desc.kv_capacity))")
-        let rowElements = try checkedProduct([Int(numTokens), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
+        let cap = desc.kv_capacity
+        if state.isAbsent {
+            try require(numTokens > 0 && numTokens <= cap,
+                        "num_tokens: \(numTokens) must be in 1...kv_capacity (\(cap)); one run writes each slot at most once")
+            try require(writePos < cap, "write_pos: \(writePos) must be < kv_capacity (\(cap))")
+            try require(ring == 0, "ring: \(ring) given without a state (it says how the state advances); pass 0")
+        } else {
+            try require(numTokens > 0, "num_tokens: must be > 0")
+            try require(writePos == 0, "write_pos: \(writePos) given with a state, which says where rows go; pass 0")
+            try require(ring <= 1, "ring: \(ring) must be 0 or 1")
+        }
+        // With a state, k and v hold the last min(num_tokens, kv_capacity) rows:
+        // only those can stay (a ring's; without a ring such an append is dropped).
+        let written = state.isAbsent ? numTokens : min(numTokens, cap)
+        let rowElements = try checkedProduct([Int(written), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
         let sk = try bind(k, "k", dtype: kDType, elements: rowElements)
         let sv = try bind(v, "v", dtype: vDType, elements: rowElements)
-        let rows = Int(desc.num_kv_heads) * Int(desc.kv_capacity)
+        let st = try bindOptional(state, "state", dtype: .i32, elements: 4)
+        /// The state is memory of its own: no row, cache or scale shares a byte with it.
+        func stateApart(_ others: [(Buffer, String)]) throws {
+            guard let st else { return }
+            for (b, name) in [(sk, "k"), (sv, "v")] + others {
+                try require(!st.addressRange.overlaps(b.addressRange),
+                            "state: overlaps \(name) in memory (a cache's state is memory of its own)")
+            }
+        }
+        let rows = Int(desc.num_kv_heads) * Int(cap)
         if turboQuant {
             let kCodes = try bind(kCache, "k_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.k_bits))
             let vCodes = try bind(vCache, "v_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.v_bits))
@@ -72,14 +97,16 @@ public final class KVAppendPlan: OpPlan {
             let vs = try bind(vScales, "v_scales", dtype: .f32, elements: rows)
             try KVAppendPlan.separate(kCodes, vCodes, "k_cache", "v_cache")
             try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
+            try stateApart([(kCodes, "k_cache"), (vCodes, "v_cache"), (ks, "k_scales"), (vs, "v_scales")])
+            if let st { try advance(encoder, numTokens, ring, st) }
             for (stream, src, bits, codes, scales) in [(UInt32(PYFA_TQ_STREAM_K), sk, desc.k_bits, kCodes, ks),
                                                       (UInt32(PYFA_TQ_STREAM_V), sv, desc.v_bits, vCodes, vs)] {
-                let p = pyfa_tq_quantize_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads,
+                let p = pyfa_tq_quantize_params(num_tokens: written, num_kv_heads: desc.num_kv_heads,
                                                 head_dim: desc.head_dim, kv_capacity: desc.kv_capacity,
                                                 write_pos: writePos, bits: bits, stream: stream,
                                                 norm_correction: desc.norm_correction, seed_lo: desc.seed_lo,
                                                 seed_hi: desc.seed_hi, sequence: 0, reserved: 0)
-                try TurboQuant.encodeQuantize(encoder, p, src: src, codes: codes, scales: scales)
+                try TurboQuant.encodeQuantize(encoder, p, src: src, codes: codes, scales: scales, position: st)
             }
         } else {
             try require(kScales.isAbsent && vScales.isAbsent, "k_scales: dense caches take no scales (pass address 0)")
@@ -89,10 +116,17 @@ public final class KVAppendPlan: OpPlan {
             try KVAppendPlan.separate(kc, vc, "k_cache", "v_cache")
             try Check.noOverlap(kc, "k_cache", inputs: [("k", sk), ("v", sv)])  // KVAppend.encode's rule, for V too
             try Check.noOverlap(vc, "v_cache", inputs: [("k", sk), ("v", sv)])  // before K is recorded
-            let p = pyfa_kv_append_params(num_tokens: numTokens, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
+            try stateApart([(kc, "k_cache"), (vc, "v_cache")])
+            if let st { try advance(encoder, numTokens, ring, st) }
+            let p = pyfa_kv_append_params(num_tokens: written, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
                                           kv_capacity: desc.kv_capacity, write_pos: writePos, sequence: 0)
-            try KVAppend.encode(encoder, p, src: sk, cache: kc)
-            try KVAppend.encode(encoder, p, src: sv, cache: vc)
+            try KVAppend.encode(encoder, p, src: sk, cache: kc, position: st)
+            try KVAppend.encode(encoder, p, src: sv, cache: vc, position: st)
         }
+    }
+
+    private func advance(_ encoder: CommandEncoder, _ numTokens: UInt32, _ ring: UInt32, _ state: Buffer) throws {
+        try KVAdvance.encode(encoder, pyfa_kv_advance_params(kv_capacity: desc.kv_capacity, num_tokens: numTokens,
+                                                             ring: ring, reserved: 0), state: state)
     }
 }

@@ -31,10 +31,11 @@ public enum KernelSpecialisations {
         return [(PagedAppend.denseKernel, dense), (PagedAppend.turboQuantKernel, tq)]
     }
 
-    /// kv_append: every (src dtype, cache dtype) pair.
+    /// kv_append: every (src dtype, cache dtype) pair; kv_advance, which has no constants.
     static func kvAppend() throws -> [(name: String, constants: [FunctionConstants])] {
         let pairs = KVAppend.floatTypes.flatMap { s in KVAppend.floatTypes.map { (s, $0) } }
-        return [(KVAppend.kernel, try pairs.map { try KVAppend.constants(src: $0.0, cache: $0.1) })]
+        return [(KVAppend.kernel, try pairs.map { try KVAppend.constants(src: $0.0, cache: $0.1) }),
+                (KVAdvance.kernel, [try KVAdvance.constants()])]
     }
 
     static let headDims: [UInt32] = supportedHeadDims.sorted()

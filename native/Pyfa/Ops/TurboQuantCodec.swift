@@ -68,8 +68,9 @@ public enum TurboQuant {
         try require(capacity > 0, "kv_capacity: must be > 0")
     }
 
+    /// `position`: as KVAppend.encode's (nil: p.write_pos; else a cache's device state).
     public static func encodeQuantize(_ encoder: CommandEncoder, _ p: pyfa_tq_quantize_params,
-                                      src: Buffer?, codes: Buffer?, scales: Buffer?) throws {
+                                      src: Buffer?, codes: Buffer?, scales: Buffer?, position: Buffer? = nil) throws {
         try checkRowShape(heads: p.num_kv_heads, headDim: p.head_dim, bits: p.bits, stream: p.stream,
                           capacity: p.kv_capacity)
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
@@ -91,6 +92,7 @@ public enum TurboQuant {
             (Int(PYFA_TQ_QUANT_ARG_CODES), .buffer(c)),
             (Int(PYFA_TQ_QUANT_ARG_SCALES), .buffer(s)),
             (Int(PYFA_TQ_QUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
+            (Int(PYFA_TQ_QUANT_ARG_POSITION), KVAppend.positionArg(position, p.write_pos)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 

@@ -8,6 +8,8 @@ final class StructLayoutTests: XCTestCase {
         XCTAssertEqual(MemoryLayout<pyfa_flash_attn_vec_params>.size, 40)
         XCTAssertEqual(MemoryLayout<pyfa_attn_reduce_params>.size, 16)
         XCTAssertEqual(MemoryLayout<pyfa_kv_append_params>.size, 24)
+        XCTAssertEqual(MemoryLayout<pyfa_kv_state>.size, 16)
+        XCTAssertEqual(MemoryLayout<pyfa_kv_advance_params>.size, 16)
         XCTAssertEqual(MemoryLayout<pyfa_tq_quantize_params>.size, 48)
         XCTAssertEqual(MemoryLayout<pyfa_tq_dequantize_params>.size, 40)
         XCTAssertEqual(MemoryLayout<pyfa_tq_fwht_params>.size, 24)
