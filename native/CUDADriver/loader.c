@@ -71,6 +71,8 @@ int pyfa_cuda_driver_load(char *err, size_t err_len) {
             BIND(cuStreamSynchronize, "cuStreamSynchronize");
             BIND(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
 #undef BIND
+            t.cuLaunchKernelEx = (CUresult(*)(const pyfa_cu_launch_config *, CUfunction, void **, void **))dlsym(
+                lib, "cuLaunchKernelEx");
             if (!bad) {
                 CUresult r = t.cuInit(0);
                 if (r != 0) {

@@ -35,6 +35,25 @@ typedef struct CUevent_st *CUevent;
 #define PYFA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define PYFA_CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define PYFA_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+
+/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchAttribute and
+ * CUlaunchConfig, same layout): one attribute is all pyfa sets. */
+typedef struct pyfa_cu_launch_attribute {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        int programmatic_stream_serialization_allowed;
+    } value;
+} pyfa_cu_launch_attribute;
+
+typedef struct pyfa_cu_launch_config {
+    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    CUstream stream;
+    pyfa_cu_launch_attribute *attrs;
+    unsigned int num_attrs;
+} pyfa_cu_launch_config;
 
 typedef struct pyfa_cuda_driver_api {
     CUresult (*cuInit)(unsigned int flags);
@@ -72,6 +91,9 @@ typedef struct pyfa_cuda_driver_api {
     CUresult (*cuStreamSynchronize)(CUstream stream);
     CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *blocks, CUfunction fn, int block_size,
                                                             size_t dynamic_smem);
+    /* Optional (CUDA 12 drivers and later): NULL where the driver lacks it. */
+    CUresult (*cuLaunchKernelEx)(const pyfa_cu_launch_config *config, CUfunction f, void **kernel_params,
+                                 void **extra);
 } pyfa_cuda_driver_api;
 
 typedef int nvrtcResult;

@@ -1,6 +1,9 @@
 import CPyfa
 import PyfaCUDADriver
 import PyfaShaderCommon
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A compiled specialisation: its module and entry function on one device.
 final class CUDAPipeline: Pipeline {
@@ -34,6 +37,9 @@ final class CUDABackend: Backend {
     let deviceName: String
     let smCount: UInt32
     let maxSharedOptin: Int
+    /// Programmatic dependent launch (CUDAQueue.dependentLaunch): compute
+    /// capability 9.0 and later, unless PYFA_CUDA_PDL=0.
+    let dependentLaunch: Bool
     let totalMemory: UInt64
     /// Device allocations the driver confirmed recently, so wrapping memory
     /// inside one again (a framework's pool hands out the same blocks call
@@ -61,6 +67,7 @@ final class CUDABackend: Backend {
             throw PyfaError.unavailable("backend 'cuda': compute capability \(major).\(minor) is below the 8.0 pyfa needs")
         }
         smCount = UInt32(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
+        dependentLaunch = major >= 9 && getenv("PYFA_CUDA_PDL").map { String(cString: $0) != "0" } ?? true
         maxSharedOptin = Int(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
         var nameBytes = [CChar](repeating: 0, count: 128)
         _ = pyfa_cu.cuDeviceGetName(&nameBytes, 127, dev)
@@ -169,7 +176,9 @@ final class CUDABackend: Backend {
         return CUDAPipeline(name: name, module: module, function: function, context: context)
     }
 
-    func makeQueue() throws -> CommandQueue { try CUDAQueue(context: context, maxShared: maxSharedOptin) }
+    func makeQueue() throws -> CommandQueue {
+        try CUDAQueue(context: context, maxShared: maxSharedOptin, dependentLaunch: dependentLaunch)
+    }
 
     /// Resident blocks per SM of one compiled function at a block size and
     /// dynamic shared memory (0 if the query fails).

@@ -9,7 +9,7 @@ import Glibc
 /// A specialisation's entry point is generated: for registry name `n` with
 /// function constants c0, c1, ...:
 ///   extern "C" __global__ void __launch_bounds__(<max threads>[, PYFA_MIN_BLOCKS_n(c0, c1, ...)])
-///   <entry>(const __grid_constant__ pyfa_cuda_args a) { n_body<c0, c1, ...>(a); }
+///   <entry>(const __grid_constant__ pyfa_cuda_args a) { pyfa_entry_prologue(); n_body<c0, c1, ...>(a); }
 /// The minimum of resident blocks per SM (a register cap) appears only where the
 /// source defines the macro PYFA_MIN_BLOCKS_n(...) of the specialisation's
 /// constants: even a minimum of 1 changes ptxas's register
@@ -39,6 +39,23 @@ final class CUDACompiler {
         ["-arch=\(arch)", "-std=c++17", "-default-device", "-lineinfo", "-diag-suppress=177"] + extraOptions
     }
 
+    /// Every entry's first step (sm_90 and later). A kernel launched with
+    /// programmatic stream serialisation (CUDAQueue.dependentLaunch) may start
+    /// while the kernel before it in the stream is still running: it waits
+    /// here until that kernel has completed and its memory is visible, before
+    /// reading or writing anything, so the order of reads and writes is that
+    /// of a plain launch; then it lets the kernel after it be scheduled. Both
+    /// instructions do nothing for a plain launch.
+    static let entryPrologue = """
+        __device__ __forceinline__ void pyfa_entry_prologue() {
+        #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        #endif
+        }
+
+        """
+
     static func entryName(_ name: String, _ constants: [Int32]) -> String {
         name + "__fc" + constants.map { $0 < 0 ? "m\(-Int($0))" : String($0) }.joined(separator: "_")
     }
@@ -62,10 +79,11 @@ final class CUDACompiler {
         source += "#ifdef \(minBlocks)\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads), "
         source += "\(minBlocks)(__VA_ARGS__))\n"
         source += "#else\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads))\n#endif\n"
+        source += CUDACompiler.entryPrologue
         for c in specialisations {
             let args = c.map { String($0) }.joined(separator: ", ")
             source += "extern \"C\" __global__ void PYFA_LAUNCH_BOUNDS_\(name)(\(args)) \(CUDACompiler.entryName(name, c))"
-            source += "(const __grid_constant__ pyfa_cuda_args a) { \(name)_body<"
+            source += "(const __grid_constant__ pyfa_cuda_args a) { pyfa_entry_prologue(); \(name)_body<"
             source += c.map { String($0) }.joined(separator: ", ") + ">(a); }\n"
         }
         let headers = CUDACompiler.headerFiles()

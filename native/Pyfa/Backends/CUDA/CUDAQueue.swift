@@ -12,6 +12,13 @@ import Glibc
 final class CUDAQueue: CommandQueue {
     let context: CUDAContext
     let maxShared: Int
+    /// Launch with programmatic stream serialisation (Hopper and later, a
+    /// driver with cuLaunchKernelEx): a kernel may be scheduled while the one
+    /// before it in the stream finishes, and waits in its prologue
+    /// (CUDACompiler's entry) until that one has completed and its writes are
+    /// visible, so the gap between dependent kernels closes. PYFA_CUDA_PDL=0
+    /// launches plainly.
+    let dependentLaunch: Bool
     private let ownStream: CUstream
     private var stream: CUstream?
     /// Shared buffers used since the last wait: copied back after it.
@@ -20,9 +27,10 @@ final class CUDAQueue: CommandQueue {
     /// space, one per stream (stream order makes reusing a ring's bytes safe).
     private var uploadRings: [UInt: CUDAUploadRing] = [:]
 
-    init(context: CUDAContext, maxShared: Int) throws {
+    init(context: CUDAContext, maxShared: Int, dependentLaunch: Bool) throws {
         self.context = context
         self.maxShared = maxShared
+        self.dependentLaunch = dependentLaunch && pyfa_cu.cuLaunchKernelEx != nil
         try context.makeCurrent()
         var s: CUstream? = nil
         try CU.check(pyfa_cu.cuStreamCreate(&s, 0), "encoder: cuStreamCreate")
@@ -140,10 +148,24 @@ final class CUDAQueue: CommandQueue {
             // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
             var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
             try withUnsafeMutablePointer(to: &param) { pp in
-                try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
-                                                    d.threads.0, d.threads.1, d.threads.2,
-                                                    UInt32(smem), stream, pp, nil),
-                             "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+                if dependentLaunch, let launchEx = pyfa_cu.cuLaunchKernelEx {
+                    var attribute = pyfa_cu_launch_attribute()
+                    attribute.id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                    attribute.value.programmatic_stream_serialization_allowed = 1
+                    try withUnsafeMutablePointer(to: &attribute) { attr in
+                        var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
+                                                           block_x: d.threads.0, block_y: d.threads.1,
+                                                           block_z: d.threads.2, shared_bytes: UInt32(smem),
+                                                           stream: stream, attrs: attr, num_attrs: 1)
+                        try CU.check(launchEx(&config, p.function, pp, nil),
+                                     "dispatch \(p.name): cuLaunchKernelEx grid \(d.grid) threads \(d.threads)")
+                    }
+                } else {
+                    try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
+                                                        d.threads.0, d.threads.1, d.threads.2,
+                                                        UInt32(smem), stream, pp, nil),
+                                 "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+                }
             }
         }
     }
