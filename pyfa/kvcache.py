@@ -41,14 +41,17 @@ append to a cache without a window) reads it back from the device, which
 waits for the device (synchronise the replays' stream first). A replayed
 append that finds a cache without a window full writes nothing; the next
 host read of the length raises :class:`pyfa.PyfaError` saying how many were
-dropped. A captured cache's memory stays allocated after the cache is gone,
-since the graph may replay later.
+dropped. A cache's memory stays allocated after the cache is gone once a graph
+captured an append or an attend of it, since the graph may replay later.
 
 A cache may be shared between threads: appends, attends and reads of one
 cache are serialised by the cache's lock, so every append gets its own slots
 (none is lost or overwritten by another) and an attend sees the rows of the
 appends that were issued before it (with GPU arrays: queued before it on the
-same stream), never a partly written one.
+same stream), never a partly written one. With GPU arrays the length advances
+on the device in stream order, so appends to one cache on different streams
+must be ordered by the caller (one stream per cache, or a synchronisation
+between them), as attends after them must be.
 """
 from __future__ import annotations
 
@@ -108,6 +111,7 @@ class _RingCache:
         self._repeats = threading.local()  # this thread's remembered attends (_attend_repeat)
         self._state = None  # the length on the device (pyfa_kv_state), where the device has its own memory
         self._captured = False  # a graph captured an append: replays move the length without the host
+        self._kept = False  # the memory is in _GRAPH_KEPT (a graph captured an append or an attend)
         self._dropped_seen = 0  # appends the state counted as dropped, as reported
         if not self._host_visible:
             self._keep_length_on_device()
@@ -127,11 +131,21 @@ class _RingCache:
         check(lib.pyfa_encoder_is_capturing(_plans.encoder(self.device, stream), self._capturing_flag))
         return bool(self._capturing_flag[0])
 
-    def _note_capture(self, enc) -> None:
-        """Before recording a GPU-array append on `enc`: whether a graph captures it."""
+    def _note_capture(self, enc) -> bool:
+        """Before recording a GPU-array append on `enc`: whether a graph captures it (the host count
+        then stops following the device, and the memory is kept for the graph's replays)."""
         check(lib.pyfa_encoder_is_capturing(enc, self._capturing_flag))
-        if self._capturing_flag[0] and not self._captured:
-            self._captured = True
+        if not self._capturing_flag[0]:
+            return False
+        self._captured = True
+        self._keep_for_graphs()
+        return True
+
+    def _keep_for_graphs(self) -> None:
+        """Keeps the cache's memory for the process's life: a graph that captured a call may replay
+        after the cache is gone."""
+        if not self._kept:
+            self._kept = True
             _GRAPH_KEPT.append((self._state,) + tuple(b for _, b in self._append_memory()))
 
     def _sync_length(self) -> None:
@@ -140,6 +154,8 @@ class _RingCache:
         if not self._captured:
             return
         _, kv_len, ring_start, dropped = (int(x) for x in self._state.read())
+        kv_len = min(max(kv_len, 0), self.capacity)  # as the kernels clamp what they read
+        ring_start = ring_start if 0 <= ring_start < self.capacity else 0
         self._total = kv_len if kv_len < self.capacity else self.capacity + ring_start
         if dropped > self._dropped_seen:
             n, self._dropped_seen = dropped - self._dropped_seen, dropped
@@ -178,11 +194,16 @@ class _RingCache:
             raise invalid(f"v: {v.shape[0]} tokens, k has {k.shape[0]} (append needs one v row per k row)")
         return k, v, like
 
-    def _plan_append(self, n: int):
+    def _plan_append(self, n: int, capturing: bool = False):
         """(first source row, write slot, rows to pass), or raises before anything changes. With the
-        length on the device the run passes n as num_tokens and the library places the rows (slot 0)."""
+        length on the device the run passes n as num_tokens and the library places the rows (slot 0).
+        A captured append is checked when it replays, on the device (a full cache without a window
+        drops it and counts the drop), since the length is the replays' then; an eager one after a
+        capture reads back the length the replays left."""
+        if capturing:
+            return max(0, n - self.capacity), 0, min(n, self.capacity)
         if self._captured and self.sliding_window is None:
-            self._sync_length()  # the capacity check needs the length that replays left
+            self._sync_length()
         if self.sliding_window is None and self._total + n > self.capacity:
             raise invalid(f"append: {n} tokens would exceed capacity {self.capacity} ({self._total} stored); "
                           "pass sliding_window for a ring buffer")
@@ -229,15 +250,14 @@ class _RingCache:
         """Appends checked rows (``k``, ``v`` of dtypes the kernels read) in one run that encodes
         K and V; nothing changes when it raises."""
         with self._lock:
-            skip, slot, count = self._plan_append(k.shape[0])
+            stream = like.stream if like is not None else 0
+            enc = _plans.encoder(self.device, stream)
+            capturing = like is not None and self._state is not None and self._note_capture(enc)
+            skip, slot, count = self._plan_append(k.shape[0], capturing)
             plan, args = self._append_run(k.dtype, v.dtype)
             args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K)
             args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V)
             args.num_tokens, args.write_pos = count if self._state is None else k.shape[0], slot
-            stream = like.stream if like is not None else 0
-            enc = _plans.encoder(self.device, stream)
-            if like is not None and self._state is not None:
-                self._note_capture(enc)
             _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
             self._total += k.shape[0]
 
@@ -270,15 +290,14 @@ class _RingCache:
             return False
         n = shape[0]
         with self._lock:
-            skip, slot, count = self._plan_append(n)
+            enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0))
+            capturing = self._state is not None and self._note_capture(enc)
+            skip, slot, count = self._plan_append(n, capturing)
             plan, args = self._append_run(dt, dt)
             row = dt.itemsize * shape[1] * shape[2]
             args.k.address, args.k.nbytes = k.data_ptr() + skip * row, count * row
             args.v.address, args.v.nbytes = v.data_ptr() + skip * row, count * row
             args.num_tokens, args.write_pos = count if self._state is None else n, slot
-            enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0))
-            if self._state is not None:
-                self._note_capture(enc)
             _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
             self._total += n
         return True
@@ -356,7 +375,10 @@ class _RingCache:
             "pyfa_tq_decode_plan_desc *" if kind == "tq" else "pyfa_decode_plan_desc *",
             dict(desc, q_dtype=dtypes.code(q.dtype), out_dtype=dtypes.code(out_dtype), return_lse=int(return_lse),
                  max_kv_len=min(bucket, self.capacity)))))
-        if kv_len == 0 and not (device_state and like is not None and self._capturing(like.stream)):
+        capturing = device_state and like is not None and not self._kept and self._capturing(like.stream)
+        if capturing:
+            self._keep_for_graphs()
+        if kv_len == 0 and not (device_state and like is not None and (capturing or self._kept)):
             out = self._zeros((H, D), like, out_dtype)
             lse = self._zeros((H,), like, np.float32, -np.inf) if return_lse else None
             return out, lse
@@ -455,6 +477,8 @@ class _RingCache:
                 out = q.new_empty(q.shape)
                 args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
                 stream = cuda_interop.torch_stream_handle(0)
+                if self._state is not None and not self._kept and self._capturing(stream):
+                    self._keep_for_graphs()
             else:
                 out = np.empty(q.shape, q.dtype)
                 slots[0][0] = ffi.from_buffer(q)
@@ -504,6 +528,9 @@ class KVCache(_RingCache):
 
     ``attend`` follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE);
     against flash-attn's and torch's: README.md, "Conventions for flash-attn and torch users".
+    On a cuda device the length also lives on the device, so ``append`` and ``attend`` with CUDA
+    tensors can be captured in a CUDA graph, each replay appending after the last (the module's
+    documentation says what the host reads back after a capture).
 
     >>> import numpy as np, pyfa
     >>> c = pyfa.KVCache(2, 64, 16)

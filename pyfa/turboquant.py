@@ -271,7 +271,9 @@ class TurboQuantKVCache(_RingCache):
 
     Attributes: ``num_kv_heads``, ``head_dim``, ``capacity``, ``sliding_window``, ``k_bits``,
     ``v_bits``, ``seed``, ``device``; ``len(cache)`` is the number of tokens stored. ``attend``
-    follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE).
+    follows :func:`pyfa.decode_attention`'s conventions (GQA, scale, softcap, LSE). On a cuda
+    device the length lives on the device, as :class:`pyfa.KVCache`'s does, so a step (append,
+    attend) captures in a CUDA graph.
 
     >>> import numpy as np, pyfa
     >>> c = pyfa.TurboQuantKVCache(2, 64, 16)

@@ -163,3 +163,67 @@ def test_cache_step_replays_like_eager_steps(kind, window):
     gc.collect()
     graph.replay()  # the captured memory stays allocated: no fault
     torch.cuda.synchronize()
+
+
+def test_a_cache_without_a_window_captures_twice():
+    """A second capture of a cache without a window (after the first set the cache's captured
+    state) must not read the length back, which a capture cannot wait for: graphs of one step and
+    of two steps capture, and replays of each append in turn, as eager steps on a twin do."""
+    cap, dtype = 16, torch.bfloat16
+    eager, captured = _cache("dense", cap, None), _cache("dense", cap, None)
+    k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
+
+    def feed(t):
+        k_in.copy_(_filled(k_in.shape, dtype, 5 * t))
+        v_in.copy_(_filled(v_in.shape, dtype, 5 * t + 1))
+        q_in.copy_(_filled(q_in.shape, dtype, 5 * t + 2))
+
+    def step(c):
+        c.append(k_in, v_in)
+        return c.attend(q_in)
+
+    feed(0)
+    for c in (eager, captured):
+        step(c)
+    torch.cuda.synchronize()
+    one, two = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(one):
+        out_one = step(captured)
+    with torch.cuda.graph(two):
+        out_two = [step(captured), step(captured)]
+    torch.cuda.synchronize()
+    t = 1
+    for _ in range(3):
+        feed(t)
+        one.replay()
+        want = step(eager)
+        torch.cuda.synchronize()
+        assert torch.equal(out_one, want)
+        two.replay()
+        want = [step(eager), step(eager)]
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(out_two, want))
+        t += 1
+    assert len(captured) == len(eager) == 10
+
+
+def test_a_captured_attend_keeps_the_cache_memory():
+    """A graph that captured only an attend replays after the cache object is gone: the cache's
+    memory is kept, and the replay gives the attend it captured."""
+    from pyfa import kvcache
+    dtype = torch.bfloat16
+    c = _cache("dense", 64, None)
+    rows, q = _filled((20, HKV, D), dtype, 7), _filled((H, D), dtype, 8)
+    c.append(rows, rows)
+    want = c.attend(q)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = c.attend(q)
+    assert any(kept[0] is c._state for kept in kvcache._GRAPH_KEPT)
+    del c
+    import gc
+    gc.collect()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

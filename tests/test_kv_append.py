@@ -149,6 +149,7 @@ def _error(status):
     (dict(num_kv_heads=0), "num_kv_heads: must be > 0"),
     (dict(head_dim=0), "head_dim: must be > 0"),
     (dict(kv_capacity=0), "kv_capacity: must be > 0"),
+    (dict(kv_capacity=2**31, write_pos=2**31 - 1), "kv_capacity: 2147483648 must be at most 2147483647"),
     (dict(num_tokens=3, head_dim=16), "src: buffer holds 32 elements, needs 48"),
     (dict(sequence=1), "cache: buffer holds 32 elements, needs 64"),
     (dict(sequence=2**32 - 1, head_dim=2**31), "cache: size overflows 64 bits"),

@@ -464,7 +464,8 @@ def test_bad_kernel_params(cpu):
                 norm_correction=0)
     for change, match in [(dict(num_tokens=5), "num_tokens: 5"), (dict(write_pos=4), "write_pos"),
                           (dict(bits=6), "bits: 6"), (dict(head_dim=80), "head_dim: 80"),
-                          (dict(stream=2), "stream"), (dict(norm_correction=3), "norm_correction")]:
+                          (dict(stream=2), "stream"), (dict(norm_correction=3), "norm_correction"),
+                          (dict(kv_capacity=2**31, write_pos=2**31 - 1), "kv_capacity: 2147483648 must be at most")]:
         p = ffi.new("pyfa_tq_quantize_params *", {**base, **change})
         enc = cpu.encoder()
         assert lib.pyfa_hadamard_quantize_kv(enc, p, src.handle, codes.handle, scales.handle) != 0

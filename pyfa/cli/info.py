@@ -128,7 +128,8 @@ def device_lines(device: pyfa.Device, probe: bool) -> list[str]:
                      "tensors or CUDA graphs")
     else:
         lines.append("  arrays: torch / cupy GPU tensors read in place on the caller's stream; device kv_len / "
-                     "ring_start tensors (CUDA graph capture): yes; numpy arrays are copied")
+                     "ring_start tensors (CUDA graph capture): yes; caches keep their length on the device "
+                     "(cache steps capture too); numpy arrays are copied")
     lines.append(f"  device clock (pyfa_encoder_device_seconds): {'yes' if device_clock(device) else 'no'}")
     return lines
 

@@ -44,6 +44,7 @@ typedef struct pyfa_cu_launch_attribute {
     char pad[4];
     union {
         char pad[64];
+        unsigned long long align; /* cuda.h's union holds 8-byte members */
         int programmatic_stream_serialization_allowed;
     } value;
 } pyfa_cu_launch_attribute;
@@ -54,6 +55,12 @@ typedef struct pyfa_cu_launch_config {
     pyfa_cu_launch_attribute *attrs;
     unsigned int num_attrs;
 } pyfa_cu_launch_config;
+
+_Static_assert(sizeof(pyfa_cu_launch_attribute) == 72 && offsetof(pyfa_cu_launch_attribute, value) == 8,
+               "CUlaunchAttribute layout");
+_Static_assert(sizeof(pyfa_cu_launch_config) == 56 && offsetof(pyfa_cu_launch_config, stream) == 32 &&
+                   offsetof(pyfa_cu_launch_config, attrs) == 40 && offsetof(pyfa_cu_launch_config, num_attrs) == 48,
+               "CUlaunchConfig layout");
 
 typedef struct pyfa_cuda_driver_api {
     CUresult (*cuInit)(unsigned int flags);

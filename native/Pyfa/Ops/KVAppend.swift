@@ -23,6 +23,8 @@ public enum KVAppend {
         try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
         try require(p.head_dim > 0, "head_dim: must be > 0")
         try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
+        try require(p.kv_capacity <= UInt32(Int32.max),
+                    "kv_capacity: \(p.kv_capacity) must be at most \(Int32.max) (slots are int32 positions)")
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
                     "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
         try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")

@@ -26,6 +26,8 @@ public final class KVAppendPlan: OpPlan {
                                what: "cache")
         self.desc = desc
         try super.init(device: device, workspaceBytes: 0)
+        // Compiled now, so a run with a state cannot fail on first use after recording its advance.
+        _ = try device.registry.pipeline(KVAdvance.kernel, constants: KVAdvance.constants())
         if desc.k_bits != 0 {
             try TurboQuant.checkCodecOptions(headDim: desc.head_dim, kBits: desc.k_bits, vBits: desc.v_bits,
                                              normCorrection: desc.norm_correction)

@@ -73,6 +73,8 @@ public enum TurboQuant {
                                       src: Buffer?, codes: Buffer?, scales: Buffer?, position: Buffer? = nil) throws {
         try checkRowShape(heads: p.num_kv_heads, headDim: p.head_dim, bits: p.bits, stream: p.stream,
                           capacity: p.kv_capacity)
+        try require(p.kv_capacity <= UInt32(Int32.max),
+                    "kv_capacity: \(p.kv_capacity) must be at most \(Int32.max) (slots are int32 positions)")
         try require(p.num_tokens > 0 && p.num_tokens <= p.kv_capacity,
                     "num_tokens: \(p.num_tokens) must be in 1...kv_capacity (\(p.kv_capacity)); one dispatch writes each slot at most once")
         try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")

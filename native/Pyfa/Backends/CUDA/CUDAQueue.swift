@@ -17,8 +17,9 @@ final class CUDAQueue: CommandQueue {
     /// before it in the stream finishes, and waits in its prologue
     /// (CUDACompiler's entry) until that one has completed and its writes are
     /// visible, so the gap between dependent kernels closes. PYFA_CUDA_PDL=0
-    /// launches plainly.
-    let dependentLaunch: Bool
+    /// launches plainly, and so does a queue whose driver refused such a
+    /// launch once (the launch is retried plainly).
+    private(set) var dependentLaunch: Bool
     private let ownStream: CUstream
     private var stream: CUstream?
     /// Shared buffers used since the last wait: copied back after it.
@@ -157,8 +158,13 @@ final class CUDAQueue: CommandQueue {
                                                            block_x: d.threads.0, block_y: d.threads.1,
                                                            block_z: d.threads.2, shared_bytes: UInt32(smem),
                                                            stream: stream, attrs: attr, num_attrs: 1)
-                        try CU.check(launchEx(&config, p.function, pp, nil),
-                                     "dispatch \(p.name): cuLaunchKernelEx grid \(d.grid) threads \(d.threads)")
+                        if launchEx(&config, p.function, pp, nil) != 0 {
+                            dependentLaunch = false
+                            try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
+                                                                d.threads.0, d.threads.1, d.threads.2,
+                                                                UInt32(smem), stream, pp, nil),
+                                         "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+                        }
                     }
                 } else {
                     try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
