@@ -27,7 +27,7 @@ _LIB_CANDIDATES = [
     _REPO / ".build" / "release" / "libpyfa.dylib",
 ]
 
-_SKIP_BLOCKS = re.compile(r"__cplusplus|__METAL_VERSION__|__CUDACC_RTC__")
+_SKIP_BLOCKS = re.compile(r"__cplusplus|__METAL_VERSION__|__CUDACC_RTC__|PYFA_ABI_DECLARATIONS_ONLY")
 _LOCAL_INCLUDE = re.compile(r'^#include\s+"([^"]+)"')
 _INT_DEFINE = re.compile(r"^#define\s+([A-Z_][A-Z0-9_]*)\s+(-?\d+)\s*(/\*.*\*/)?\s*$")
 
@@ -42,7 +42,8 @@ def _find_header(name: str) -> Path:
 def header_cdef(name: str, seen: set | None = None) -> str:
     """Turns a C header into cffi cdef text: inlines local #include "x.h"
     headers once, drops blocks guarded by __cplusplus / __METAL_VERSION__ /
-    __CUDACC_RTC__, keeps integer #defines, drops other preprocessor lines."""
+    __CUDACC_RTC__ / PYFA_ABI_DECLARATIONS_ONLY (functions the kernel languages share), keeps
+    integer #defines, drops other preprocessor lines."""
     seen = set() if seen is None else seen
     if name in seen:
         return ""

@@ -104,7 +104,7 @@ class _FakeGpuArray:
         self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (0, False), "version": 3}
 
 
-def test_caches_on_host_devices_refuse_gpu_arrays(device):
+def test_caches_on_devs_refuse_gpu_arrays(device):
     """A GPU array needs a cache on a GPU device: on the CPU (and the Metal executor) each
     argument is refused by name, and the cache is unchanged."""
     if not device.host_visible:
@@ -483,12 +483,12 @@ def test_a_decode_step_allocates_nothing(device, rng, kind):
     ([0, 1000, 1000, 0], 1, 1, [0, 8, 1, 0], [0]),              # kv_len past capacity is full; bad ring_start 0
     ([0, 1000, -3, 0], 1, 0, [-1, 1000, -3, 1], []),            # full without a ring: dropped, the rest kept
 ])
-def test_append_run_with_a_state(cpu, before, n, ring, after, slots):
+def test_append_run_with_a_state(dev, before, n, ring, after, slots):
     """A run with a state advances it (kv_advance) and writes where it says: the last
     min(n, capacity) rows, from the slot the state names; values out of range are clamped, so no
     slot outside the cache is ever written."""
     from pyfa._native import ffi, lib
-    status, plan = _append_plan(cpu)
+    status, plan = _append_plan(dev)
     assert status == lib.PYFA_OK, plan
     rows = min(n, 8)
     k = (np.arange(rows, dtype=np.float32) + 1)[:, None, None] * np.ones((rows, 2, 64), np.float32)
@@ -500,7 +500,7 @@ def test_append_run_with_a_state(cpu, before, n, ring, after, slots):
         t = getattr(args, field)
         t.address, t.nbytes = int(ffi.cast("uintptr_t", ffi.from_buffer(a))), a.nbytes
     args.num_tokens, args.ring, args.flags = n, ring, lib.PYFA_RUN_FINISH
-    assert lib.pyfa_kv_append_run(plan, cpu.encoder(), args) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error())
+    assert lib.pyfa_kv_append_run(plan, dev.encoder(), args) == lib.PYFA_OK, ffi.string(lib.pyfa_last_error())
     assert state.tolist() == after
     for c in caches:
         got = c[:, :, 0].astype(np.float32)

@@ -59,23 +59,11 @@ void PYFA_ISA(pyfa_cpu_kv_append)(const pyfa_cpu_dispatch *d, uint32_t x, uint32
 }
 
 /* kv_advance (contract in pyfa_params.h): the one workgroup moves the cache
- * state past an append; 64-bit sums, since num_tokens may be near 2^32. */
+ * state past an append. */
 void PYFA_ISA(pyfa_cpu_kv_advance)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z, void *scratch) {
     (void)x, (void)y, (void)z, (void)scratch;
-    const pyfa_kv_advance_params *p = (const pyfa_kv_advance_params *)d->args[PYFA_KV_ADVANCE_ARG_PARAMS];
     pyfa_kv_state *st = (pyfa_kv_state *)d->args[PYFA_KV_ADVANCE_ARG_STATE];
-    const int64_t cap = p->kv_capacity, n = p->num_tokens;
-    const int64_t len = st->kv_len < 0 ? 0 : (st->kv_len > cap ? cap : st->kv_len);
-    const int64_t ring_start = (len == cap && st->ring_start >= 0 && st->ring_start < cap) ? st->ring_start : 0;
-    const int64_t start = len < cap ? len : ring_start;
-    if (!p->ring && len + n > cap) {
-        st->write_pos = -1;
-        st->dropped += 1;
-        return;
-    }
-    st->write_pos = (int32_t)((start + (n > cap ? n - cap : 0)) % cap);
-    st->kv_len = (int32_t)(len + n <= cap ? len + n : cap);
-    st->ring_start = (int32_t)(len + n <= cap ? 0 : (start + n) % cap);
+    *st = pyfa_kv_advanced(*st, *(const pyfa_kv_advance_params *)d->args[PYFA_KV_ADVANCE_ARG_PARAMS]);
 }
 
 /* The pool row of slot `slot` for KV head `head`, or -1 for a slot outside

@@ -180,7 +180,8 @@ typedef struct pyfa_kv_state {
 
 /* ---------------------------------------------------------------------------
  * kv_advance: moves a cache's pyfa_kv_state past an append of num_tokens
- * rows, before the append's kernels run (they read state.write_pos):
+ * rows, before the append's kernels run (they read state.write_pos), as
+ * pyfa_kv_advanced below:
  *   state  pyfa_kv_state (read and written)
  * write_pos becomes the slot the appended rows start at: kv_len while the
  * cache has room, else ring_start; a ring (`ring` 1) keeps the last
@@ -200,6 +201,41 @@ typedef struct pyfa_kv_advance_params {
 
 #define PYFA_KV_ADVANCE_ARG_PARAMS 0
 #define PYFA_KV_ADVANCE_ARG_STATE 1
+
+/* Shared by the kernel languages; not part of the C ABI (pyfa/_native.py's
+ * cdef leaves out blocks guarded by PYFA_ABI_DECLARATIONS_ONLY). */
+#ifndef PYFA_ABI_DECLARATIONS_ONLY
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define PYFA_PARAMS_FN __host__ __device__ inline
+#elif defined(__METAL_VERSION__)
+#define PYFA_PARAMS_FN inline
+#else
+#define PYFA_PARAMS_FN static inline
+#endif
+
+/* kv_advance's whole work, which every backend's kernel applies to the state
+ * it reads: the state after an append of p.num_tokens rows. 32-bit
+ * arithmetic that cannot overflow: lengths are at most INT32_MAX, and
+ * num_tokens enters only compared with the room left or modulo kv_capacity. */
+PYFA_PARAMS_FN pyfa_kv_state pyfa_kv_advanced(pyfa_kv_state s, pyfa_kv_advance_params p) {
+    const uint32_t cap = p.kv_capacity, n = p.num_tokens;
+    const uint32_t len = s.kv_len < 0 ? 0u : ((uint32_t)s.kv_len > cap ? cap : (uint32_t)s.kv_len);
+    const uint32_t oldest = (len == cap && s.ring_start >= 0 && (uint32_t)s.ring_start < cap) ? (uint32_t)s.ring_start : 0u;
+    const uint32_t start = len < cap ? len : oldest; /* where the next row goes */
+    const int fits = n <= cap - len;
+    pyfa_kv_state out = s;
+    if (!fits && p.ring == 0u) {
+        out.write_pos = -1;
+        out.dropped = s.dropped + 1;
+        return out;
+    }
+    const uint32_t skip = n > cap ? n - cap : 0u; /* rows a ring overwrites within this append */
+    out.write_pos = (int32_t)((start + skip % cap) % cap);
+    out.kv_len = (int32_t)(fits ? len + n : cap);
+    out.ring_start = (int32_t)(fits ? 0u : (start + n % cap) % cap);
+    return out;
+}
+#endif /* PYFA_ABI_DECLARATIONS_ONLY */
 
 #define PYFA_KV_APPEND_FC_SRC_DTYPE 0   /**< dtype code of src */
 #define PYFA_KV_APPEND_FC_CACHE_DTYPE 1 /**< dtype code of the cache */

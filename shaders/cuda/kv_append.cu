@@ -7,26 +7,14 @@
 #include "pyfa_cuda.cuh"
 
 /* kv_advance (contract: pyfa_params.h): thread 0 of the one block moves the
- * cache state past an append; 64-bit sums, since num_tokens may be near 2^32. */
+ * cache state past an append. */
 constexpr int kv_advance_max_threads = 32;
 
 template <int UNUSED = 0>
 __device__ void kv_advance_body(const pyfa_cuda_args &a) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    const pyfa_kv_advance_params &p = pyfa_param<pyfa_kv_advance_params>(a, PYFA_KV_ADVANCE_ARG_PARAMS);
     pyfa_kv_state *st = pyfa_ptr<pyfa_kv_state>(a, PYFA_KV_ADVANCE_ARG_STATE);
-    const int64_t cap = p.kv_capacity, n = p.num_tokens;
-    const int64_t len = st->kv_len < 0 ? 0 : (st->kv_len > cap ? cap : st->kv_len);
-    const int64_t ring_start = (len == cap && st->ring_start >= 0 && st->ring_start < cap) ? st->ring_start : 0;
-    const int64_t start = len < cap ? len : ring_start;
-    if (!p.ring && len + n > cap) {
-        st->write_pos = -1;
-        st->dropped += 1;
-        return;
-    }
-    st->write_pos = (int32_t)((start + (n > cap ? n - cap : 0)) % cap);
-    st->kv_len = (int32_t)(len + n <= cap ? len + n : cap);
-    st->ring_start = (int32_t)(len + n <= cap ? 0 : (start + n) % cap);
+    *st = pyfa_kv_advanced(*st, pyfa_param<pyfa_kv_advance_params>(a, PYFA_KV_ADVANCE_ARG_PARAMS));
 }
 
 constexpr int kv_append_max_threads = 128;

@@ -47,7 +47,7 @@ kernel void kv_append(
 }
 
 // kv_advance (contract: pyfa_params.h): lane 0 of the one threadgroup moves
-// the cache state past an append; 64-bit sums, since num_tokens may be near 2^32.
+// the cache state past an append.
 kernel void kv_advance(
     constant pyfa_kv_advance_params &p [[buffer(PYFA_KV_ADVANCE_ARG_PARAMS)]],
     device pyfa_kv_state *st [[buffer(PYFA_KV_ADVANCE_ARG_STATE)]],
@@ -55,18 +55,7 @@ kernel void kv_advance(
     ushort lane [[thread_index_in_threadgroup]])
 {
     if (lane != 0 || tg.x != 0) return;
-    const long cap = p.kv_capacity, n = p.num_tokens;
-    const long len = st->kv_len < 0 ? 0 : (st->kv_len > cap ? cap : long(st->kv_len));
-    const long ring_start = (len == cap && st->ring_start >= 0 && st->ring_start < cap) ? long(st->ring_start) : 0;
-    const long start = len < cap ? len : ring_start;
-    if (p.ring == 0 && len + n > cap) {
-        st->write_pos = -1;
-        st->dropped += 1;
-        return;
-    }
-    st->write_pos = int((start + (n > cap ? n - cap : 0)) % cap);
-    st->kv_len = int(len + n <= cap ? len + n : cap);
-    st->ring_start = int(len + n <= cap ? 0 : (start + n) % cap);
+    *st = pyfa_kv_advanced(*st, p);
 }
 
 // kv_append_paged (contract: paged_kv_params.h): one SIMD-group writes one
