@@ -417,16 +417,21 @@ def _cache(kind, L, dev):
     return pyfa.TurboQuantKVCache(HKV, D, L, k_bits=4, v_bits=4, sliding_window=L, device=dev)
 
 
-@pytest.mark.parametrize("kind,L", CACHE_CASES, ids=[f"{k}-{_shape(1, L)}" for k, L in CACHE_CASES])
-def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
+def _cache_case(gpu, full_size, kind, L):
+    """(cache, L rows to fill it, one k row, one v row, q) of a cache case, the step cases' K/V
+    (up to 32 GiB) released first; the 32K shapes only when benchmarking."""
     dev, _kw = gpu
-    _Layers.release()  # the step cases' K/V (up to 32 GiB) are not needed any more
+    _Layers.release()
     if not full_size and L != CACHE_LENGTHS[0]:
         pytest.skip("larger shapes only when benchmarking is enabled")
     g = torch.Generator(device="cuda").manual_seed(L)
     new = lambda *s: torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    cache = _cache(kind, L, dev)
-    rows, k1, v1, q = new(L, HKV, D), new(1, HKV, D), new(1, HKV, D), new(HQ, D)
+    return _cache(kind, L, dev), new(L, HKV, D), new(1, HKV, D), new(1, HKV, D), new(HQ, D)
+
+
+@pytest.mark.parametrize("kind,L", CACHE_CASES, ids=[f"{k}-{_shape(1, L)}" for k, L in CACHE_CASES])
+def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
+    cache, rows, k1, v1, q = _cache_case(gpu, full_size, kind, L)
     try:
         cache.append(rows, rows)
         cache.attend(q)
@@ -460,14 +465,7 @@ def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
 def test_cache_append_attend_graph(benchmark, request, gpu, full_size, kind, L):
     """The same step captured in a CUDA graph (the cache keeps its length on the device, so each
     replay appends after the last), replayed; the peer is the eager step's kernels' GPU time."""
-    dev, _kw = gpu
-    _Layers.release()
-    if not full_size and L != CACHE_LENGTHS[0]:
-        pytest.skip("larger shapes only when benchmarking is enabled")
-    g = torch.Generator(device="cuda").manual_seed(L)
-    new = lambda *s: torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    cache = _cache(kind, L, dev)
-    rows, k1, v1, q = new(L, HKV, D), new(1, HKV, D), new(1, HKV, D), new(HQ, D)
+    cache, rows, k1, v1, q = _cache_case(gpu, full_size, kind, L)
 
     def step():
         cache.append(k1, v1)

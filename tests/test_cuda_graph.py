@@ -111,6 +111,24 @@ def _cache(kind, cap, window):
     return pyfa.TurboQuantKVCache(HKV, D, cap, k_bits=4, v_bits=4, sliding_window=window, device=DEVICE)
 
 
+def _twins(kind, cap, window, seed):
+    """(eager, captured, feed, step): twin caches, the input tensors a graph captures (filled anew
+    by feed(t), as a decode loop writes them) and a step (append one token, attend) on either."""
+    dtype = torch.bfloat16
+    eager, captured = _cache(kind, cap, window), _cache(kind, cap, window)
+    k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
+
+    def feed(t):
+        for j, x in enumerate((k_in, v_in, q_in)):
+            x.copy_(_filled(x.shape, dtype, seed * t + j))
+
+    def step(c):
+        c.append(k_in, v_in)
+        return c.attend(q_in)
+
+    return eager, captured, feed, step
+
+
 @pytest.mark.parametrize("window", [None, 24], ids=["no-window", "ring"])
 @pytest.mark.parametrize("kind", ["dense", "tq"])
 def test_cache_step_replays_like_eager_steps(kind, window):
@@ -118,19 +136,8 @@ def test_cache_step_replays_like_eager_steps(kind, window):
     same eager steps on a twin cache give, bit for bit, through the ring's wrap; len() reads the
     length the replays left; a replay into a full cache without a window writes nothing and is
     reported; the graph still replays after the cache object is gone."""
-    cap, dtype = 32, torch.bfloat16
-    eager, captured = _cache(kind, cap, window), _cache(kind, cap, window)
-    k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
-
-    def feed(t):  # new values in the captured tensors' memory, as a decode loop writes them
-        k_in.copy_(_filled(k_in.shape, dtype, 3 * t))
-        v_in.copy_(_filled(v_in.shape, dtype, 3 * t + 1))
-        q_in.copy_(_filled(q_in.shape, dtype, 3 * t + 2))
-
-    def step(c):
-        c.append(k_in, v_in)
-        return c.attend(q_in)
-
+    cap = 32
+    eager, captured, feed, step = _twins(kind, cap, window, 3)
     t = 0
     for _ in range(3):  # eager warm-up on both: plans made, kernels compiled
         feed(t)
@@ -157,7 +164,8 @@ def test_cache_step_replays_like_eager_steps(kind, window):
         with pytest.raises(pyfa.PyfaError, match="1 replayed append"):
             len(captured)
         assert len(captured) == cap
-        assert torch.equal(captured.attend(q_in), eager.attend(q_in))
+        q = _filled((H, D), torch.bfloat16, 99)
+        assert torch.equal(captured.attend(q), eager.attend(q))
     del captured
     import gc
     gc.collect()
@@ -169,19 +177,7 @@ def test_a_cache_without_a_window_captures_twice():
     """A second capture of a cache without a window (after the first set the cache's captured
     state) must not read the length back, which a capture cannot wait for: graphs of one step and
     of two steps capture, and replays of each append in turn, as eager steps on a twin do."""
-    cap, dtype = 16, torch.bfloat16
-    eager, captured = _cache("dense", cap, None), _cache("dense", cap, None)
-    k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
-
-    def feed(t):
-        k_in.copy_(_filled(k_in.shape, dtype, 5 * t))
-        v_in.copy_(_filled(v_in.shape, dtype, 5 * t + 1))
-        q_in.copy_(_filled(q_in.shape, dtype, 5 * t + 2))
-
-    def step(c):
-        c.append(k_in, v_in)
-        return c.attend(q_in)
-
+    eager, captured, feed, step = _twins("dense", 16, None, 5)
     feed(0)
     for c in (eager, captured):
         step(c)
