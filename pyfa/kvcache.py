@@ -125,20 +125,21 @@ class _RingCache:
         self._state_address = lib.pyfa_buffer_address(self._state.handle)
         self._capturing_flag = ffi.new("uint32_t *")
 
-    def _capturing(self, stream) -> bool:
-        """Whether a graph is capturing `stream` (an empty cache's attend must then run: replays may
-        find rows)."""
-        check(lib.pyfa_encoder_is_capturing(_plans.encoder(self.device, stream), self._capturing_flag))
-        return bool(self._capturing_flag[0])
-
-    def _note_capture(self, enc) -> bool:
-        """Before recording a GPU-array append on `enc`: whether a graph captures it (the host count
-        then stops following the device, and the memory is kept for the graph's replays)."""
+    def _capturing(self, enc) -> bool:
+        """Whether a graph is capturing `enc`'s stream, asked before recording a GPU-array call on it;
+        if so, the cache's memory is kept for the graph's replays."""
         check(lib.pyfa_encoder_is_capturing(enc, self._capturing_flag))
         if not self._capturing_flag[0]:
             return False
-        self._captured = True
         self._keep_for_graphs()
+        return True
+
+    def _note_capture(self, enc) -> bool:
+        """Before recording a GPU-array append on `enc`: whether a graph captures it (the host count
+        then stops following the device)."""
+        if not self._capturing(enc):
+            return False
+        self._captured = True
         return True
 
     def _keep_for_graphs(self) -> None:
@@ -375,10 +376,10 @@ class _RingCache:
             "pyfa_tq_decode_plan_desc *" if kind == "tq" else "pyfa_decode_plan_desc *",
             dict(desc, q_dtype=dtypes.code(q.dtype), out_dtype=dtypes.code(out_dtype), return_lse=int(return_lse),
                  max_kv_len=min(bucket, self.capacity)))))
-        capturing = device_state and like is not None and not self._kept and self._capturing(like.stream)
-        if capturing:
-            self._keep_for_graphs()
-        if kv_len == 0 and not (device_state and like is not None and (capturing or self._kept)):
+        # A GPU-array attend that a graph captures, or may replay beside, runs even over an empty cache.
+        may_replay = device_state and like is not None and (
+            self._kept or self._capturing(_plans.encoder(self.device, like.stream)))
+        if kv_len == 0 and not may_replay:
             out = self._zeros((H, D), like, out_dtype)
             lse = self._zeros((H,), like, np.float32, -np.inf) if return_lse else None
             return out, lse
@@ -476,15 +477,15 @@ class _RingCache:
             if gpu:
                 out = q.new_empty(q.shape)
                 args.q.address, args.out.address = q.data_ptr(), out.data_ptr()
-                stream = cuda_interop.torch_stream_handle(0)
-                if self._state is not None and not self._kept and self._capturing(stream):
-                    self._keep_for_graphs()
+                enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0))
+                if self._state is not None and not self._kept:
+                    self._capturing(enc)
             else:
                 out = np.empty(q.shape, q.dtype)
                 slots[0][0] = ffi.from_buffer(q)
                 slots[1][0] = ffi.from_buffer(out)
-                stream = 0
-            _plans.run(self.device, runner, plan, _plans.encoder(self.device, stream), args)
+                enc = _plans.encoder(self.device, 0)
+            _plans.run(self.device, runner, plan, enc, args)
         return out
 
     def _query_buffer(self, key, shape, dtype):

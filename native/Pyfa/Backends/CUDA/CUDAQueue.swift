@@ -153,25 +153,20 @@ final class CUDAQueue: CommandQueue {
                     var attribute = pyfa_cu_launch_attribute()
                     attribute.id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
                     attribute.value.programmatic_stream_serialization_allowed = 1
-                    try withUnsafeMutablePointer(to: &attribute) { attr in
+                    let status = withUnsafeMutablePointer(to: &attribute) { attr in
                         var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
                                                            block_x: d.threads.0, block_y: d.threads.1,
                                                            block_z: d.threads.2, shared_bytes: UInt32(smem),
                                                            stream: stream, attrs: attr, num_attrs: 1)
-                        if launchEx(&config, p.function, pp, nil) != 0 {
-                            dependentLaunch = false
-                            try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
-                                                                d.threads.0, d.threads.1, d.threads.2,
-                                                                UInt32(smem), stream, pp, nil),
-                                         "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
-                        }
+                        return launchEx(&config, p.function, pp, nil)
                     }
-                } else {
-                    try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
-                                                        d.threads.0, d.threads.1, d.threads.2,
-                                                        UInt32(smem), stream, pp, nil),
-                                 "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+                    if status == 0 { return }
+                    dependentLaunch = false  // refused: this launch and the queue's later ones go plainly
                 }
+                try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
+                                                    d.threads.0, d.threads.1, d.threads.2,
+                                                    UInt32(smem), stream, pp, nil),
+                             "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
             }
         }
     }
