@@ -4,6 +4,9 @@
 #   bash scripts/cuda_sass.sh [--sass] <entry prefix> [arch (default sm_90a)]
 # e.g. bash scripts/cuda_sass.sh --sass flash_attn_vec__fc2_2_128_0_0_1_2_0_1
 # cuobjdump: $CUOBJDUMP, else on PATH (CUDA toolkit, or pip's nvidia-cuda-cuobjdump).
+# The kernels are built as a plan builds them (PYFA_CUDA_COMPILE_FULL=1), so the
+# registers, stack and spills shown are the launched kernel's; NVRTC's log
+# (ptxas's warnings) comes first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sass=0
@@ -14,7 +17,7 @@ tool=${CUOBJDUMP:-$(command -v cuobjdump || true)}
 [ -n "$tool" ] || { echo "cuobjdump not found: set CUOBJDUMP" >&2; exit 2; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-PYFA_CACHE_DIR="$dir" PYFA_CUDA_COMPILE_ONLY="$prefix" PYTHONPATH=. python3 scripts/cuda_compile_check.py "$arch"
+PYFA_CACHE_DIR="$dir" PYFA_CUDA_COMPILE_FULL=1 PYFA_CUDA_COMPILE_LOG=1 PYFA_CUDA_COMPILE_ONLY="$prefix" PYTHONPATH=. python3 scripts/cuda_compile_check.py "$arch"
 for f in "$dir"/cuda/*.cubin; do
     # pyfa's cache files carry a 24-byte header (magic, size, hash) before the ELF image
     tail -c +25 "$f" > "$dir/image.elf"

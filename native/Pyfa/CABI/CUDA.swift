@@ -32,12 +32,15 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         // PYFA_CUDA_COMPILE_ONLY=<prefix>: only the entries whose names start with it
         // (e.g. flash_attn_vec__fc2_2_128_), to look at a few kernels' code quickly.
         let only = getenv("PYFA_CUDA_COMPILE_ONLY").map { String(cString: $0) } ?? ""
+        // PYFA_CUDA_COMPILE_FULL=1: the kernels as a plan builds them (bodies
+        // inlined, no -rdc), for their true register and stack use; slower.
+        let check = CUDAPlan.envInt("PYFA_CUDA_COMPILE_FULL", 0) == 0
         for (name, all) in try specialisations(arch: a) {
             let specs = all.map(\.values).filter { only.isEmpty || CUDACompiler.entryName(name, $0).hasPrefix(only) }
             if specs.isEmpty { continue }
             for start in stride(from: 0, to: specs.count, by: chunk) {
                 _ = try compiler.cubin(name: name, specialisations: Array(specs[start..<min(start + chunk, specs.count)]),
-                                       check: true)
+                                       check: check)
             }
             total += UInt32(specs.count)
         }

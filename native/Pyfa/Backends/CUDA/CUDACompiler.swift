@@ -124,6 +124,17 @@ final class CUDACompiler {
             let why = pyfa_nvrtc.nvrtcGetErrorString(r).map { String(cString: $0) } ?? "error \(r)"
             throw PyfaError.compile("kernel '\(name)' for \(arch): \(why)\n\(String(cString: log))")
         }
+        // PYFA_CUDA_COMPILE_LOG=1: NVRTC's log of a successful compile (ptxas's
+        // warnings, such as wgmma products it had to serialise) on stderr.
+        if CUDAPlan.envInt("PYFA_CUDA_COMPILE_LOG", 0) != 0 {
+            var logSize = 0
+            _ = pyfa_nvrtc.nvrtcGetProgramLogSize(program, &logSize)
+            if logSize > 1 {
+                var log = [CChar](repeating: 0, count: logSize)
+                _ = pyfa_nvrtc.nvrtcGetProgramLog(program, &log)
+                fputs("kernel '\(name)' for \(arch):\n" + String(cString: log) + "\n", stderr)
+            }
+        }
         var size = 0
         _ = pyfa_nvrtc.nvrtcGetCUBINSize(program, &size)
         var image = [UInt8](repeating: 0, count: size)
