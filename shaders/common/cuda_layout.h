@@ -105,23 +105,22 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
 
 /* attn_prefill_wgmma.cuh (sm_90a, f16 / bf16, D <= 256): query rows per block
  * (two warpgroups of 64), threads, the key tile and the dynamic shared bytes
- * (Q [128][D], then per ring stage K [BK][D] and V [BK][D], in 16 bits,
- * unpadded core matrices). */
+ * (Q [128][D], then the K stages [BK][D] and the V stages [BK][D], in 16
+ * bits, unpadded core matrices). */
 #define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128
 #define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
 #define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
 /* Whether flash_attn_prefill runs that path: kernels built for sm_90a, 16-bit
- * inputs (elem_size 2), D <= 256, and the knob (PYFA_CUDA_PREFILL_WGMMA): 0
- * never, 1 always (forced), otherwise (the default) from D = 80 up: at D = 64
- * the mma.sync kernel measured faster (H200, bf16, 16/8 heads: 221 against
- * 201 TF causal and 232 against 209 non-causal at 16K, 207 against 192
- * non-causal at 4K; 140 against 149 causal at 4K). */
+ * inputs (elem_size 2), D <= 256, and the knob (PYFA_CUDA_PREFILL_WGMMA) not
+ * 0. At every head dim it serves it measured faster than the mma.sync kernel
+ * (H200, bf16, 16/8 heads, D = 64, the closest case: 288 against 217 TF
+ * causal and 299 against 226 non-causal at 16K, 193 against 153 and 272
+ * against 196 at 4K). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob, int32_t elem_size, int32_t D) {
-    return sm90a != 0 && knob != 0 && elem_size == 2 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM &&
-           (knob == 1 || D >= 80);
+    return sm90a != 0 && knob != 0 && elem_size == 2 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM;
 }
-/* K and V tiles in flight: a ring of this many (K, V) pairs, so a tile's
- * copies are issued a whole tile of work ahead of its use. */
+/* Stages of the K ring and of the V ring (V runs one tile behind K), so a
+ * tile's copies are issued a whole tile of work ahead of its use. */
 #define PYFA_CUDA_PREFILL_WGMMA_KV_STAGES 2
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 ? 64 : 128; }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {

@@ -362,9 +362,10 @@ __device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_
 
 /* One online-softmax step of this lane's two rows (a row is spread over the
  * 4 lanes of a quad): s becomes P = exp2(s - max), m and l move to the new
- * maximum and sum, and the output accumulators o are rescaled. */
-template <int NT, int ND>
-__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&m)[2], float (&l)[2]) {
+ * maximum and sum, and alpha is the factor the output accumulators must be
+ * rescaled by (rescale_rows), exactly 1 where the maximum did not move. */
+template <int NT>
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = -INFINITY;
@@ -374,7 +375,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[ND][4
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[r], mx);
         /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
-        const float alpha = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
+        alpha[r] = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         float sum = 0.0f;
 #pragma unroll
@@ -383,14 +384,28 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[ND][4
             s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
             sum += s[n][2 * r] + s[n][2 * r + 1];
         }
-        l[r] = l[r] * alpha + sum;
+        l[r] = l[r] * alpha[r] + sum;
         m[r] = m_new;
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][2 * r] *= alpha;
-            o[n][2 * r + 1] *= alpha;
-        }
     }
+}
+
+template <int ND>
+__device__ __forceinline__ void rescale_rows(float (&o)[ND][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+/* Both steps at once, for a loop whose product into o is not in flight. */
+template <int NT, int ND>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&m)[2], float (&l)[2]) {
+    float alpha[2];
+    softmax_scores(s, m, l, alpha);
+    rescale_rows(o, alpha);
 }
 
 /* P of keys 16 kc ... as the A fragment of a 16-bit product (the score

@@ -20,10 +20,13 @@
  * scores finished and the online softmax run in registers by the mma path's
  * steps (the wgmma accumulator layout is mma.sync's, repeated over columns),
  * then O += P V as BK/16 products m64nDk16 with P taken from the score
- * registers (their layout is the A fragment's). K and V tiles stream
- * through a ring of KV_STAGES (K, V) pairs: tile t + KV_STAGES - 1 is copied
- * while tile t is worked on, so one barrier per tile both publishes tile t
- * and frees the stage of tile t - 1 for the next copies.
+ * registers (their layout is the A fragment's). The P V of a tile is issued
+ * with the next tile's S and runs on the tensor cores during that tile's
+ * softmax, so the tensor cores do not idle through every softmax. K and V
+ * stream through rings of two stages each, V one tile behind K: iteration i
+ * reads K_i and V_{i-1} while K_{i+1} and V_i are copied, and one barrier per
+ * iteration both publishes its tiles and frees the stages of K_{i-1} and
+ * V_{i-2}.
  */
 #pragma once
 #include "pyfa_wgmma.cuh"
@@ -40,7 +43,7 @@ struct wgmma_shape {
     static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
     static constexpr int STAGES = PYFA_CUDA_PREFILL_WGMMA_KV_STAGES;
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
-    static_assert(STAGES >= 2, "the ring refills a stage while another is read");
+    static_assert(STAGES == 2, "two K stages and two V stages: the loop indexes them by tile parity");
     static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
@@ -70,9 +73,10 @@ __device__ __forceinline__ void pin_operands(float (&o)[ND][4], uint32_t (&pa)[K
  * 16-byte chunk ch of row r goes to dst + ((r / 8) CH + ch) 128 + (r % 8) 16.
  * Copy i takes, in its 8-thread phase (the unit a 16-byte copy is served in),
  * two neighbouring chunks of four rows: four whole 32-byte sectors of global
- * memory, where one chunk of eight rows would read half of eight sectors and
- * fetch each sector twice. The price is a 2-way bank conflict on the shared
- * side (the two chunks of a row land 128 bytes apart). */
+ * memory (the two chunks of a row land 128 bytes apart in shared memory, a
+ * 2-way bank conflict). The copies go through L1 (cp.async.ca): through the
+ * L1 bypass (.cg) every sector was fetched from L2 twice (Nsight Compute: 50%
+ * excessive sectors, L2 the busiest unit; H200, D 128, 16K: 255 -> 399 TF). */
 template <int C, int ROWS, int BLOCK_THREADS, class RowSrc>
 __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const char *any, uint32_t n) {
     constexpr int CH = C / 8, CHUNKS = ROWS * CH;
@@ -85,7 +89,7 @@ __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const 
         const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
         const int r = rg * 8 + rin, ch = pair * 2 + (i & 1);
         const bool live = (uint32_t)r < n;
-        pyfa_cp_async16(dst + ((rg * CH + ch) * 8 + rin) * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
+        pyfa_cp_async16_ca(dst + ((rg * CH + ch) * 8 + rin) * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
     }
 }
 
@@ -108,8 +112,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 
     extern __shared__ uint4 smem_raw[];
     char *sq = reinterpret_cast<char *>(smem_raw);
-    /* Ring stage st: K at sk(st), V KV_BYTES after it. */
-    auto sk = [&](int st) { return sq + S::Q_BYTES + st * 2 * S::KV_BYTES; };
+    /* Two K stages, then two V stages. */
+    auto sk = [&](int st) { return sq + S::Q_BYTES + st * S::KV_BYTES; };
+    auto sv = [&](int st) { return sq + S::Q_BYTES + (2 + st) * S::KV_BYTES; };
     /* Descriptor bases: this warpgroup's 64 Q rows (8 row groups on), K, V.
      * K-major (Q, K): core matrices 128 bytes apart along K, row groups GROUP
      * apart; N-major (V): 8-key groups GROUP apart along K, core matrices 128
@@ -159,52 +164,40 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    /* Copies K and V of the next live tile (none past the last) into ring stage `st`, one commit group. */
-    uint32_t issued = bi.next_tile(bi.t_begin); /* the next tile to copy */
-    auto issue = [&](int st) {
+    /* One commit group per iteration: K of the next live tile (none past the
+     * last) into K stage `kst` and V of tile `vt` into V stage `vst`. */
+    uint32_t kt = bi.next_tile(bi.t_begin);
+    uint32_t issued = kt; /* the next K tile to copy */
+    auto issue = [&](int kst, int vst, uint32_t vt) {
         if (issued < bi.t_end) {
-            load_kv(sk(st), kbase, krow, PYFA_PREFILL_ARG_K, issued);
-            load_kv(sk(st) + S::KV_BYTES, vbase, vrow, PYFA_PREFILL_ARG_V, issued);
+            load_kv(sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, issued);
             issued = bi.next_tile(issued + 1);
         }
+        if (vt < bi.t_end) load_kv(sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
         pyfa_cp_async_commit();
     };
-    uint32_t kt = issued;
-#pragma unroll
-    for (int st = 0; st < S::STAGES - 1; st++) issue(st); /* Q rides in the first group */
+    issue(0, 0, bi.t_end); /* Q and the first K tile */
 
-    int stage = 0;
-#pragma unroll 1
-    while (kt < bi.t_end) {
-        pyfa_cp_async_wait<S::STAGES - 2>();
+    /* P V of tile i - 1 runs on the tensor cores while tile i's softmax runs
+     * on the ALUs: iteration i issues S_i = Q K_iᵀ, then P_{i-1} V_{i-1},
+     * waits for S_i alone, and waits for P V only before rescaling o. The
+     * first tile is peeled so that the loop has no branch between a product
+     * and its wait: ptxas serialises every product of a loop it cannot follow. */
+    uint32_t pa[KP][4], pl[KP][4]; /* P of the previous tile; pl: the residual terms, P_TERMS = 2 only */
+    auto tiles_landed = [&]() {
+        pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
-        __syncthreads();          /* tile kt (and Q) landed; every warpgroup is done with the previous tile */
-        issue(stage == 0 ? S::STAGES - 1 : stage - 1); /* into the previous tile's stage */
-        const uint32_t k_addr = smem_addr(sk(stage)), v_addr = k_addr + S::KV_BYTES;
-        stage = stage + 1 == S::STAGES ? 0 : stage + 1;
-
-        float s[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        /* Operands are written before the fence and read after the wait: the
-         * pins keep the compiler from moving those accesses across either. */
-        pyfa_wgmma_pin(flat(s));
-        pyfa_wgmma_fence();
+        __syncthreads();          /* every thread's copies landed; every warpgroup is done with the products before */
+    };
+    /* Issues S = Q Kᵀ of the K tile at k_addr (after the fence). */
+    auto issue_s = [&](float (&s)[NT][4], uint32_t k_addr) {
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
             pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kmajor(k_addr + 256 * kk), kk > 0 ? 1u : 0u);
         pyfa_wgmma_commit();
-        pyfa_wgmma_wait<0>();
-        pyfa_wgmma_pin(flat(s));
-
-        finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
-        softmax_tile(s, o, m, l);
-
-        uint32_t pa[KP][4], pl[KP][4]; /* pl: the residual terms, P_TERMS = 2 only */
-#pragma unroll
-        for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
-        pin_operands<P_TERMS>(o, pa, pl);
-        pyfa_wgmma_fence();
+    };
+    /* Issues O += P V of the V tile at v_addr (after the fence). */
+    auto issue_pv = [&](uint32_t v_addr) {
 #pragma unroll
         for (int t = 0; t < KP; t++) {
             const uint64_t vd = nmajor(v_addr + 2 * GROUP * t); /* keys 16t ...: two 8-row groups */
@@ -212,9 +205,59 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }
         pyfa_wgmma_commit();
+    };
+    /* Operands are written before the fence and read after the wait: the pins
+     * keep the compiler from moving those accesses across either. */
+    if (kt < bi.t_end) {
+        tiles_landed();
+        issue(1, 0, kt); /* K_1, V_0 */
+        {
+            float s[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            pyfa_wgmma_pin(flat(s));
+            pyfa_wgmma_fence();
+            issue_s(s, smem_addr(sk(0)));
+            pyfa_wgmma_wait<0>();
+            pyfa_wgmma_pin(flat(s));
+            finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
+            float alpha[2]; /* o is still 0 */
+            softmax_scores(s, m, l, alpha);
+#pragma unroll
+            for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+        }
+        kt = bi.next_tile(kt + 1);
+        int i = 1;
+#pragma unroll 1
+        for (; kt < bi.t_end; i++) {
+            tiles_landed();                /* K_i and V_{i-1}; the stages of K_{i-1} and V_{i-2} are free */
+            issue((i + 1) & 1, i & 1, kt); /* K_{i+1}, V_i into them */
+            float s[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            pyfa_wgmma_pin(flat(s));
+            pin_operands<P_TERMS>(o, pa, pl);
+            pyfa_wgmma_fence();
+            issue_s(s, smem_addr(sk(i & 1)));
+            issue_pv(smem_addr(sv((i - 1) & 1)));
+            pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
+            pyfa_wgmma_pin(flat(s));
+            finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
+            float alpha[2];
+            softmax_scores(s, m, l, alpha);
+            pyfa_wgmma_wait<0>();
+            pin_operands<P_TERMS>(o, pa, pl);
+            rescale_rows(o, alpha);
+#pragma unroll
+            for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+            kt = bi.next_tile(kt + 1);
+        }
+        tiles_landed(); /* the last V */
+        pin_operands<P_TERMS>(o, pa, pl);
+        pyfa_wgmma_fence();
+        issue_pv(smem_addr(sv((i - 1) & 1)));
         pyfa_wgmma_wait<0>();
         pin_operands<P_TERMS>(o, pa, pl);
-        kt = bi.next_tile(kt + 1);
     }
     pyfa_cp_async_wait<0>();
 

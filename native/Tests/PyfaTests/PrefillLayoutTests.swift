@@ -55,7 +55,7 @@ final class PrefillLayoutTests: XCTestCase {
         XCTAssertTrue(dims.contains(512) && dims.contains(64))
         for d in dims {
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d) forced")
-            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, -1, 2, d), d <= 256 && d >= 80 ? 1 : 0, "D \(d) by the rule")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, -1, 2, d), d <= 256 ? 1 : 0, "D \(d) by the rule")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(0, 1, 2, d), 0, "not sm_90a")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 0, 2, d), 0, "knob off")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 4, d), 0, "f32 stays on the SIMT path")

@@ -241,7 +241,7 @@ struct CUDAPlan: BackendPlan {
     /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
-    /// bf16 up to D = 256 (cuda_layout.h): unset or empty, where it measured faster (-1);
+    /// bf16 up to D = 256 (cuda_layout.h): unset or empty, the rule (-1: every D it serves);
     /// PYFA_CUDA_PREFILL_WGMMA = 0 / off / false / no keeps the mma.sync path
     /// everywhere (0), any other value forces it at every head dim it serves (1).
     static let prefillWgmmaKnob: Int = {
