@@ -93,6 +93,34 @@ __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const 
     }
 }
 
+/* load_core_tile for rows rowb bytes apart from row0. Where a thread's
+ * copies k = 0, 1, ... take the same chunk of rows a fixed step apart (the
+ * copies of a thread then differ by one 64-bit add), the addresses are
+ * stepped instead of recomputed: ~15 instructions per copy become ~5. */
+template <int C, int ROWS, int BLOCK_THREADS>
+__device__ __forceinline__ void load_core_tile_strided(char *dst, const char *row0, int64_t rowb, uint32_t n) {
+    constexpr int CH = C / 8, CHUNKS = ROWS * CH;
+    if constexpr ((BLOCK_THREADS / 16) % (CH / 2) == 0) {
+        static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
+        constexpr int ROW_STEP = BLOCK_THREADS / CH;            /* rows between a thread's copies */
+        constexpr int DST_STEP = ROW_STEP / 8 * CH * 128;       /* their shared-memory distance */
+        const int i = (int)threadIdx.x; /* the order of load_core_tile */
+        const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
+        const int r0 = rg * 8 + rin, ch = pair * 2 + (i & 1);
+        char *d = dst + ((rg * CH + ch) * 8 + rin) * 16;
+        const char *src = row0 + (int64_t)r0 * rowb + ch * 16;
+        const int64_t step = (int64_t)ROW_STEP * rowb;
+#pragma unroll
+        for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
+            const bool live = (uint32_t)(r0 + k * ROW_STEP) < n;
+            pyfa_cp_async16_ca(d + k * DST_STEP, live ? src : row0, live ? 16u : 0u);
+            src += step;
+        }
+    } else {
+        load_core_tile<C, ROWS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
+    }
+}
+
 template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -142,7 +170,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                       : nullptr;
     }
 
-    load_core_tile<D, BQ, BLOCK_THREADS>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase, bi.nq);
+    load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
 
     /* K or V rows of key tile t into dst (pool rows through the block table when paged). */
     auto load_kv = [&](char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
@@ -155,7 +183,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                 return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
             }, pool, n);
         } else {
-            load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) { return base + (int64_t)(j0 + r) * rowb; }, base, n);
+            load_core_tile_strided<D, BK, BLOCK_THREADS>(dst, base + (int64_t)j0 * rowb, rowb, n);
         }
     };
 
