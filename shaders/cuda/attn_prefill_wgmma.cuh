@@ -77,6 +77,20 @@ __device__ __forceinline__ void pin_operands(float (&o)[ND][4], uint32_t (&pa)[K
  * 2-way bank conflict). The copies go through L1 (cp.async.ca): through the
  * L1 bypass (.cg) every sector was fetched from L2 twice (Nsight Compute: 50%
  * excessive sectors, L2 the busiest unit; H200, D 128, 16K: 255 -> 399 TF). */
+/* Copy i of a tile with CH chunks a row: row r, chunk ch, and its byte
+ * offset in the core-matrix layout. i = (row group, chunk pair, row half,
+ * row in half, chunk in pair). */
+template <int CH>
+struct core_chunk {
+    int r, ch, offset;
+    __device__ __forceinline__ explicit core_chunk(int i) {
+        const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
+        r = rg * 8 + rin;
+        ch = pair * 2 + (i & 1);
+        offset = ((rg * CH + ch) * 8 + rin) * 16;
+    }
+};
+
 template <int C, int ROWS, int BLOCK_THREADS, class RowSrc>
 __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const char *any, uint32_t n) {
     constexpr int CH = C / 8, CHUNKS = ROWS * CH;
@@ -84,12 +98,9 @@ __device__ __forceinline__ void load_core_tile(char *dst, RowSrc row_src, const 
     static_assert(CH % 2 == 0, "rows of whole 32-byte sectors");
 #pragma unroll
     for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
-        const int i = (int)threadIdx.x + k * BLOCK_THREADS;
-        /* i = (row group, chunk pair, row half, row in half, chunk in pair) */
-        const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
-        const int r = rg * 8 + rin, ch = pair * 2 + (i & 1);
-        const bool live = (uint32_t)r < n;
-        pyfa_cp_async16_ca(dst + ((rg * CH + ch) * 8 + rin) * 16, live ? row_src(r) + ch * 16 : any, live ? 16u : 0u);
+        const core_chunk<CH> c((int)threadIdx.x + k * BLOCK_THREADS);
+        const bool live = (uint32_t)c.r < n;
+        pyfa_cp_async16_ca(dst + c.offset, live ? row_src(c.r) + c.ch * 16 : any, live ? 16u : 0u);
     }
 }
 
@@ -102,18 +113,15 @@ __device__ __forceinline__ void load_core_tile_strided(char *dst, const char *ro
     constexpr int CH = C / 8, CHUNKS = ROWS * CH;
     if constexpr ((BLOCK_THREADS / 16) % (CH / 2) == 0) {
         static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
-        constexpr int ROW_STEP = BLOCK_THREADS / CH;            /* rows between a thread's copies */
-        constexpr int DST_STEP = ROW_STEP / 8 * CH * 128;       /* their shared-memory distance */
-        const int i = (int)threadIdx.x; /* the order of load_core_tile */
-        const int rin = ((i >> 3) & 1) * 4 + ((i >> 1) & 3), pair = (i >> 4) % (CH / 2), rg = (i >> 4) / (CH / 2);
-        const int r0 = rg * 8 + rin, ch = pair * 2 + (i & 1);
-        char *d = dst + ((rg * CH + ch) * 8 + rin) * 16;
-        const char *src = row0 + (int64_t)r0 * rowb + ch * 16;
+        constexpr int ROW_STEP = BLOCK_THREADS / CH;      /* rows between a thread's copies */
+        constexpr int DST_STEP = ROW_STEP / 8 * CH * 128; /* their shared-memory distance */
+        const core_chunk<CH> c((int)threadIdx.x);         /* copy k = 0 */
+        const char *src = row0 + (int64_t)c.r * rowb + c.ch * 16;
         const int64_t step = (int64_t)ROW_STEP * rowb;
 #pragma unroll
         for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
-            const bool live = (uint32_t)(r0 + k * ROW_STEP) < n;
-            pyfa_cp_async16_ca(d + k * DST_STEP, live ? src : row0, live ? 16u : 0u);
+            const bool live = (uint32_t)(c.r + k * ROW_STEP) < n;
+            pyfa_cp_async16_ca(dst + c.offset + k * DST_STEP, live ? src : row0, live ? 16u : 0u);
             src += step;
         }
     } else {
@@ -217,6 +225,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
         __syncthreads();          /* every thread's copies landed; every warpgroup is done with the products before */
     };
+    /* A score tile of zeros, pinned before the fence that precedes its product. */
+    auto zero_scores = [](float (&s)[NT][4]) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        pyfa_wgmma_pin(flat(s));
+    };
     /* Issues S = Q Kᵀ of the K tile at k_addr (after the fence). */
     auto issue_s = [&](float (&s)[NT][4], uint32_t k_addr) {
 #pragma unroll
@@ -245,9 +259,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         tiles_landed();
         {
             float s[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            pyfa_wgmma_pin(flat(s));
+            zero_scores(s);
             pyfa_wgmma_fence();
             if constexpr (!COPIES_UNDER_S) issue(1, 0, kt); /* K_1, V_0 */
             issue_s(s, smem_addr(sk(0)));
@@ -266,9 +278,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         for (; kt < bi.t_end; i++) {
             tiles_landed(); /* K_i and V_{i-1}; the stages of K_{i-1} and V_{i-2} are free */
             float s[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            pyfa_wgmma_pin(flat(s));
+            zero_scores(s);
             pin_operands<P_TERMS>(o, pa, pl);
             if constexpr (!COPIES_UNDER_S) issue((i + 1) & 1, i & 1, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();

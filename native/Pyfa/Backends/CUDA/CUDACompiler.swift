@@ -116,24 +116,22 @@ final class CUDACompiler {
         defer { opts.forEach { free($0) } }
         var optPtrs = opts.map { UnsafePointer<CChar>($0) }
         r = optPtrs.withUnsafeMutableBufferPointer { pyfa_nvrtc.nvrtcCompileProgram(program, Int32(opts.count), UnsafePointer($0.baseAddress)) }
-        if r != 0 {
+        func programLog() -> String {
             var logSize = 0
             _ = pyfa_nvrtc.nvrtcGetProgramLogSize(program, &logSize)
             var log = [CChar](repeating: 0, count: max(logSize, 1))
             _ = pyfa_nvrtc.nvrtcGetProgramLog(program, &log)
+            return String(cString: log)
+        }
+        if r != 0 {
             let why = pyfa_nvrtc.nvrtcGetErrorString(r).map { String(cString: $0) } ?? "error \(r)"
-            throw PyfaError.compile("kernel '\(name)' for \(arch): \(why)\n\(String(cString: log))")
+            throw PyfaError.compile("kernel '\(name)' for \(arch): \(why)\n\(programLog())")
         }
         // PYFA_CUDA_COMPILE_LOG=1: NVRTC's log of a successful compile (ptxas's
         // warnings, such as wgmma products it had to serialise) on stderr.
         if CUDAPlan.envInt("PYFA_CUDA_COMPILE_LOG", 0) != 0 {
-            var logSize = 0
-            _ = pyfa_nvrtc.nvrtcGetProgramLogSize(program, &logSize)
-            if logSize > 1 {
-                var log = [CChar](repeating: 0, count: logSize)
-                _ = pyfa_nvrtc.nvrtcGetProgramLog(program, &log)
-                fputs("kernel '\(name)' for \(arch):\n" + String(cString: log) + "\n", stderr)
-            }
+            let log = programLog()
+            if !log.isEmpty { fputs("kernel '\(name)' for \(arch):\n" + log + "\n", stderr) }
         }
         var size = 0
         _ = pyfa_nvrtc.nvrtcGetCUBINSize(program, &size)
