@@ -1,6 +1,6 @@
 """Small prefill, merge and TurboQuant cases on the CUDA device, for
 compute-sanitizer (memcheck, racecheck): masks with blk, causal + window,
-softcap, LSE, GQA, an odd length, the f32 path; merge of two halves; a
+softcap, LSE, GQA, an odd length, the f32 path, D = 512; merge of two halves; a
 TurboQuant cache append + fused and unfused attend. Exits non-zero on a wrong
 result."""
 import sys
@@ -26,7 +26,7 @@ def check(name, got, ref, tol):
         failures.append(name)
 
 
-for D, dtype in [(128, pyfa.bfloat16), (64, np.float16), (96, np.float32)]:
+for D, dtype in [(128, pyfa.bfloat16), (64, np.float16), (96, np.float32), (512, np.float16)]:
     qL, kL = 70, 133
     q = rng.standard_normal((1, 4, qL, D)).astype(dtype)
     k = rng.standard_normal((1, 2, kL, D)).astype(dtype)

@@ -27,9 +27,10 @@ def head_dims():
     return [d for d in dims if d <= top]
 
 
-# N of m64nNk16: the key tiles of S = Q Kᵀ (operands in shared memory; pyfa_cuda_prefill_wgmma_block_k
-# of cuda_layout.h), the head dims of O += P V (P from registers).
-SS_SIZES = (64, 128)
+# N of m64nNk16: the key stages of S = Q Kᵀ (operands in shared memory; pyfa_cuda_prefill_wgmma_stage_keys
+# of cuda_layout.h: 32 on the split path), the head dims of O += P V (P from registers; the split path's
+# 256-column halves are among them).
+SS_SIZES = (32, 64, 128)
 
 HEAD = """\
 /*

@@ -333,6 +333,39 @@ def test_window_softcap_offset(device, rng, window, softcap, q_offset, causal, d
     check_lse(lse, ref_lse)
 
 
+# D = 512 with 16-bit inputs, every feature across several query tiles and key-tile edges. On Hopper
+# the two warpgroups of a block split the head dim (each adds the other's half of every score) and a
+# 64-key tile streams in two 32-key stages: kv_len 97 ends a tile after one stage and a key, 300
+# inside a stage; q_offset 100 and -5 put the causal diagonal inside tiles, the window ends mid-stage,
+# and the masks hold SKIP / ZERO tiles of the plan's tile, so blk must stay bit-identical.
+# (dtype, layout, H, Hkv, qL, kL, causal, q_offset, window, softcap, mask kind, out_dtype)
+D512 = [
+    (BF16, "bhsd", 4, 2, 200, 300, True, 100, None, 0.0, None, None),
+    (np.float16, "bshd", 2, 1, 130, 97, False, None, None, 0.0, "bool", np.float32),
+    (BF16, "bshd", 2, 2, 70, 230, True, -5, 40, 8.0, "additive", None),
+    (np.float16, "bhsd", 2, 1, 129, 129, True, None, 33, 0.0, None, None),
+]
+
+
+@pytest.mark.parametrize("dtype,layout,H,Hkv,qL,kL,causal,q_offset,window,softcap,kind,out_dtype", D512)
+def test_head_dim_512_features(device, rng, dtype, layout, H, Hkv, qL, kL, causal, q_offset, window, softcap,
+                               kind, out_dtype):
+    q, k, v = make(rng, 2, H, Hkv, qL, kL, 512, dtype, layout)
+    mask = None if kind is None else block_mask(rng, (qL, kL), kind, dtype, plan_tile(device, 512, dtype))
+    kw = dict(causal=causal, q_offset=q_offset, window=window, softcap=softcap, mask=mask, layout=layout)
+    out, lse = pyfa.attention(q, k, v, return_lse=True, out_dtype=out_dtype, device=device, **kw)
+    if mask is not None:
+        with_blk, lse_blk = prefill._attention(q, k, v, scale=None, out=None, use_blk=True, return_lse=True,
+                                               device=device, out_dtype=out_dtype, **kw)
+        without, lse_no = prefill._attention(q, k, v, scale=None, out=None, use_blk=False, return_lse=True,
+                                             device=device, out_dtype=out_dtype, **kw)
+        assert_same_run(with_blk, without)
+        assert_same_run(lse_blk, lse_no)
+    ref, ref_lse = reference.attention(q, k, v, return_lse=True, **kw)
+    check_close(out, ref, out_dtype or dtype, in_dtype(q, k, v, **kw))
+    check_lse(lse, ref_lse)
+
+
 @pytest.mark.parametrize("kind", ["additive", "bool"])
 def test_fully_masked_rows_and_inf_key(device, rng, kind):
     q, k, v = make(rng, 1, 2, 2, 70, 100, 64, np.float16)

@@ -106,24 +106,40 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
 /* attn_prefill_wgmma.cuh (sm_90a, f16 / bf16, D <= 256): query rows per block
  * (two warpgroups of 64), threads, the key tile and the dynamic shared bytes
  * (Q [128][D], then the K stages [BK][D] and the V stages [BK][D], in 16
- * bits, unpadded core matrices). */
+ * bits, unpadded core matrices).
+ * attn_prefill_wgmma_split.cuh (D = PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM):
+ * the two warpgroups share 64 query rows and split the head dim (each owns
+ * 256 output columns and half of every Q Kᵀ dot product); its 64-key tile
+ * streams in stages of 32 keys (four stages of 32 KiB beside Q's 64 KiB),
+ * and the score halves meet in an exchange area ([2][64][32] f32). */
 #define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128
 #define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
 #define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
+#define PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM 512
 /* Whether flash_attn_prefill runs that path: kernels built for sm_90a, 16-bit
- * inputs (elem_size 2), D <= 256, and the knob (PYFA_CUDA_PREFILL_WGMMA) not
- * 0. At every head dim it serves it measured faster than the mma.sync kernel
- * (H200, bf16, 16/8 heads, D = 64, the closest case: 288 against 217 TF
- * causal and 299 against 226 non-causal at 16K, 193 against 153 and 272
- * against 196 at 4K). */
+ * inputs (elem_size 2), D <= 256 or D = 512, and the knob
+ * (PYFA_CUDA_PREFILL_WGMMA) not 0. At every head dim up to 256 it measured
+ * faster than the mma.sync kernel (H200, bf16, 16/8 heads, D = 64, the
+ * closest case: 288 against 217 TF causal and 299 against 226 non-causal at
+ * 16K, 193 against 153 and 272 against 196 at 4K). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob, int32_t elem_size, int32_t D) {
-    return sm90a != 0 && knob != 0 && elem_size == 2 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM;
+    return sm90a != 0 && knob != 0 && elem_size == 2 &&
+           (D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM || D == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM);
 }
 /* Stages of the K ring and of the V ring (V runs one tile behind K), so a
  * tile's copies are issued a whole tile of work ahead of its use. */
 #define PYFA_CUDA_PREFILL_WGMMA_KV_STAGES 2
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_q(int32_t D) {
+    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 64 : PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q;
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 ? 64 : 128; }
+/* Keys of one ring stage: the key tile, or half of it on the split path. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
+    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? pyfa_cuda_prefill_wgmma_block_k(D) / 2
+                                                    : pyfa_cuda_prefill_wgmma_block_k(D);
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
-    return (PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * pyfa_cuda_prefill_wgmma_block_k(D)) *
-           D * 2;
+    const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D);
+    const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;
+    return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }

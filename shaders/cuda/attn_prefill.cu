@@ -20,7 +20,9 @@
  * recomputed, bit-identically, in the second pass: 1.5x the FLOPs of one pass).
  *
  * sm_90a, f16 / bf16, D <= 256 (when the CUDA plan picks its tile, BQ = 128):
- * the same algorithm on warpgroup MMA, attn_prefill_wgmma.cuh.
+ * the same algorithm on warpgroup MMA, attn_prefill_wgmma.cuh; D = 512 (tile
+ * BQ 64, BK 64) on warpgroup MMA with the head dim split between two
+ * warpgroups, attn_prefill_wgmma_split.cuh.
  *
  * f32: a SIMT FMA path (tf32 would miss f32 tolerances): BQ = 16 rows, BK =
  * 32 keys, 8 lanes per query row, scores and P through shared memory.
@@ -335,15 +337,14 @@ __device__ __forceinline__ float exp2_approx(float x) {
  * accumulator layout: x[n][e] is this lane's query row r = e >> 1 (rows g
  * and g + 8 of its 16-row slice) at column 8n + 2 t4 + (e & 1). */
 
-/* Key tile kt's scores in the log2 domain: scale (or softcap), mask and the
- * -inf rules where the tile needs them, the scale alone inside. */
+/* The scores of keys j0 ... j0 + 8 NT - 1 in the log2 domain: scale (or
+ * softcap), mask and the -inf rules where tr (the rules of a key tile holding
+ * them) asks for them, the scale alone otherwise. */
 template <int DT, int KV_MODE, int NT, class BlockInfo>
-__device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
-                                            const BlockInfo &bi, uint32_t kt, uint32_t BK, float scale_log2,
+__device__ __forceinline__ void finish_keys(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
+                                            const BlockInfo &bi, const tile_rules &tr, int64_t j0, float scale_log2,
                                             const char *const (&mrow)[2], const int64_t (&pos)[2], int t4) {
-    const tile_rules tr = bi.rules(p, f, kt, BK);
     if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
-        const int64_t j0 = (int64_t)kt * BK;
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -358,6 +359,14 @@ __device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_
 #pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
     }
+}
+
+/* Key tile kt's scores (finish_keys over the whole tile). */
+template <int DT, int KV_MODE, int NT, class BlockInfo>
+__device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
+                                            const BlockInfo &bi, uint32_t kt, uint32_t BK, float scale_log2,
+                                            const char *const (&mrow)[2], const int64_t (&pos)[2], int t4) {
+    finish_keys<DT, KV_MODE>(s, p, f, bi, bi.rules(p, f, kt, BK), (int64_t)kt * BK, scale_log2, mrow, pos, t4);
 }
 
 /* One online-softmax step of this lane's two rows (a row is spread over the
@@ -807,6 +816,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 } // namespace prefill
 
 #include "attn_prefill_wgmma.cuh"
+#include "attn_prefill_wgmma_split.cuh"
 
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
@@ -823,6 +833,9 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
                               OUT_DT == PYFA_DTYPE_F32};
     if constexpr (DT == PYFA_DTYPE_F32) {
         prefill::prefill_simt<D, BQ, BK, KV_MODE>(a, f);
+    } else if constexpr (D == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D) &&
+                         BK == pyfa_cuda_prefill_wgmma_block_k(D)) {
+        prefill::prefill_wgmma_split<DT, KV_MODE>(a, f); /* the mma.sync path's D = 512 tile has BK 32 */
     } else if constexpr (BQ == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q) {
         static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D), "flash_attn_prefill: the wgmma path's key tile");
         prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);

@@ -124,6 +124,24 @@ __device__ __forceinline__ void load_core_tile_strided(char *dst, const char *ro
             pyfa_cp_async16_ca(dst + c.offset + k * DST_STEP, live ? src : row0, live ? 16u : 0u);
             src += step;
         }
+    } else if constexpr ((CH / 2) % (BLOCK_THREADS / 16) == 0) {
+        /* Rows wider than a block's copies (D = 512): copy k = kp + PAIRS kr
+         * takes the chunk pair PAIR_STEP kp further along the row, in the
+         * row group kr further down. */
+        static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
+        constexpr int PAIR_STEP = BLOCK_THREADS / 16, PAIRS = CH / 2 / PAIR_STEP;
+        const core_chunk<CH> c((int)threadIdx.x);
+        const char *src = row0 + (int64_t)c.r * rowb + c.ch * 16;
+        const int64_t group_step = 8 * rowb;
+#pragma unroll
+        for (int kr = 0; kr < CHUNKS / BLOCK_THREADS / PAIRS; kr++) {
+            const bool live = (uint32_t)(c.r + 8 * kr) < n;
+#pragma unroll
+            for (int kp = 0; kp < PAIRS; kp++)
+                pyfa_cp_async16_ca(dst + c.offset + kr * CH * 128 + kp * PAIR_STEP * 256, live ? src + kp * PAIR_STEP * 32 : row0,
+                                   live ? 16u : 0u);
+            src += group_step;
+        }
     } else {
         load_core_tile<C, ROWS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
     }

@@ -58,6 +58,30 @@ __device__ __forceinline__ void pyfa_wgmma_pin(uint32_t (&r)[M]) {
 /* S = Q Kᵀ: N = the key tile */
 
 template <int DT>
+__device__ __forceinline__ void pyfa_wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, uint32_t acc) {
+    static_assert(DT == PYFA_DTYPE_BF16 || DT == PYFA_DTYPE_F16, "wgmma: f16 or bf16 inputs");
+    if constexpr (DT == PYFA_DTYPE_BF16) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(a), "l"(b), "r"(acc)
+                     : "memory");
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(a), "l"(b), "r"(acc)
+                     : "memory");
+    }
+}
+
+template <int DT>
 __device__ __forceinline__ void pyfa_wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, uint32_t acc) {
     static_assert(DT == PYFA_DTYPE_BF16 || DT == PYFA_DTYPE_F16, "wgmma: f16 or bf16 inputs");
     if constexpr (DT == PYFA_DTYPE_BF16) {

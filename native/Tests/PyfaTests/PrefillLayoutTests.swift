@@ -46,29 +46,41 @@ final class PrefillLayoutTests: XCTestCase {
     }
 
     /// The CUDA rule for the warpgroup-MMA prefill (cuda_layout.h): sm_90a,
-    /// 16-bit inputs, head dims 80 to 256 (every one up to 256 when forced),
-    /// unless the knob is 0; its tiles fit
-    /// the H100/H200 shared memory (227 KiB a block), split into whole
-    /// k-steps, and give every thread the same number of 16-byte copies.
+    /// 16-bit inputs, head dims up to 256 and 512 (the split path), unless the
+    /// knob is 0; its tiles fit the H100/H200 shared memory (227 KiB a block),
+    /// split into whole k-steps, give every thread the same number of 16-byte
+    /// copies, and the split path's tile differs from the mma.sync path's
+    /// D = 512 tile (the kernel tells the paths apart by the tile).
     func testCudaWgmmaPrefillRuleAndGeometry() {
         let dims = (pyfa_supported("head_dims").map { String(cString: $0) } ?? "").split(separator: ",").compactMap { Int32($0) }
         XCTAssertTrue(dims.contains(512) && dims.contains(64))
         for d in dims {
-            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), d <= 256 ? 1 : 0, "D \(d) forced")
-            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, -1, 2, d), d <= 256 ? 1 : 0, "D \(d) by the rule")
+            let served: Int32 = d <= 256 || d == 512 ? 1 : 0
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 2, d), served, "D \(d) forced")
+            XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, -1, 2, d), served, "D \(d) by the rule")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(0, 1, 2, d), 0, "not sm_90a")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 0, 2, d), 0, "knob off")
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 4, d), 0, "f32 stays on the SIMT path")
-            guard d <= 256 else { continue }
-            let bq = Int32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q), bk = pyfa_cuda_prefill_wgmma_block_k(d)
+            guard served == 1 else { continue }
+            let split = d > 256
+            let bq = pyfa_cuda_prefill_wgmma_block_q(d), bk = pyfa_cuda_prefill_wgmma_block_k(d)
+            let keys = pyfa_cuda_prefill_wgmma_stage_keys(d)
             let threads = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS)
             let stages = Int32(PYFA_CUDA_PREFILL_WGMMA_KV_STAGES)
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), (bq + 2 * stages * bk) * d * 2)
+            XCTAssertEqual(bq, split ? 64 : Int32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q))
+            XCTAssertEqual(keys, split ? bk / 2 : bk)
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d),
+                           (bq + 2 * stages * keys) * d * 2 + (split ? 2 * bq * keys * 4 : 0))
             XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), 227 * 1024, "D \(d)")
-            XCTAssertTrue(bk == 64 || bk == 128, "a key tile with a shared-memory wgmma wrapper (gen_wgmma.py)")
+            XCTAssertTrue([32, 64, 128].contains(keys), "a stage with a shared-memory wgmma wrapper (gen_wgmma.py)")
             XCTAssertEqual(d % 16, 0)
             XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
-            XCTAssertEqual(bk * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
+            XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
+            if split {
+                XCTAssertEqual(d, Int32(PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM))
+                // CUDAPlan.flashAttnPrefill gives the mma.sync path BQ 64, BK 32 at D = 512.
+                XCTAssertFalse(bq == 64 && bk == 32, "the split tile differs from the mma.sync tile")
+            }
         }
     }
 }

@@ -240,8 +240,9 @@ struct CUDAPlan: BackendPlan {
     /// rounds P to f16 / bf16 before P V as FlashAttention does (its accuracy
     /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
-    /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh) on sm_90a for f16 /
-    /// bf16 up to D = 256 (cuda_layout.h): unset or empty, the rule (-1: every D it serves);
+    /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh, and
+    /// attn_prefill_wgmma_split.cuh at D = 512) on sm_90a for f16 / bf16 up
+    /// to D = 256 and at 512 (cuda_layout.h): unset or empty, the rule (-1: every D it serves);
     /// PYFA_CUDA_PREFILL_WGMMA = 0 / off / false / no keeps the mma.sync path
     /// everywhere (0), any other value forces it at every head dim it serves (1).
     static let prefillWgmmaKnob: Int = {
@@ -350,8 +351,9 @@ struct CUDAPlan: BackendPlan {
     }
 
     /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
-    /// f16 / bf16 on sm_90a up to D = 256, when on (prefillWgmma): the
-    /// warpgroup-MMA path, 128 query rows, sized by cuda_layout.h.
+    /// f16 / bf16 on sm_90a up to D = 256 and at 512, when on (prefillWgmma):
+    /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
+    /// warpgroups split the head dim), sized by cuda_layout.h.
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
@@ -361,7 +363,7 @@ struct CUDAPlan: BackendPlan {
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         let D = Int(headDim)
         if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
-            return PrefillGeometry(blockQ: UInt32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q),
+            return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D))),
                                    blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D))),
                                    threads: UInt32(PYFA_CUDA_PREFILL_WGMMA_THREADS),
                                    threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D))))
