@@ -73,6 +73,9 @@ int pyfa_cuda_driver_load(char *err, size_t err_len) {
 #undef BIND
             t.cuLaunchKernelEx = (CUresult(*)(const pyfa_cu_launch_config *, CUfunction, void **, void **))dlsym(
                 lib, "cuLaunchKernelEx");
+            t.cuTensorMapEncodeTiled = (CUresult(*)(void *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+                                                    const uint32_t *, const uint32_t *, int, int, int, int))dlsym(
+                lib, "cuTensorMapEncodeTiled");
             if (!bad) {
                 CUresult r = t.cuInit(0);
                 if (r != 0) {

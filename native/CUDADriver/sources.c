@@ -55,6 +55,9 @@ static const char src_wgmma[] = {
 static const char src_attn_prefill_wgmma[] = {
 #embed "../../shaders/cuda/attn_prefill_wgmma.cuh"
 , 0};
+static const char src_tma[] = {
+#embed "../../shaders/cuda/pyfa_tma.cuh"
+, 0};
 static const char src_attn_prefill_wgmma_split[] = {
 #embed "../../shaders/cuda/attn_prefill_wgmma_split.cuh"
 , 0};
@@ -86,6 +89,7 @@ static const struct {
     {"pyfa_mma.cuh", src_mma, sizeof src_mma - 1},
     {"pyfa_wgmma.cuh", src_wgmma, sizeof src_wgmma - 1},
     {"attn_prefill_wgmma.cuh", src_attn_prefill_wgmma, sizeof src_attn_prefill_wgmma - 1},
+    {"pyfa_tma.cuh", src_tma, sizeof src_tma - 1},
     {"attn_prefill_wgmma_split.cuh", src_attn_prefill_wgmma_split, sizeof src_attn_prefill_wgmma_split - 1},
     {"turboquant_mma.cuh", src_turboquant_mma, sizeof src_turboquant_mma - 1},
     {"turboquant.cu", src_turboquant, sizeof src_turboquant - 1},

@@ -23,7 +23,16 @@
 /* Marks an inline offset in arg[slot]: no device address has bit 63 set. */
 #define PYFA_CUDA_INLINE_TAG (1ull << 63)
 
-typedef struct pyfa_cuda_args {
+/* On the device the block is 64-byte aligned in parameter space, so a TMA
+ * tensor map placed in inline_bytes at a multiple of 64 is usable in place
+ * (the host layout is the same: arg[] fills the first 128 bytes). */
+#if defined(__CUDACC_RTC__)
+#define PYFA_CUDA_ARGS_ALIGN __align__(64)
+#else
+#define PYFA_CUDA_ARGS_ALIGN
+#endif
+
+typedef struct PYFA_CUDA_ARGS_ALIGN pyfa_cuda_args {
     uint64_t arg[PYFA_CUDA_MAX_ARGS];
     uint8_t inline_bytes[PYFA_CUDA_INLINE_BYTES];
 } pyfa_cuda_args;

@@ -101,6 +101,12 @@ typedef struct pyfa_cuda_driver_api {
     /* Optional (CUDA 12 drivers and later): NULL where the driver lacks it. */
     CUresult (*cuLaunchKernelEx)(const pyfa_cu_launch_config *config, CUfunction f, void **kernel_params,
                                  void **extra);
+    /* Optional (NULL when the driver lacks it): a TMA tensor map (128 bytes,
+     * 64-byte aligned) for a tiled region; cuda.h's enums as ints. */
+    CUresult (*cuTensorMapEncodeTiled)(void *tensor_map, int data_type, uint32_t rank, void *global_address,
+                                       const uint64_t *global_dim, const uint64_t *global_strides,
+                                       const uint32_t *box_dim, const uint32_t *element_strides, int interleave,
+                                       int swizzle, int l2_promotion, int oob_fill);
 } pyfa_cuda_driver_api;
 
 typedef int nvrtcResult;

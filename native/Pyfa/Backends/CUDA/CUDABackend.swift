@@ -14,12 +14,15 @@ final class CUDAPipeline: Pipeline {
     /// Dynamic shared memory the function has been allowed (above 48 KB needs opting in).
     var dynamicSharedLimit = 48 * 1024
     let lock = Lock()
+    /// TMA tensor maps the kernel takes inline, built at each launch (nil: none).
+    let tensorMaps: CUDATensorMaps?
 
-    init(name: String, module: CUmodule, function: CUfunction, context: CUDAContext) {
+    init(name: String, module: CUmodule, function: CUfunction, context: CUDAContext, tensorMaps: CUDATensorMaps? = nil) {
         self.name = name
         self.module = module
         self.function = function
         self.context = context
+        self.tensorMaps = tensorMaps
     }
 
     deinit {
@@ -173,7 +176,8 @@ final class CUDABackend: Backend {
             _ = pyfa_cu.cuModuleUnload(module)
             throw PyfaError.compile("kernel '\(name)': entry \(entry) missing: \(CU.errorText(r))")
         }
-        return CUDAPipeline(name: name, module: module, function: function, context: context)
+        return CUDAPipeline(name: name, module: module, function: function, context: context,
+                            tensorMaps: CUDATensorMaps.recipe(kernel: name, constants: constants))
     }
 
     func makeQueue() throws -> CommandQueue {

@@ -134,6 +134,7 @@ final class CUDAQueue: CommandQueue {
                 }
                 raw.storeBytes(of: value, toByteOffset: slot * 8, as: UInt64.self)
             }
+            if let maps = p.tensorMaps { cursor = maps.encode(into: raw, cursor: cursor, args: d.args) }
         }
         let smem = d.threadgroupMemory
         try p.lock.withLock {

@@ -1,0 +1,94 @@
+import CPyfa
+import PyfaCUDADriver
+import PyfaShaderCommon
+
+/// TMA tensor maps a kernel reads from its inline arguments (cuda_layout.h):
+/// built at launch from the dispatch's buffers and parameter struct, because
+/// a map holds the tensor's address. A map that cannot be built (a driver
+/// without cuTensorMapEncodeTiled, an address or stride TMA refuses) is left
+/// out, and the kernel copies those tiles with cp.async instead.
+struct CUDATensorMaps {
+    /// One map: the buffer and row geometry it views, and the argument slot it goes to.
+    struct Map {
+        let slot: Int32
+        let bufferSlot: Int32
+        let rows: (pyfa_flash_attn_prefill_params) -> UInt64
+        let heads: (pyfa_flash_attn_prefill_params) -> UInt64
+        let strides: (pyfa_flash_attn_prefill_params) -> (Int64, Int64, Int64)
+        let boxRows: UInt32
+    }
+
+    let maps: [Map]
+    let headDim: Int
+
+    /// The maps of a pipeline: the split-head-dim prefill (D = 512, 16-bit)
+    /// in rectangular mode takes K and V stages by TMA.
+    static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
+        let v = constants.values
+        guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT) else { return nil }
+        let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
+        guard d == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
+              v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d),
+              v[Int(PYFA_PREFILL_FC_BLOCK_K)] == pyfa_cuda_prefill_wgmma_block_k(d),
+              v[Int(PYFA_PREFILL_FC_KV_MODE)] == PYFA_PREFILL_KV_RECT else { return nil }
+        let box = UInt32(pyfa_cuda_prefill_wgmma_stage_keys(d))
+        let kv = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.kv_len) }
+        let kvHeads = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.num_kv_heads) }
+        return CUDATensorMaps(maps: [
+            Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_K, bufferSlot: PYFA_PREFILL_ARG_K, rows: kv, heads: kvHeads,
+                strides: { ($0.k_strides.0, $0.k_strides.1, $0.k_strides.2) }, boxRows: box),
+            Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_V, bufferSlot: PYFA_PREFILL_ARG_V, rows: kv, heads: kvHeads,
+                strides: { ($0.v_strides.0, $0.v_strides.1, $0.v_strides.2) }, boxRows: box),
+        ], headDim: Int(d))
+    }
+
+    /// Encodes the maps into `raw` (the launch's pyfa_cuda_args) from inline
+    /// offset `cursor` on (each at a multiple of 64 bytes), and points their
+    /// slots at them; returns the new cursor.
+    func encode(into raw: UnsafeMutableRawBufferPointer, cursor: Int,
+                args: [(slot: Int, arg: KernelArg)]) -> Int {
+        guard let encodeTiled = pyfa_cu.cuTensorMapEncodeTiled else { return cursor }
+        var params: pyfa_flash_attn_prefill_params? = nil
+        var addresses: [Int32: UInt64] = [:]
+        for (slot, arg) in args {
+            switch arg {
+            case .bytes(let bytes) where slot == Int(PYFA_PREFILL_ARG_PARAMS)
+                && bytes.count == MemoryLayout<pyfa_flash_attn_prefill_params>.size:
+                params = bytes.withUnsafeBytes { $0.loadUnaligned(as: pyfa_flash_attn_prefill_params.self) }
+            case .buffer(let b, let offset):
+                addresses[Int32(slot)] = b.memory.deviceAddress + UInt64(offset)
+            default:
+                break
+            }
+        }
+        guard let p = params else { return cursor }
+        let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
+        var at = (cursor + 63) & ~63
+        for m in maps {
+            guard let address = addresses[m.bufferSlot], at + 128 <= Int(PYFA_CUDA_INLINE_BYTES) else { continue }
+            let (sb, sh, sr) = m.strides(p)
+            // Element strides of batch, head and row, in bytes; TMA takes multiples of 16 below 2^40.
+            let bytes = [sr, sh, sb].map { $0 * 2 }
+            guard bytes.allSatisfy({ $0 > 0 && $0 % 16 == 0 && $0 < (1 << 40) }), address % 16 == 0 else { continue }
+            // Rows of 64 elements (128 bytes, the swizzle's span) per box row, the head dim's 64-element blocks outside the rows.
+            let dims: [UInt64] = [64, m.rows(p), UInt64(headDim / 64), m.heads(p), UInt64(p.batch)]
+            let strides: [UInt64] = [UInt64(bytes[0]), 128, UInt64(bytes[1]), UInt64(bytes[2])]
+            let box: [UInt32] = [64, m.boxRows, UInt32(headDim / 64), 1, 1]
+            let ones: [UInt32] = [1, 1, 1, 1, 1]
+            guard dims.allSatisfy({ $0 > 0 && $0 <= (1 << 32) }) else { continue }
+            // The driver writes a map only to a 64-byte aligned address: a stack scratch, then the block.
+            let encoded = withUnsafeTemporaryAllocation(byteCount: 128, alignment: 64) { map -> Bool in
+                let status = encodeTiled(map.baseAddress!, 1 /* UINT16 */, 5,
+                                         UnsafeMutableRawPointer(bitPattern: UInt(address)), dims, strides, box, ones,
+                                         0 /* no interleave */, 3 /* 128-byte swizzle */, 2 /* L2 promotion 128 B */,
+                                         0 /* out-of-bounds elements read as zeros */)
+                if status == 0 { raw.baseAddress!.advanced(by: base + at).copyMemory(from: map.baseAddress!, byteCount: 128) }
+                return status == 0
+            }
+            guard encoded else { continue }
+            raw.storeBytes(of: UInt64(at) | PYFA_CUDA_INLINE_TAG, toByteOffset: Int(m.slot) * 8, as: UInt64.self)
+            at += 128
+        }
+        return at
+    }
+}
