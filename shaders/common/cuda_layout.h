@@ -138,7 +138,7 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
     return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? pyfa_cuda_prefill_wgmma_block_k(D) / 2
                                                     : pyfa_cuda_prefill_wgmma_block_k(D);
 }
-/* In rectangular mode the split path's K and V stages arrive by TMA when the
+/* In rectangular mode the K and V stages of both paths arrive by TMA when the
  * CUDA backend encoded their tensor maps (inline arguments in these slots;
  * an absent map, argument 0, leaves the stages to cp.async copies). A stage
  * is laid out [64-element block][key][128 bytes, 16-byte chunks swizzled by
@@ -147,6 +147,11 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
  * batch} of k or v (strides: the row, 128 bytes, the head, the batch). */
 #define PYFA_CUDA_PREFILL_ARG_TMAP_K 13
 #define PYFA_CUDA_PREFILL_ARG_TMAP_V 14
+/* Whether the warpgroup-MMA paths keep K and V stages in that swizzled layout
+ * (and take them by TMA in rectangular mode): head dims that are whole
+ * 64-element blocks (64, 128, 192, 256, 512); 80 and 96 keep core matrices
+ * and cp.async. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D % 64 == 0; }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;

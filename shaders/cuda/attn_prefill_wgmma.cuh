@@ -29,6 +29,7 @@
  * V_{i-2}.
  */
 #pragma once
+#include "pyfa_tma.cuh"
 #include "pyfa_wgmma.cuh"
 
 namespace prefill {
@@ -43,6 +44,8 @@ struct wgmma_shape {
     static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
     static constexpr int STAGES = PYFA_CUDA_PREFILL_WGMMA_KV_STAGES;
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
+    static constexpr bool SWIZZLED = pyfa_cuda_prefill_wgmma_tma(D) != 0; /* K, V stages: swizzled, TMA-able */
+    static constexpr int BLOCK = BK * 128; /* swizzled stages: bytes between 64-coordinate blocks */
     static_assert(STAGES == 2, "two K stages and two V stages: the loop indexes them by tile parity");
     static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
@@ -147,6 +150,80 @@ __device__ __forceinline__ void load_core_tile_strided(char *dst, const char *ro
     }
 }
 
+/* K and V stages in wgmma's 128-byte swizzled layout (head dims of whole
+ * 64-element blocks, pyfa_cuda_prefill_wgmma_tma): per block of 64
+ * coordinates, a key's 128 bytes with its 16-byte chunk c at c ^ (key % 8);
+ * blocks KEYS x 128 bytes apart, 8-key groups 1 KiB apart. It is the layout a
+ * TMA box {64, KEYS, D / 64} with 128-byte swizzling writes; K reads it as
+ * the K-major B of S (a k-step is 32 bytes along a key, the next block
+ * after four), V as the N-major B of P V (64-column blocks KEYS x 128 bytes
+ * apart, the leading offset). The stage must be 1 KiB aligned. */
+constexpr uint64_t WGMMA_SWIZZLE_128B = 1ull << 62;
+__device__ __forceinline__ uint64_t swizzled_kmajor(uint32_t addr) {
+    return pyfa_wgmma_desc(addr, 16, 1024) | WGMMA_SWIZZLE_128B;
+}
+__device__ __forceinline__ uint64_t swizzled_nmajor(uint32_t addr, uint32_t block_bytes) {
+    return pyfa_wgmma_desc(addr, block_bytes, 1024) | WGMMA_SWIZZLE_128B;
+}
+
+/* Rows [0, n) of a KEYS-row stage into the swizzled layout by every thread's
+ * cp.async copies (row r from row_src(r)), rows [n, KEYS) as zeros: the
+ * stages TMA does not bring (packed modes, no tensor map). */
+template <int D, int KEYS, int BLOCK_THREADS, class RowSrc>
+__device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, const char *any, uint32_t n) {
+    constexpr int CH = D / 8, CHUNKS = KEYS * CH;
+    static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
+        const core_chunk<CH> c((int)threadIdx.x + k * BLOCK_THREADS);
+        const bool live = (uint32_t)c.r < n;
+        const int at = (c.ch >> 3) * (KEYS * 128) + c.r * 128 + (((c.ch & 7) ^ (c.r & 7)) << 4);
+        pyfa_cp_async16_ca(dst + at, live ? row_src(c.r) + c.ch * 16 : any, live ? 16u : 0u);
+    }
+}
+
+/* The K and V rings' arrival by TMA: the tensor maps the backend put in the
+ * launch's inline bytes (rectangular mode), one mbarrier per stage (K stages
+ * 0, 1, V stages 0, 1). The i-th K (V) tile of a block goes to stage i % 2 as
+ * that stage's (i / 2)-th copy, so its wait parity is (i / 2) % 2. */
+struct tma_rings {
+    const void *k_map, *v_map;
+    uint64_t *bar;
+    bool on; /* uniform: both maps present */
+
+    __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars) : bar(bars) {
+        auto map = [&](int slot) -> const void * {
+            const uint64_t v = a.arg[slot];
+            return v == 0 || !allowed ? nullptr : a.inline_bytes + (v & ~PYFA_CUDA_INLINE_TAG);
+        };
+        k_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_K);
+        v_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_V);
+        on = k_map != nullptr && v_map != nullptr;
+        if (on) {
+            if (threadIdx.x == 0) {
+                for (int i = 0; i < 4; i++) pyfa_mbar_init(&bar[i], 1);
+                pyfa_mbar_init_fence();
+            }
+            __syncthreads();
+        }
+    }
+    /* Thread 0: the box of keys [j0, j0 + rows) of KV head kvh, sequence b, into K (v = false) or V stage st. */
+    __device__ __forceinline__ void load(bool v, int st, char *dst, uint32_t bytes, uint32_t j0, uint32_t kvh,
+                                         uint32_t b) const {
+        if (threadIdx.x == 0) {
+            uint64_t *stage_bar = &bar[(v ? 2 : 0) + st];
+            pyfa_mbar_expect_tx(stage_bar, bytes);
+            pyfa_tma_load_5d(dst, v ? v_map : k_map, stage_bar, 0, (int)j0, 0, (int)kvh, (int)b);
+        }
+    }
+    /* Until K_ki and V_vi (-1: none) have landed. */
+    __device__ __forceinline__ void wait(int ki, int vi) const {
+        if (!on) return;
+        if (ki >= 0) pyfa_mbar_wait(&bar[ki & 1], (ki >> 1) & 1);
+        if (vi >= 0) pyfa_mbar_wait(&bar[2 + (vi & 1)], (vi >> 1) & 1);
+    }
+};
+
 template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -164,8 +241,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
               t4 = lane & 3;
 
-    extern __shared__ uint4 smem_raw[];
-    char *sq = reinterpret_cast<char *>(smem_raw);
+    extern __shared__ __align__(1024) uint4 smem_wgmma[]; /* swizzled stages: 1 KiB aligned */
+    char *sq = reinterpret_cast<char *>(smem_wgmma);
     /* Two K stages, then two V stages. */
     auto sk = [&](int st) { return sq + S::Q_BYTES + st * S::KV_BYTES; };
     auto sv = [&](int st) { return sq + S::Q_BYTES + (2 + st) * S::KV_BYTES; };
@@ -196,12 +273,30 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                       : nullptr;
     }
 
+    __shared__ uint64_t stage_bars[4];
+    const tma_rings tma(a, S::SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
+
     load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
 
-    /* K or V rows of key tile t into dst (pool rows through the block table when paged). */
-    auto load_kv = [&](char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
+    /* K or V rows of key tile t into stage st of dst's ring: by TMA, else the
+     * threads' copies (pool rows through the block table when paged). */
+    auto load_kv = [&](bool is_v, int st, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
         const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
-        if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
+        if (tma.on) {
+            tma.load(is_v, st, dst, S::KV_BYTES, j0, bi.kvh, bi.b);
+        } else if constexpr (S::SWIZZLED) {
+            if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
+                const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
+                const char *pool = pyfa_ptr<const char>(a, pool_slot);
+                const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
+                load_swizzled_stage<D, BK, BLOCK_THREADS>(dst, [&](int r) {
+                    return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
+                }, pool, n);
+            } else {
+                const char *row0 = base + (int64_t)j0 * rowb;
+                load_swizzled_stage<D, BK, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
+            }
+        } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
             const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
             const char *pool = pyfa_ptr<const char>(a, pool_slot);
             const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
@@ -224,10 +319,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     uint32_t issued = kt; /* the next K tile to copy */
     auto issue = [&](int kst, int vst, uint32_t vt) {
         if (issued < bi.t_end) {
-            load_kv(sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, issued);
+            load_kv(false, kst, sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, issued);
             issued = bi.next_tile(issued + 1);
         }
-        if (vt < bi.t_end) load_kv(sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
+        if (vt < bi.t_end) load_kv(true, vst, sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
         pyfa_cp_async_commit();
     };
     issue(0, 0, bi.t_end); /* Q and the first K tile */
@@ -238,9 +333,11 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * first tile is peeled so that the loop has no branch between a product
      * and its wait: ptxas serialises every product of a loop it cannot follow. */
     uint32_t pa[KP][4], pl[KP][4]; /* P of the previous tile; pl: the residual terms, P_TERMS = 2 only */
-    auto tiles_landed = [&]() {
+    /* K_ki and V_vi (-1: none) landed: the threads' copies (and Q's), or TMA's. */
+    auto tiles_landed = [&](int ki, int vi) {
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
+        tma.wait(ki, vi);
         __syncthreads();          /* every thread's copies landed; every warpgroup is done with the products before */
     };
     /* A score tile of zeros, pinned before the fence that precedes its product. */
@@ -252,15 +349,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* Issues S = Q Kᵀ of the K tile at k_addr (after the fence). */
     auto issue_s = [&](float (&s)[NT][4], uint32_t k_addr) {
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kmajor(k_addr + 256 * kk), kk > 0 ? 1u : 0u);
+        for (int kk = 0; kk < KD; kk++) {
+            uint64_t kd;
+            if constexpr (S::SWIZZLED)
+                kd = swizzled_kmajor(k_addr + (kk >> 2) * S::BLOCK + (kk & 3) * 32);
+            else
+                kd = kmajor(k_addr + 256 * kk);
+            pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kd, kk > 0 ? 1u : 0u);
+        }
         pyfa_wgmma_commit();
     };
     /* Issues O += P V of the V tile at v_addr (after the fence). */
     auto issue_pv = [&](uint32_t v_addr) {
 #pragma unroll
         for (int t = 0; t < KP; t++) {
-            const uint64_t vd = nmajor(v_addr + 2 * GROUP * t); /* keys 16t ...: two 8-row groups */
+            /* keys 16t ...: two 8-row groups */
+            const uint64_t vd = S::SWIZZLED ? swizzled_nmajor(v_addr + 2048 * t, S::BLOCK) : nmajor(v_addr + 2 * GROUP * t);
             pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
             if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }
@@ -274,7 +378,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* Operands are written before the fence and read after the wait: the pins
      * keep the compiler from moving those accesses across either. */
     if (kt < bi.t_end) {
-        tiles_landed();
+        tiles_landed(0, -1);
         {
             float s[NT][4];
             zero_scores(s);
@@ -294,7 +398,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         int i = 1;
 #pragma unroll 1
         for (; kt < bi.t_end; i++) {
-            tiles_landed(); /* K_i and V_{i-1}; the stages of K_{i-1} and V_{i-2} are free */
+            tiles_landed(i, i - 1); /* the stages of K_{i-1} and V_{i-2} are free */
             float s[NT][4];
             zero_scores(s);
             pin_operands<P_TERMS>(o, pa, pl);
@@ -315,7 +419,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
             kt = bi.next_tile(kt + 1);
         }
-        tiles_landed(); /* the last V */
+        tiles_landed(-1, i - 1); /* the last V */
         pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
         issue_pv(smem_addr(sv((i - 1) & 1)));

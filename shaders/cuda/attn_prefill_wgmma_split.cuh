@@ -26,10 +26,8 @@
  * S_i and P_{i-1} V_{i-1}, waits for S_i alone, and P V runs under the
  * softmax). Q is laid out as in that file (core matrices, GROUP = 16 D bytes
  * between 8-row groups; a half of the head dim starts 4 KiB into each group).
- * A K or V stage is laid out in wgmma's 128-byte swizzled form: per block
- * of 64 head-dim coordinates, a key's 128 bytes, its 16-byte chunk c at
- * position c ^ (key % 8); blocks 128 KS bytes apart, 8-key groups 1 KiB
- * apart (K is the K-major B of S, V the N-major B of P V). In rectangular
+ * A K or V stage is in attn_prefill_wgmma.cuh's 128-byte swizzled layout
+ * (blocks of 64 head-dim coordinates 128 KS bytes apart). In rectangular
  * mode, with the tensor maps the backend encodes (cuda_layout.h), one thread
  * copies each stage by TMA (a 32 KiB box of the 5-d view of k or v, rows
  * past kv_len read as zeros) and the block awaits it on the stage's
@@ -39,7 +37,6 @@
  * copies its share with cp.async into the same layout.
  */
 #pragma once
-#include "pyfa_tma.cuh"
 
 namespace prefill {
 struct wgmma_split_shape {
@@ -86,31 +83,11 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     float4 *exchange = reinterpret_cast<float4 *>(sq + S::Q_BYTES + 4 * S::KV_BYTES); /* [wg][n][tid] */
     /* This warpgroup's coordinates: in every row group of Q, in a K or V stage. */
     const uint32_t q_half = wg * S::HALF, kv_half = wg * S::STAGE_HALF;
-    /* K-major Q: core matrices 128 bytes apart along the head dim, row groups
-     * GROUP apart. 128-byte swizzled K and V: 8-key groups 1 KiB apart (the
-     * stride offset); V (N-major) steps BLOCK bytes between its 64-column
-     * blocks (the leading offset; K-major K reads one block per k-step). */
-    constexpr uint64_t SWIZZLE_128B = 1ull << 62;
+    /* K-major Q: core matrices 128 bytes apart along the head dim, row
+     * groups GROUP apart; K and V: swizzled stages (attn_prefill_wgmma.cuh). */
     auto q_desc = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
-    auto k_desc = [=](uint32_t addr) { return pyfa_wgmma_desc(addr, 16, 1024) | SWIZZLE_128B; };
-    auto v_desc = [=](uint32_t addr) { return pyfa_wgmma_desc(addr, S::BLOCK, 1024) | SWIZZLE_128B; };
-
-    /* TMA tensor maps of k and v (rectangular mode, when the backend encoded both). */
-    auto tensor_map = [&](int slot) -> const void * {
-        const uint64_t v = a.arg[slot];
-        return v == 0 ? nullptr : a.inline_bytes + (v & ~PYFA_CUDA_INLINE_TAG);
-    };
-    const void *k_map = KV_MODE == PYFA_PREFILL_KV_RECT ? tensor_map(PYFA_CUDA_PREFILL_ARG_TMAP_K) : nullptr;
-    const void *v_map = KV_MODE == PYFA_PREFILL_KV_RECT ? tensor_map(PYFA_CUDA_PREFILL_ARG_TMAP_V) : nullptr;
-    const bool tma = k_map != nullptr && v_map != nullptr; /* uniform */
-    __shared__ uint64_t stage_bar[4];                      /* K stages 0, 1, V stages 0, 1 */
-    if (tma) {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < 4; i++) pyfa_mbar_init(&stage_bar[i], 1);
-            pyfa_mbar_init_fence();
-        }
-        __syncthreads();
-    }
+    __shared__ uint64_t stage_bars[4];
+    const tma_rings tma(a, KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
 
     const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
     const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
@@ -140,36 +117,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     const uint32_t st_end = 2 * bi.t_end < (keys + KS - 1) / KS ? 2 * bi.t_end : (keys + KS - 1) / KS;
     auto next_stage = [&](uint32_t j) { return (j & 1) ? 2 * bi.next_tile((j >> 1) + 1) : j + 1; };
 
-    /* Stage j of k or v into dst: by TMA (thread 0; bar awaits it), else by
-     * every thread's cp.async copies (row r of the stage from row_src(r)). */
-    auto copy_rows = [&](char *dst, auto row_src, const char *any, uint32_t n) {
-        constexpr int CH = D / 8;
-#pragma unroll
-        for (int k = 0; k < KS * CH / BLOCK_THREADS; k++) {
-            const core_chunk<CH> c((int)threadIdx.x + k * BLOCK_THREADS);
-            const bool live = (uint32_t)c.r < n;
-            const int at = (c.ch >> 3) * S::BLOCK + c.r * 128 + (((c.ch & 7) ^ (c.r & 7)) << 4);
-            pyfa_cp_async16_ca(dst + at, live ? row_src(c.r) + c.ch * 16 : any, live ? 16u : 0u);
-        }
-    };
-    auto load_kv = [&](char *dst, const char *base, int64_t rowb, int pool_slot, const void *map, uint64_t *bar,
-                       uint32_t j) {
+    /* Stage j of k or v into stage st of its ring: by TMA, else by every
+     * thread's cp.async copies (pool rows through the block table when paged). */
+    auto load_kv = [&](bool is_v, int st, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t j) {
         const uint32_t j0 = j * KS, n = keys - j0 < (uint32_t)KS ? keys - j0 : KS;
-        if (tma) {
-            if (threadIdx.x == 0) {
-                pyfa_mbar_expect_tx(bar, S::KV_BYTES);
-                pyfa_tma_load_5d(dst, map, bar, 0, (int)j0, 0, (int)bi.kvh, (int)bi.b);
-            }
+        if (tma.on) {
+            tma.load(is_v, st, dst, S::KV_BYTES, j0, bi.kvh, bi.b);
         } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
             const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
             const char *pool = pyfa_ptr<const char>(a, pool_slot);
             const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
-            copy_rows(dst, [&](int r) {
+            load_swizzled_stage<D, KS, BLOCK_THREADS>(dst, [&](int r) {
                 return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
             }, pool, n);
         } else {
             const char *row0 = base + (int64_t)j0 * rowb;
-            copy_rows(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
+            load_swizzled_stage<D, KS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
         }
     };
 
@@ -183,25 +146,21 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     uint32_t issued = kt; /* the next K stage to copy */
     auto issue = [&](int kst, int vst, uint32_t vt) {
         if (issued < st_end) {
-            load_kv(sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, k_map, &stage_bar[kst], issued);
+            load_kv(false, kst, sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, issued);
             issued = next_stage(issued);
         }
-        if (vt < st_end) load_kv(sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, v_map, &stage_bar[2 + vst], vt);
+        if (vt < st_end) load_kv(true, vst, sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
         pyfa_cp_async_commit();
     };
     issue(0, 0, st_end); /* Q and the first K stage */
 
     uint32_t pa[KP][4], pl[KP][4];
     /* K_ki and V_vi (-1: none) have landed, and every thread is past the
-     * products before and done with the exchange area's last use. The i-th
-     * K (V) stage goes to stage i % 2 as that stage's (i / 2)-th copy. */
+     * products before and done with the exchange area's last use. */
     auto tiles_landed = [&](int ki, int vi) {
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async();
-        if (tma) {
-            if (ki >= 0) pyfa_mbar_wait(&stage_bar[ki & 1], (ki >> 1) & 1);
-            if (vi >= 0) pyfa_mbar_wait(&stage_bar[2 + (vi & 1)], (vi >> 1) & 1);
-        }
+        tma.wait(ki, vi);
         __syncthreads();
     };
     auto zero_scores = [](float (&s)[NT][4]) {
@@ -214,14 +173,14 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
             pyfa_wgmma_ss<DT>(flat(s), q_desc(smem_addr(sq) + q_half + 256 * kk),
-                              k_desc(k_addr + kv_half + (kk >> 2) * S::BLOCK + (kk & 3) * 32), kk > 0 ? 1u : 0u);
+                              swizzled_kmajor(k_addr + kv_half + (kk >> 2) * S::BLOCK + (kk & 3) * 32), kk > 0 ? 1u : 0u);
         pyfa_wgmma_commit();
     };
     /* O[:, half] += P V[:, half] for the V stage at v_addr. */
     auto issue_pv = [&](uint32_t v_addr) {
 #pragma unroll
         for (int t = 0; t < KP; t++) {
-            const uint64_t vd = v_desc(v_addr + kv_half + 2048 * t); /* keys 16t ...: two 8-key groups */
+            const uint64_t vd = swizzled_nmajor(v_addr + kv_half + 2048 * t, S::BLOCK); /* keys 16t ...: two 8-key groups */
             pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
             if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }

@@ -76,6 +76,13 @@ final class PrefillLayoutTests: XCTestCase {
             XCTAssertEqual(d % 16, 0)
             XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
             XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
+            // TMA's 128-byte swizzled stages: whole 64-element blocks, every stage 1 KiB aligned, a box of <= 256 keys.
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d % 64 == 0 ? 1 : 0, "D \(d)")
+            if pyfa_cuda_prefill_wgmma_tma(d) != 0 {
+                XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
+                XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
+                XCTAssertLessThanOrEqual(keys, 256)
+            }
             if split {
                 XCTAssertEqual(d, Int32(PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM))
                 // CUDAPlan.flashAttnPrefill gives the mma.sync path BQ 64, BK 32 at D = 512.

@@ -21,13 +21,14 @@ struct CUDATensorMaps {
     let maps: [Map]
     let headDim: Int
 
-    /// The maps of a pipeline: the split-head-dim prefill (D = 512, 16-bit)
-    /// in rectangular mode takes K and V stages by TMA.
+    /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile)
+    /// in rectangular mode takes K and V stages by TMA at the head dims
+    /// pyfa_cuda_prefill_wgmma_tma names.
     static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
         let v = constants.values
         guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT) else { return nil }
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
-        guard d == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
+        guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
               v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d),
               v[Int(PYFA_PREFILL_FC_BLOCK_K)] == pyfa_cuda_prefill_wgmma_block_k(d),
               v[Int(PYFA_PREFILL_FC_KV_MODE)] == PYFA_PREFILL_KV_RECT else { return nil }
