@@ -151,7 +151,7 @@ __device__ __forceinline__ void load_core_tile_strided(char *dst, const char *ro
 }
 
 /* K and V stages in wgmma's 128-byte swizzled layout (head dims of whole
- * 64-element blocks, pyfa_cuda_prefill_wgmma_tma): per block of 64
+ * 64-element blocks pyfa_cuda_prefill_wgmma_tma names): per block of 64
  * coordinates, a key's 128 bytes with its 16-byte chunk c at c ^ (key % 8);
  * blocks KEYS x 128 bytes apart, 8-key groups 1 KiB apart. It is the layout a
  * TMA box {64, KEYS, D / 64} with 128-byte swizzling writes; K reads it as

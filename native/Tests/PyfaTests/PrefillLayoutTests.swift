@@ -77,7 +77,7 @@ final class PrefillLayoutTests: XCTestCase {
             XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
             XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
             // TMA's 128-byte swizzled stages: whole 64-element blocks, every stage 1 KiB aligned, a box of <= 256 keys.
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d % 64 == 0 ? 1 : 0, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d % 64 == 0 && d >= 128 ? 1 : 0, "D \(d)")
             if pyfa_cuda_prefill_wgmma_tma(d) != 0 {
                 XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
                 XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
