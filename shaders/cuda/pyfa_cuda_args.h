@@ -24,12 +24,20 @@
 #define PYFA_CUDA_INLINE_TAG (1ull << 63)
 
 /* On the device the block is 64-byte aligned in parameter space, so a TMA
- * tensor map placed in inline_bytes at a multiple of 64 is usable in place
- * (the host layout is the same: arg[] fills the first 128 bytes). */
-#if defined(__CUDACC_RTC__)
+ * tensor map placed in inline_bytes at a multiple of 64 is usable in place.
+ * The host struct keeps its natural alignment and the same layout: arg[]
+ * and the whole block are multiples of 64 bytes (checked below). */
+#if defined(__CUDACC__)
 #define PYFA_CUDA_ARGS_ALIGN __align__(64)
 #else
 #define PYFA_CUDA_ARGS_ALIGN
+#endif
+#if defined(__cplusplus)
+static_assert(8 * PYFA_CUDA_MAX_ARGS % 64 == 0 && (8 * PYFA_CUDA_MAX_ARGS + PYFA_CUDA_INLINE_BYTES) % 64 == 0,
+              "pyfa_cuda_args: the same layout with and without 64-byte alignment");
+#else
+_Static_assert(8 * PYFA_CUDA_MAX_ARGS % 64 == 0 && (8 * PYFA_CUDA_MAX_ARGS + PYFA_CUDA_INLINE_BYTES) % 64 == 0,
+               "pyfa_cuda_args: the same layout with and without 64-byte alignment");
 #endif
 
 typedef struct PYFA_CUDA_ARGS_ALIGN pyfa_cuda_args {

@@ -44,8 +44,9 @@ struct CUDATensorMaps {
     }
 
     /// Encodes the maps into `raw` (the launch's pyfa_cuda_args) from inline
-    /// offset `cursor` on (each at a multiple of 64 bytes), and points their
-    /// slots at them; returns the new cursor.
+    /// offset `cursor` on (each at a multiple of 64 bytes) and points their
+    /// slots at them; returns the new cursor. All or none: the kernel takes
+    /// TMA only with every map.
     func encode(into raw: UnsafeMutableRawBufferPointer, cursor: Int,
                 args: [(slot: Int, arg: KernelArg)]) -> Int {
         guard let encodeTiled = pyfa_cu.cuTensorMapEncodeTiled else { return cursor }
@@ -62,34 +63,54 @@ struct CUDATensorMaps {
                 break
             }
         }
-        guard let p = params else { return cursor }
         let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
-        var at = (cursor + 63) & ~63
-        for m in maps {
-            guard let address = addresses[m.bufferSlot], at + 128 <= Int(PYFA_CUDA_INLINE_BYTES) else { continue }
-            let (sb, sh, sr) = m.strides(p)
-            // Element strides of batch, head and row, in bytes; TMA takes multiples of 16 below 2^40.
-            let bytes = [sr, sh, sb].map { $0 * 2 }
-            guard bytes.allSatisfy({ $0 > 0 && $0 % 16 == 0 && $0 < (1 << 40) }), address % 16 == 0 else { continue }
-            // Rows of 64 elements (128 bytes, the swizzle's span) per box row, the head dim's 64-element blocks outside the rows.
-            let dims: [UInt64] = [64, m.rows(p), UInt64(headDim / 64), m.heads(p), UInt64(p.batch)]
-            let strides: [UInt64] = [UInt64(bytes[0]), 128, UInt64(bytes[1]), UInt64(bytes[2])]
-            let box: [UInt32] = [64, m.boxRows, UInt32(headDim / 64), 1, 1]
-            let ones: [UInt32] = [1, 1, 1, 1, 1]
-            guard dims.allSatisfy({ $0 > 0 && $0 <= (1 << 32) }) else { continue }
-            // The driver writes a map only to a 64-byte aligned address: a stack scratch, then the block.
-            let encoded = withUnsafeTemporaryAllocation(byteCount: 128, alignment: 64) { map -> Bool in
-                let status = encodeTiled(map.baseAddress!, 1 /* UINT16 */, 5,
-                                         UnsafeMutableRawPointer(bitPattern: UInt(address)), dims, strides, box, ones,
-                                         0 /* no interleave */, 3 /* 128-byte swizzle */, 2 /* L2 promotion 128 B */,
-                                         0 /* out-of-bounds elements read as zeros */)
-                if status == 0 { raw.baseAddress!.advanced(by: base + at).copyMemory(from: map.baseAddress!, byteCount: 128) }
-                return status == 0
+        let start = (cursor + 63) & ~63
+        guard let p = params, start + 128 * maps.count <= Int(PYFA_CUDA_INLINE_BYTES) else { return cursor }
+        for (i, m) in maps.enumerated() {
+            let at = start + 128 * i
+            guard let address = addresses[m.bufferSlot], encodeOne(m, p, address, encodeTiled,
+                                                                   into: raw.baseAddress!.advanced(by: base + at)) else {
+                for earlier in maps[..<i] { raw.storeBytes(of: UInt64(0), toByteOffset: Int(earlier.slot) * 8, as: UInt64.self) }
+                return cursor
             }
-            guard encoded else { continue }
             raw.storeBytes(of: UInt64(at) | PYFA_CUDA_INLINE_TAG, toByteOffset: Int(m.slot) * 8, as: UInt64.self)
-            at += 128
         }
-        return at
+        return start + 128 * maps.count
+    }
+
+    /// One map into `dst` (128 bytes); false where TMA cannot view the tensor.
+    private func encodeOne(_ m: Map, _ p: pyfa_flash_attn_prefill_params, _ address: UInt64,
+                           _ encodeTiled: @convention(c) (UnsafeMutableRawPointer?, Int32, UInt32, UnsafeMutableRawPointer?,
+                                                          UnsafePointer<UInt64>?, UnsafePointer<UInt64>?,
+                                                          UnsafePointer<UInt32>?, UnsafePointer<UInt32>?,
+                                                          Int32, Int32, Int32, Int32) -> CUresult,
+                           into dst: UnsafeMutableRawPointer) -> Bool {
+        let rows = m.rows(p), heads = m.heads(p), batch = UInt64(p.batch)
+        guard address % 16 == 0, rows > 0, heads > 0, batch > 0, max(rows, heads, batch) <= (1 << 32) else { return false }
+        // Byte strides of row, head and batch: multiples of 16 below 2^40 (TMA's rule). A dimension
+        // of extent 1 never advances, so it takes the contiguous stride whatever the tensor's is.
+        let (sb, sh, sr) = m.strides(p)
+        let row = UInt64(headDim * 2)
+        func legal(_ elements: Int64, extent: UInt64, contiguous: UInt64) -> UInt64? {
+            if extent == 1 { return contiguous }
+            let b = elements * 2
+            return b > 0 && b % 16 == 0 && b < (1 << 40) ? UInt64(b) : nil
+        }
+        guard let rowStride = legal(sr, extent: rows, contiguous: row),
+              let headStride = legal(sh, extent: heads, contiguous: row * rows),
+              let batchStride = legal(sb, extent: batch, contiguous: row * rows * heads) else { return false }
+        // Rows of 64 elements (128 bytes, the swizzle's span) per box row, the head dim's 64-element blocks outside the rows.
+        let dims: [UInt64] = [64, rows, UInt64(headDim / 64), heads, batch]
+        let strides: [UInt64] = [rowStride, 128, headStride, batchStride]
+        let box: [UInt32] = [64, m.boxRows, UInt32(headDim / 64), 1, 1]
+        let ones: [UInt32] = [1, 1, 1, 1, 1]
+        // The driver writes a map only to a 64-byte aligned address: a stack scratch, then the block.
+        return withUnsafeTemporaryAllocation(byteCount: 128, alignment: 64) { map -> Bool in
+            let status = encodeTiled(map.baseAddress!, 1 /* UINT16 */, 5, UnsafeMutableRawPointer(bitPattern: UInt(address)),
+                                     dims, strides, box, ones, 0 /* no interleave */, 3 /* 128-byte swizzle */,
+                                     2 /* L2 promotion 128 B */, 0 /* out-of-bounds elements read as zeros */)
+            if status == 0 { dst.copyMemory(from: map.baseAddress!, byteCount: 128) }
+            return status == 0
+        }
     }
 }
