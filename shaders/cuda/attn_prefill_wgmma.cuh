@@ -224,6 +224,35 @@ struct tma_rings {
     }
 };
 
+/* Keys [j0, j0 + n) of k or v (rows rowb bytes apart from base; pool rows
+ * through the block table when paged) into a KEYS-key stage, zeros past n:
+ * by TMA into stage st of its ring when the rings are on, else by every
+ * thread's cp.async copies, into the swizzled layout or core matrices. */
+template <int D, int KEYS, int BLOCK_THREADS, int KV_MODE, bool SWIZZLED, class BlockInfo>
+__device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, int st, char *dst, const pyfa_cuda_args &a,
+                                              const pyfa_flash_attn_prefill_params &p, const BlockInfo &bi,
+                                              const char *base, int64_t rowb, int pool_slot, uint32_t j0, uint32_t n) {
+    if (tma.on) {
+        tma.load(is_v, st, dst, KEYS * D * 2, j0, bi.kvh, bi.b);
+    } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
+        const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
+        const char *pool = pyfa_ptr<const char>(a, pool_slot);
+        const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
+        auto row_src = [&](int r) {
+            return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
+        };
+        if constexpr (SWIZZLED)
+            load_swizzled_stage<D, KEYS, BLOCK_THREADS>(dst, row_src, pool, n);
+        else
+            load_core_tile<D, KEYS, BLOCK_THREADS>(dst, row_src, pool, n);
+    } else if constexpr (SWIZZLED) {
+        const char *row0 = base + (int64_t)j0 * rowb;
+        load_swizzled_stage<D, KEYS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
+    } else {
+        load_core_tile_strided<D, KEYS, BLOCK_THREADS>(dst, base + (int64_t)j0 * rowb, rowb, n);
+    }
+}
+
 template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -278,34 +307,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 
     load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
 
-    /* K or V rows of key tile t into stage st of dst's ring: by TMA, else the
-     * threads' copies (pool rows through the block table when paged). */
+    /* K or V rows of key tile t into stage st of dst's ring. */
     auto load_kv = [&](bool is_v, int st, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
         const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
-        if (tma.on) {
-            tma.load(is_v, st, dst, S::KV_BYTES, j0, bi.kvh, bi.b);
-        } else if constexpr (S::SWIZZLED) {
-            if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
-                const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
-                const char *pool = pyfa_ptr<const char>(a, pool_slot);
-                const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
-                load_swizzled_stage<D, BK, BLOCK_THREADS>(dst, [&](int r) {
-                    return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
-                }, pool, n);
-            } else {
-                const char *row0 = base + (int64_t)j0 * rowb;
-                load_swizzled_stage<D, BK, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
-            }
-        } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
-            const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
-            const char *pool = pyfa_ptr<const char>(a, pool_slot);
-            const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
-            load_core_tile<D, BK, BLOCK_THREADS>(dst, [&](int r) {
-                return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
-            }, pool, n);
-        } else {
-            load_core_tile_strided<D, BK, BLOCK_THREADS>(dst, base + (int64_t)j0 * rowb, rowb, n);
-        }
+        load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, S::SWIZZLED>(tma, is_v, st, dst, a, p, bi, base, rowb, pool_slot, j0, n);
     };
 
     float o[ND][4];

@@ -117,23 +117,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     const uint32_t st_end = 2 * bi.t_end < (keys + KS - 1) / KS ? 2 * bi.t_end : (keys + KS - 1) / KS;
     auto next_stage = [&](uint32_t j) { return (j & 1) ? 2 * bi.next_tile((j >> 1) + 1) : j + 1; };
 
-    /* Stage j of k or v into stage st of its ring: by TMA, else by every
-     * thread's cp.async copies (pool rows through the block table when paged). */
+    /* Stage j of k or v into stage st of its ring (swizzled: attn_prefill_wgmma.cuh). */
     auto load_kv = [&](bool is_v, int st, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t j) {
         const uint32_t j0 = j * KS, n = keys - j0 < (uint32_t)KS ? keys - j0 : KS;
-        if (tma.on) {
-            tma.load(is_v, st, dst, S::KV_BYTES, j0, bi.kvh, bi.b);
-        } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
-            const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
-            const char *pool = pyfa_ptr<const char>(a, pool_slot);
-            const uint32_t shift = __ffs(pg.page_size) - 1, tmask = pg.page_size - 1;
-            load_swizzled_stage<D, KS, BLOCK_THREADS>(dst, [&](int r) {
-                return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
-            }, pool, n);
-        } else {
-            const char *row0 = base + (int64_t)j0 * rowb;
-            load_swizzled_stage<D, KS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
-        }
+        load_kv_stage<D, KS, BLOCK_THREADS, KV_MODE, true>(tma, is_v, st, dst, a, p, bi, base, rowb, pool_slot, j0, n);
     };
 
     float o[ND][4];
