@@ -50,25 +50,25 @@ struct CUDATensorMaps {
     func encode(into raw: UnsafeMutableRawBufferPointer, cursor: Int,
                 args: [(slot: Int, arg: KernelArg)]) -> Int {
         guard let encodeTiled = pyfa_cu.cuTensorMapEncodeTiled else { return cursor }
+        // Read from the dispatch's arguments in place (nothing allocated per launch).
         var params: pyfa_flash_attn_prefill_params? = nil
-        var addresses: [Int32: UInt64] = [:]
-        for (slot, arg) in args {
-            switch arg {
-            case .bytes(let bytes) where slot == Int(PYFA_PREFILL_ARG_PARAMS)
-                && bytes.count == MemoryLayout<pyfa_flash_attn_prefill_params>.size:
+        for (slot, arg) in args where slot == Int(PYFA_PREFILL_ARG_PARAMS) {
+            if case .bytes(let bytes) = arg, bytes.count == MemoryLayout<pyfa_flash_attn_prefill_params>.size {
                 params = bytes.withUnsafeBytes { $0.loadUnaligned(as: pyfa_flash_attn_prefill_params.self) }
-            case .buffer(let b, let offset):
-                addresses[Int32(slot)] = b.memory.deviceAddress + UInt64(offset)
-            default:
-                break
             }
+        }
+        func bufferAddress(_ slot: Int32) -> UInt64? {
+            for (s, arg) in args where s == Int(slot) {
+                if case .buffer(let b, let offset) = arg { return b.memory.deviceAddress + UInt64(offset) }
+            }
+            return nil
         }
         let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
         let start = (cursor + 63) & ~63
         guard let p = params, start + 128 * maps.count <= Int(PYFA_CUDA_INLINE_BYTES) else { return cursor }
         for (i, m) in maps.enumerated() {
             let at = start + 128 * i
-            guard let address = addresses[m.bufferSlot], encodeOne(m, p, address, encodeTiled,
+            guard let address = bufferAddress(m.bufferSlot), encodeOne(m, p, address, encodeTiled,
                                                                    into: raw.baseAddress!.advanced(by: base + at)) else {
                 for earlier in maps[..<i] { raw.storeBytes(of: UInt64(0), toByteOffset: Int(earlier.slot) * 8, as: UInt64.self) }
                 return cursor
