@@ -23,8 +23,10 @@
 #define PYFA_CUDA_MMA_HEADS 8
 /* Positions per tile of the TurboQuant tensor-core decode. */
 #define PYFA_CUDA_TQ_MMA_TILE 64
-/* Lane copies of its code-byte table (interleaved so lanes hit distinct banks). */
+/* Lane copies of its code-byte table (interleaved so lanes hit distinct banks),
+ * and the bytes of one entry (the copies in two orders, K and V). */
 #define PYFA_CUDA_TQ_MMA_TABLE_COPIES 16
+#define PYFA_CUDA_TQ_MMA_TABLE_ENTRY 256
 
 PYFA_LAYOUT_FN int32_t pyfa_layout_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
@@ -89,15 +91,22 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_vec_smem_bytes(int32_t D, int32_t k_bits, in
     return (2 * 256 + PYFA_CUDA_DECODE_WARPS * rows_per_warp * heads * 2) * 4 + pyfa_layout_max(ring, merge);
 }
 
-/* turboquant_mma.cuh: dynamic shared bytes of one block: the code-byte
- * table, Qᵀ fragments, scores, (m, s) pairs, then the larger of the ring
- * (code rows padded to D/2 + 16 bytes, K and V scales) and the merge area;
- * up to D = 256 every warp publishes its own state (the pairs and the merge
- * area hold PYFA_CUDA_DECODE_WARPS of them). */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t stages) {
+/* turboquant_mma.cuh: the ring depth in tiles, `knob` when positive, else
+ * by head dim (two at D = 256, so that two blocks fit on an SM beside the
+ * 64 KB table), and the dynamic shared bytes of one block: the code-byte
+ * table (256 entries of PYFA_CUDA_TQ_MMA_TABLE_ENTRY bytes), Qᵀ fragments,
+ * scores, (m, s) pairs, then the larger of the ring (code rows padded to
+ * D/2 + 16 bytes, K and V scales) and the merge area; up to D = 256 every warp
+ * publishes its own state (the pairs and the merge area hold
+ * PYFA_CUDA_DECODE_WARPS of them). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_stages(int32_t D, int32_t knob) {
+    return knob > 0 ? knob : (D == 256 ? 2 : 3);
+}
+
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t knob) {
     const int32_t tile = PYFA_CUDA_TQ_MMA_TILE, row = D / 2 + 16; /* padded code row */
-    const int32_t states = D <= 256 ? PYFA_CUDA_DECODE_WARPS : 1;
-    const int32_t table = 256 * PYFA_CUDA_TQ_MMA_TABLE_COPIES * 8, fragments = D / 16 * 32 * 16;
+    const int32_t states = D <= 256 ? PYFA_CUDA_DECODE_WARPS : 1, stages = pyfa_cuda_tq_mma_stages(D, knob);
+    const int32_t table = 256 * PYFA_CUDA_TQ_MMA_TABLE_ENTRY, fragments = D / 16 * 32 * 16;
     const int32_t scores = tile * PYFA_CUDA_MMA_HEADS * 4, ms = states * PYFA_CUDA_MMA_HEADS * 2 * 4;
     const int32_t ring = stages * (2 * tile * row + 2 * tile * 4), merge = states * PYFA_CUDA_MMA_HEADS * D * 4;
     return table + fragments + scores + ms + pyfa_layout_max(ring, merge);

@@ -4,38 +4,48 @@
  * decode (attn_vec_mma.cuh): 4 warps, up to HEADS = 8 query heads per pass as
  * the n = 8 of mma m16n8k16, tiles of TP = 64 positions streamed through a
  * cp.async ring of packed codes and scales, phase A = scores Sᵀ = K̂ · Qᵀ
- * (16 positions per warp), phase B = the same online softmax in every warp,
- * then each warp's slice of Oᵀ += V̂ᵀ · Pᵀ.
+ * (16 positions per warp), phase B = the online softmax, then Oᵀ += V̂ᵀ · Pᵀ.
  *
- * Dequantisation is one shared-memory load per code byte (two coordinates):
- * a table maps the byte to both codebook values as f16 pairs, hi and lo
- * halves (hi = rn(c), lo = rn(c - hi)), so the products stay exact to about
- * 2^-22 relative with three mmas (hi·hi, hi·lo, lo·hi). The table is kept in
- * COPIES = 16 copies interleaved by lane (lane l reads copy l mod 16): the 16
- * lanes of a half-warp's 8-byte loads then always hit distinct bank pairs,
- * whatever their codes. K and V share one table: the op passes the codebook of
- * their common bit width for both.
+ * Dequantisation is one byte permute and one shared-memory load per code
+ * byte (two coordinates). The table maps the byte to both codebook values as
+ * f16 hi + lo halves (hi = rn(c), lo = rn(c - hi)), so products keep the
+ * codebook exact to about 2^-22 relative. Each byte's entry is ENTRY = 256
+ * bytes: COPIES = 16 copies of the pair in the K order {hi hi, lo lo}, then
+ * 16 in the V order {hi lo, hi lo}. Lane l reads copy l mod 16, so a
+ * half-warp's 8-byte loads hit distinct bank pairs whatever the codes, and
+ * the entry stride of 256 lets one byte permute form the whole offset (the
+ * code byte over the lane's copy offset). K and V share the table: the op
+ * passes the codebook of their common bit width for both.
  *
- * Fragments come straight from the code bytes. For K, lane (g, c) needs byte
- * c of every word of rows g and g + 8. For V, whose fragment pairs two
- * positions at one coordinate, the m-block's rows are permuted: row g is
- * coordinate 2g of the block, row g + 8 coordinate 2g + 1, so one code byte
- * feeds both rows and a byte permute pairs the two positions. The output
- * follows the same permutation when it is published.
+ * The hi and lo halves go where one load feeds a fragment with no register
+ * moves or permutes:
+ * - K: the m-block's rows g and g + 8 are the hi and lo values of one
+ *   position (so a fragment covers 8 positions); the two rows' scores add.
+ * - V: the k-steps pair (position, hi) with (position, lo), and the Pᵀ
+ *   fragment carries the weight twice, so a fragment covers 8 positions; the
+ *   output rows g and g + 8 are the two coordinates of a code byte.
+ * With q and P split in hi + lo as well, every product term is kept.
+ *
+ * The k-step columns and the output rows map to coordinates so that a lane
+ * uses all four bytes of every code word it reads (32-bit loads, one
+ * wavefront per warp): the kernel is bound by shared-memory wavefronts, of
+ * which the lookups are most.
  */
 #pragma once
 #include "vec_mma_tile.cuh"
 
 #ifndef PYFA_TQ_MMA_STAGES
-#define PYFA_TQ_MMA_STAGES 3
+#define PYFA_TQ_MMA_STAGES 0 /* by head dim: pyfa_cuda_tq_mma_stages */
 #endif
 
 namespace tq_mma {
 constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, TP = 64, COPIES = 16;
-constexpr int STAGES = PYFA_TQ_MMA_STAGES;
+constexpr int ENTRY = 256, V_ORDER = COPIES * 8; /* an entry's bytes; the offset of its V-order copies */
+constexpr int STAGES_KNOB = PYFA_TQ_MMA_STAGES;
 
 template <int D>
 struct shape {
+    static constexpr int STAGES = pyfa_cuda_tq_mma_stages(D, STAGES_KNOB);
     static constexpr int KSTEPS = D / 16;
     static constexpr int MB = KSTEPS / NW;               /* output m-blocks per warp */
     static constexpr int ROW = D / 2;                    /* bytes of a row's 4-bit codes */
@@ -43,7 +53,7 @@ struct shape {
     static constexpr int V_OFF = TP * LDC, S_OFF = 2 * TP * LDC; /* V codes, then K and V scales */
     static constexpr int STAGE_BYTES = S_OFF + 2 * TP * 4;
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-    static constexpr int TABLE_BYTES = 256 * COPIES * 8;
+    static constexpr int TABLE_BYTES = 256 * ENTRY;
     static constexpr int Q_BYTES = KSTEPS * 32 * 16;
     /* D <= 256: each warp keeps its own softmax state and Oᵀ over every dim
      * (KSTEPS m-blocks) for its 16 positions of a tile, and the NW states
@@ -59,20 +69,22 @@ struct shape {
         TABLE_BYTES + Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % NW == 0 && KSTEPS % 2 == 0, "D in {64, 128, 256, 512}");
     static_assert(RING_BYTES >= MERGE_BYTES, "the merge area overlays the drained ring");
-    static_assert(SMEM_BYTES == pyfa_cuda_tq_mma_smem_bytes(D, STAGES) && TP == PYFA_CUDA_TQ_MMA_TILE &&
-                      COPIES == PYFA_CUDA_TQ_MMA_TABLE_COPIES,
+    static_assert(SMEM_BYTES == pyfa_cuda_tq_mma_smem_bytes(D, STAGES_KNOB) && TP == PYFA_CUDA_TQ_MMA_TILE &&
+                      COPIES == PYFA_CUDA_TQ_MMA_TABLE_COPIES && ENTRY == PYFA_CUDA_TQ_MMA_TABLE_ENTRY,
                   "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
 };
 
-/* The table entry of byte `byte` of `word`, this lane's copy: tab = the
- * shared address of the table's copy lane % 16 (entries are COPIES * 8 = 128
- * bytes apart, so an entry's address is one shift-add from the byte). */
-__device__ __forceinline__ uint2 lookup(uint32_t tab, uint32_t word, int byte) {
-    static_assert(COPIES * 8 == 128, "entry stride");
+/* The table pair of byte `byte` of `word` in this lane's copy, in the K
+ * order (ORDER = 0) or the V order (ORDER = V_ORDER): tab = the table's
+ * shared address, lane_off = (lane % 16) * 8. The permute puts the code byte
+ * in bits 8..15 (ENTRY = 256) over lane_off in bits 0..7. */
+template <int ORDER>
+__device__ __forceinline__ uint2 lookup(uint32_t tab, uint32_t lane_off, uint32_t word, int byte) {
+    static_assert(ENTRY == 256 && COPIES * 8 <= 128, "the offset is (byte << 8) | lane_off");
     uint2 v;
-    asm("ld.shared.v2.u32 {%0, %1}, [%2];" /* reads the table, which is written once before any lookup */
-                 : "=r"(v.x), "=r"(v.y)
-                 : "r"(tab + (__byte_perm(word, 0u, 0x4440u | (uint32_t)byte) << 7)));
+    asm("ld.shared.v2.u32 {%0, %1}, [%2+%3];" /* reads the table, which is written once before any lookup */
+        : "=r"(v.x), "=r"(v.y)
+        : "r"(tab + __byte_perm(word, lane_off, 0x5504u | ((uint32_t)byte << 4))), "n"(ORDER));
     return v;
 }
 } // namespace tq_mma
@@ -82,7 +94,7 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                                                            const bool DIRECT, const bool LSE, const bool PAGED) {
     using S = tq_mma::shape<D>;
     constexpr int NW = tq_mma::NW, HEADS = tq_mma::HEADS, TP = tq_mma::TP, COPIES = tq_mma::COPIES;
-    constexpr int STAGES = tq_mma::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
+    constexpr int STAGES = S::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
     const pyfa_flash_attn_vec_tq_params &tp = pyfa_param<pyfa_flash_attn_vec_tq_params>(a, PYFA_VEC_ARG_PARAMS);
     const pyfa_flash_attn_vec_params &p = tp.attn;
     const uint32_t iwg = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -96,7 +108,6 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
         if (dynamic_bytes < (uint32_t)S::SMEM_BYTES) __trap();
     }
-    uint2 *s_table = reinterpret_cast<uint2 *>(smem_tq);
     uint4 *s_q = reinterpret_cast<uint4 *>(smem_tq + S::TABLE_BYTES);
     float *s_score = reinterpret_cast<float *>(smem_tq + S::TABLE_BYTES + S::Q_BYTES);
     float *s_ms = s_score + TP * HEADS;
@@ -171,22 +182,27 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     if (PAGED) look_up(begin);
     for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
     { /* thread t computes entries t and t + 128 once (low nibble: the even
-       * coordinate) and writes their COPIES copies, starting at copy t so a
-       * warp's stores spread over the banks */
+       * coordinate) and writes their COPIES copies in both orders, starting at
+       * copy t so a warp's stores spread over the banks */
         static_assert(NW * 32 == 128 && COPIES == 16, "two entries per thread, 16 copies");
         const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
-        const float lo = cb[tid & 15], hi0 = cb[tid >> 4], hi1 = cb[(tid >> 4) + 8];
-        uint2 v0, v1;
-        pyfa_split2<PYFA_DTYPE_F16>(lo, hi0, v0.x, v0.y);
-        pyfa_split2<PYFA_DTYPE_F16>(lo, hi1, v1.x, v1.y);
+        const float even = cb[tid & 15], odd0 = cb[tid >> 4], odd1 = cb[(tid >> 4) + 8];
+        uint2 k0, k1;
+        pyfa_split2<PYFA_DTYPE_F16>(even, odd0, k0.x, k0.y);
+        pyfa_split2<PYFA_DTYPE_F16>(even, odd1, k1.x, k1.y);
+        const uint2 v0 = make_uint2(__byte_perm(k0.x, k0.y, 0x5410), __byte_perm(k0.x, k0.y, 0x7632));
+        const uint2 v1 = make_uint2(__byte_perm(k1.x, k1.y, 0x5410), __byte_perm(k1.x, k1.y, 0x7632));
+        char *e0 = smem_tq + tid * tq_mma::ENTRY, *e1 = e0 + 128 * tq_mma::ENTRY;
 #pragma unroll
         for (int k = 0; k < COPIES; k++) {
             const int copy = (k + tid) & (COPIES - 1);
-            s_table[tid * COPIES + copy] = v0;
-            s_table[(tid + 128) * COPIES + copy] = v1;
+            *reinterpret_cast<uint2 *>(e0 + copy * 8) = k0;
+            *reinterpret_cast<uint2 *>(e0 + tq_mma::V_ORDER + copy * 8) = v0;
+            *reinterpret_cast<uint2 *>(e1 + copy * 8) = k1;
+            *reinterpret_cast<uint2 *>(e1 + tq_mma::V_ORDER + copy * 8) = v1;
         }
     }
-    const uint32_t tab = smem_addr(s_table + (lane & 15));
+    const uint32_t tab = smem_addr(smem_tq), lane_off = (lane & 15) * 8;
 
     bool first_pass = true;
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
@@ -197,8 +213,23 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
         }
         first_pass = false;
-        vec_mma::store_q_fragments<S::KSTEPS, PYFA_DTYPE_F16>(
-            s_q, gn, [&](int h, int d) { return qrot[(row0 + h) * D + d] * qscale; });
+        /* k-step kk's columns 2c + {0, 1} and 2c + 8 + {0, 1} (fragment dims
+         * d = 16 kk + ...) are bytes 2 (kk % 2) and 2 (kk % 2) + 1 of code word
+         * 4 (kk / 2) + c, so a lane reads whole words of K codes (phase A). */
+        vec_mma::store_q_fragments<S::KSTEPS, PYFA_DTYPE_F16>(s_q, gn, [&](int h, int d) {
+            const int kk = d >> 4, r = d & 15;
+            const int coord = 32 * (kk >> 1) + 8 * ((r & 7) >> 1) + 4 * (kk & 1) + 2 * (r >> 3) + (r & 1);
+            return qrot[(row0 + h) * D + coord] * qscale;
+        });
+        /* Up to D = 128 the fragments stay in registers for the pass (a
+         * quarter of the shared-memory traffic of a tile otherwise). */
+        constexpr bool Q_REGS = D <= 128;
+        uint4 fq_reg[Q_REGS ? S::KSTEPS : 1];
+        if constexpr (Q_REGS) {
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < S::KSTEPS; kk++) fq_reg[kk] = s_q[kk * 32 + lane];
+        }
 
         float acc[S::ACC_BLOCKS][4];
 #pragma unroll
@@ -214,32 +245,42 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             const float *tscale = reinterpret_cast<const float *>(tile + S::S_OFF);
             stage = stage + 1 == STAGES ? 0 : stage + 1;
 
-            /* A. Sᵀ of positions 16 warp + [0, 16): rows g and g + 8 of the block.
-             * Six accumulators (k-step parity x product term) keep the chains of
-             * dependent mmas short. */
+            /* A. Sᵀ of positions 16 warp + [0, 16): fragment f covers position
+             * 16 warp + 8 f + g, its rows g and g + 8 the hi and lo products.
+             * Eight accumulators (fragment x k-step parity x q term) keep the
+             * chains of dependent mmas short. */
             {
-                float sp[6][4] = {};
-                const char *r0 = tile + (warp * 16 + g) * LDC, *r1 = r0 + 8 * LDC;
+                float sp[2][2][2][4] = {};
+                /* lane c reads code word 4j + c of its two rows: bytes 0, 1 feed
+                 * k-step 2j, bytes 2, 3 k-step 2j + 1 (the q fragments' order) */
+                const char *r0 = tile + (warp * 16 + g) * LDC + 4 * c, *r1 = r0 + 8 * LDC;
 #pragma unroll 4
-                for (int j = 0; j < S::KSTEPS / 2; j++) { /* words 4j..4j+3: k-steps 2j, 2j + 1 */
-                    const uint4 w0 = *reinterpret_cast<const uint4 *>(r0 + 16 * j);
-                    const uint4 w1 = *reinterpret_cast<const uint4 *>(r1 + 16 * j);
+                for (int j = 0; j < S::KSTEPS / 2; j++) {
+                    const uint32_t w0 = *reinterpret_cast<const uint32_t *>(r0 + 16 * j);
+                    const uint32_t w1 = *reinterpret_cast<const uint32_t *>(r1 + 16 * j);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const uint2 l0 = tq_mma::lookup(tab, h ? w0.z : w0.x, c);
-                        const uint2 l1 = tq_mma::lookup(tab, h ? w1.z : w1.x, c);
-                        const uint2 l2 = tq_mma::lookup(tab, h ? w0.w : w0.y, c);
-                        const uint2 l3 = tq_mma::lookup(tab, h ? w1.w : w1.y, c);
-                        const uint32_t ahi[4] = {l0.x, l1.x, l2.x, l3.x}, alo[4] = {l0.y, l1.y, l2.y, l3.y};
-                        const uint4 fq = s_q[(2 * j + h) * 32 + lane];
-                        mma16816<PYFA_DTYPE_F16>(sp[3 * h], ahi, fq.x, fq.y);
-                        mma16816<PYFA_DTYPE_F16>(sp[3 * h + 1], ahi, fq.z, fq.w);
-                        mma16816<PYFA_DTYPE_F16>(sp[3 * h + 2], alo, fq.x, fq.y);
+                        const uint2 l0 = tq_mma::lookup<0>(tab, lane_off, w0, 2 * h);
+                        const uint2 l1 = tq_mma::lookup<0>(tab, lane_off, w0, 2 * h + 1);
+                        const uint2 l2 = tq_mma::lookup<0>(tab, lane_off, w1, 2 * h);
+                        const uint2 l3 = tq_mma::lookup<0>(tab, lane_off, w1, 2 * h + 1);
+                        const uint32_t f0[4] = {l0.x, l0.y, l1.x, l1.y}, f1[4] = {l2.x, l2.y, l3.x, l3.y};
+                        const uint4 fq = Q_REGS ? fq_reg[Q_REGS ? 2 * j + h : 0] : s_q[(2 * j + h) * 32 + lane];
+                        mma16816<PYFA_DTYPE_F16>(sp[0][h][0], f0, fq.x, fq.y);
+                        mma16816<PYFA_DTYPE_F16>(sp[1][h][0], f1, fq.x, fq.y);
+                        mma16816<PYFA_DTYPE_F16>(sp[0][h][1], f0, fq.z, fq.w);
+                        mma16816<PYFA_DTYPE_F16>(sp[1][h][1], f1, fq.z, fq.w);
                     }
                 }
+                /* sc: position g at heads 2c, 2c + 1, then position g + 8 */
                 float sc[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[e] = ((sp[0][e] + sp[3][e]) + (sp[1][e] + sp[4][e])) + (sp[2][e] + sp[5][e]);
+                for (int f = 0; f < 2; f++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        sc[2 * f + e] = ((sp[f][0][0][e] + sp[f][1][0][e]) + (sp[f][0][1][e] + sp[f][1][1][e])) +
+                                        ((sp[f][0][0][e + 2] + sp[f][1][0][e + 2]) +
+                                         (sp[f][0][1][e + 2] + sp[f][1][1][e + 2]));
                 const float k0 = tscale[warp * 16 + g] * inv_sqrt_d, k1 = tscale[warp * 16 + g + 8] * inv_sqrt_d;
                 float *dst = s_score + (warp * 16 + g) * HEADS + 2 * c;
                 *reinterpret_cast<float2 *>(dst) = make_float2(sc[0] * k0, sc[1] * k0);
@@ -253,30 +294,44 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 vec_mma::tile_scores<1, 1>(s_score + warp * 16 * HEADS, base + 16 * warp, end, SOFTCAP, p, x);
                 const float2 alpha = vec_mma::softmax_step<1>(x, m, s);
                 const float *vscale = tscale + TP + 16 * warp;
-                float w[4];
+                /* Pᵀ fragments, the weight twice per k pair (hi, then lo): fragment
+                 * e of positions 2c + e and 2c + 8 + e, slot s of the k-step is
+                 * position 2s + e. */
+                uint32_t phi[4], plo[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) w[e] = x[0][e] * (vscale[2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
-                uint32_t phi[2], plo[2];
-                pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[0], plo[0]);
-                pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[1], plo[1]);
-                /* Oᵀ rows of m-block i: row g = coordinate 16 i + 2g, row g + 8 = 16 i + 2g + 1,
-                 * both in byte 8 i + g of a row (word 2 i + g / 4, byte g % 4). */
-                const char *vrows = tile + S::V_OFF + (16 * warp + 2 * c) * LDC + 4 * (g >> 2);
+                for (int e = 0; e < 4; e++) {
+                    const float w = x[0][e] * (vscale[2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
+                    pyfa_split2<PYFA_DTYPE_F16>(w, w, phi[e], plo[e]);
+                }
+                /* Oᵀ rows of m-block i: row g = coordinate 2 vbyte(i), row g + 8 the
+                 * next, vbyte(i) = 4 (8 (i / 4) + g) + i % 4: the four m-blocks
+                 * 4q..4q + 3 take the four bytes of word 8q + g of a row. */
+                const char *vrows = tile + S::V_OFF + (16 * warp + 2 * c) * LDC + 4 * g;
+                /* Once the running maxima settle, alpha is exactly 1 in every lane. */
+                if (__any_sync(0xffffffffu, alpha.x != 1.0f || alpha.y != 1.0f)) {
 #pragma unroll
-                for (int i = 0; i < S::KSTEPS; i++) {
-                    acc[i][0] *= alpha.x, acc[i][1] *= alpha.y, acc[i][2] *= alpha.x, acc[i][3] *= alpha.y;
-                    const char *rp = vrows + 8 * i;
-                    const uint2 l0 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
-                    const uint2 l1 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
-                    const uint2 l2 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
-                    const uint2 l3 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
-                    const uint32_t ahi[4] = {__byte_perm(l0.x, l1.x, 0x5410), __byte_perm(l0.x, l1.x, 0x7632),
-                                             __byte_perm(l2.x, l3.x, 0x5410), __byte_perm(l2.x, l3.x, 0x7632)};
-                    const uint32_t alo[4] = {__byte_perm(l0.y, l1.y, 0x5410), __byte_perm(l0.y, l1.y, 0x7632),
-                                             __byte_perm(l2.y, l3.y, 0x5410), __byte_perm(l2.y, l3.y, 0x7632)};
-                    mma16816<PYFA_DTYPE_F16>(acc[i], ahi, phi[0], phi[1]);
-                    mma16816<PYFA_DTYPE_F16>(acc[i], ahi, plo[0], plo[1]);
-                    mma16816<PYFA_DTYPE_F16>(acc[i], alo, phi[0], phi[1]);
+                    for (int i = 0; i < S::KSTEPS; i++)
+                        acc[i][0] *= alpha.x, acc[i][1] *= alpha.y, acc[i][2] *= alpha.x, acc[i][3] *= alpha.y;
+                }
+#pragma unroll
+                for (int q4 = 0; q4 < S::KSTEPS / 4; q4++) {
+                    const uint32_t w0 = *reinterpret_cast<const uint32_t *>(vrows + 32 * q4);
+                    const uint32_t w1 = *reinterpret_cast<const uint32_t *>(vrows + LDC + 32 * q4);
+                    const uint32_t w8 = *reinterpret_cast<const uint32_t *>(vrows + 8 * LDC + 32 * q4);
+                    const uint32_t w9 = *reinterpret_cast<const uint32_t *>(vrows + 9 * LDC + 32 * q4);
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const int i = 4 * q4 + u;
+                        const uint2 l0 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w0, u);
+                        const uint2 l8 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w8, u);
+                        const uint2 l1 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w1, u);
+                        const uint2 l9 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w9, u);
+                        const uint32_t f0[4] = {l0.x, l0.y, l8.x, l8.y}, f1[4] = {l1.x, l1.y, l9.x, l9.y};
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f0, phi[0], phi[2]);
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f1, phi[1], phi[3]);
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f0, plo[0], plo[2]);
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f1, plo[1], plo[3]);
+                    }
                 }
             } else {
                 __syncthreads();
@@ -310,10 +365,10 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
 #pragma unroll
                     for (int i = 0; i < S::MB; i++) {
                         const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
-                        const uint2 l0 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
-                        const uint2 l1 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
-                        const uint2 l2 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
-                        const uint2 l3 = tq_mma::lookup(tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
+                        const uint2 l0 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp), g & 3);
+                        const uint2 l1 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
+                        const uint2 l2 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
+                        const uint2 l3 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
                         ahi[i][0] = __byte_perm(l0.x, l1.x, 0x5410), ahi[i][1] = __byte_perm(l0.x, l1.x, 0x7632);
                         ahi[i][2] = __byte_perm(l2.x, l3.x, 0x5410), ahi[i][3] = __byte_perm(l2.x, l3.x, 0x7632);
                         alo[i][0] = __byte_perm(l0.y, l1.y, 0x5410), alo[i][1] = __byte_perm(l0.y, l1.y, 0x7632);
@@ -331,9 +386,10 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
 
         /* The direct output is the rotated f32 row the undo reads (o_rot). */
         if constexpr (S::PER_WARP) {
-            /* Rows permuted: block i's fragment row g is dim 16 i + 2g, g + 8 the next. */
-            vec_mma::finish_pass_per_warp<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return 16 * i + 2 * g; }, m, s,
-                                                gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+            /* Rows permuted: block i's fragment row g is dim 2 vbyte(i), g + 8 the next. */
+            vec_mma::finish_pass_per_warp<D, 1>(
+                a, p, s_acc, s_ms, acc, [&](int i) { return 64 * (i >> 2) + 8 * g + 2 * (i & 3); }, m, s, gn,
+                row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
         } else {
             /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
             vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m,

@@ -259,9 +259,9 @@ struct CUDAPlan: BackendPlan {
     static let tqVecStages = max(2, envInt("PYFA_CUDA_TQ_VEC_STAGES", 4))
     static let tqVecMinBlocks = envInt("PYFA_CUDA_TQ_VEC_MIN_BLOCKS", 4)
     /// The tensor-core TurboQuant decode (turboquant_mma.cuh) at 4-bit K and V:
-    /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles.
+    /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles (0: by head dim, cuda_layout.h).
     static let tqVecMma = getenv("PYFA_CUDA_TQ_VEC_MMA").flatMap { Int(String(cString: $0)) } ?? 1
-    static let tqMmaStages = max(2, envInt("PYFA_CUDA_TQ_MMA_STAGES", 3))
+    static let tqMmaStages = envInt("PYFA_CUDA_TQ_MMA_STAGES", 0) > 0 ? max(2, envInt("PYFA_CUDA_TQ_MMA_STAGES", 0)) : 0
     static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
 
     static func compileDefines() -> [String] {
