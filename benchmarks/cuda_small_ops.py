@@ -1,7 +1,8 @@
 """Small prefill, merge and TurboQuant cases on the CUDA device, for
 compute-sanitizer (memcheck, racecheck): masks with blk, causal + window,
 softcap, LSE, GQA, an odd length, the f32 path, D = 512; merge of two halves; a
-TurboQuant cache append + fused and unfused attend. Exits non-zero on a wrong
+TurboQuant cache append + fused and unfused attend (the vector kernel, and the
+tensor-core kernel at D = 64 to 512). Exits non-zero on a wrong
 result."""
 import sys
 
@@ -42,15 +43,16 @@ for D, dtype in [(128, pyfa.bfloat16), (64, np.float16), (96, np.float32), (512,
     check(f"merge D={D} {np.dtype(dtype)}", o, reference.attention(q, k, v), 2 * TOL[np.dtype(dtype)])
 
 try:
-    for kb, vb in [(4, 3), (4, 4)]:  # vector kernel, tensor-core kernel
-        cache = pyfa.TurboQuantKVCache(2, 128, 256, k_bits=kb, v_bits=vb, device=dev)
-        cache.append(rng.standard_normal((200, 2, 128)).astype(np.float32),
-                     rng.standard_normal((200, 2, 128)).astype(np.float32))
-        q = rng.standard_normal((8, 128)).astype(np.float32)
+    # the vector kernel (4/3 bits), then the tensor-core kernel (4/4) at every head dim
+    for kb, vb, D in [(4, 3, 128), (4, 4, 64), (4, 4, 128), (4, 4, 256), (4, 4, 512)]:
+        cache = pyfa.TurboQuantKVCache(2, D, 256, k_bits=kb, v_bits=vb, device=dev)
+        cache.append(rng.standard_normal((200, 2, D)).astype(np.float32),
+                     rng.standard_normal((200, 2, D)).astype(np.float32))
+        q = rng.standard_normal((8, D)).astype(np.float32)
         a, b = cache.attend(q, fused=True), cache.attend(q, fused=False)
         kd, vd = cache.dequantize()
-        check(f"turboquant {kb}/{vb} bits fused == unfused", a, b, 0.0)
-        check(f"turboquant {kb}/{vb} bits vs dense on dequantized K/V", a,
+        check(f"turboquant {kb}/{vb} bits D={D} fused == unfused", a, b, 0.0)
+        check(f"turboquant {kb}/{vb} bits D={D} vs dense on dequantized K/V", a,
               reference.decode_attention(q, kd.transpose(1, 0, 2), vd.transpose(1, 0, 2), 200), 1e-4)
 except pyfa.UnsupportedError as e:
     print(f"TurboQuant skipped: {e}")
