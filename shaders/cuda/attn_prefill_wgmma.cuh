@@ -188,8 +188,10 @@ __device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, c
  * that stage's (i / 2)-th copy, so its wait parity is (i / 2) % 2. */
 struct tma_rings {
     const void *k_map, *v_map;
-    uint64_t *bar;
-    bool on; /* uniform: both maps present */
+    uint64_t *bar; /* [0, 4): K0, K1, V0, V1 landed; [4, 8): the same stages released */
+    bool on;       /* uniform: both maps present */
+    /* Arrivals that release a stage: lane 0 of every warp of the block's two warpgroups. */
+    static constexpr uint32_t RELEASES = 8;
 
     __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars) : bar(bars) {
         auto map = [&](int slot) -> const void * {
@@ -202,15 +204,19 @@ struct tma_rings {
         if (on) {
             if (threadIdx.x == 0) {
                 for (int i = 0; i < 4; i++) pyfa_mbar_init(&bar[i], 1);
+                for (int i = 4; i < 8; i++) pyfa_mbar_init(&bar[i], RELEASES);
                 pyfa_mbar_init_fence();
             }
             __syncthreads();
         }
     }
-    /* Thread 0: the box of keys [j0, j0 + rows) of KV head kvh, sequence b, into K (v = false) or V stage st. */
+    /* Thread 0: the box of keys [j0, j0 + rows) of KV head kvh, sequence b, into K (v = false) or V stage st.
+     * seq >= 2 (the seq-th K or V tile, st = seq % 2): first waits until the tile seq - 2 that the stage
+     * held has been released (release); seq < 0: the caller ordered the stage's reuse itself. */
     __device__ __forceinline__ void load(bool v, int st, char *dst, uint32_t bytes, uint32_t j0, uint32_t kvh,
-                                         uint32_t b) const {
+                                         uint32_t b, int seq = -1) const {
         if (threadIdx.x == 0) {
+            if (seq >= 2) pyfa_mbar_wait(&bar[4 + (v ? 2 : 0) + st], ((seq >> 1) - 1) & 1);
             uint64_t *stage_bar = &bar[(v ? 2 : 0) + st];
             pyfa_mbar_expect_tx(stage_bar, bytes);
             pyfa_tma_load_5d(dst, v ? v_map : k_map, stage_bar, 0, (int)j0, 0, (int)kvh, (int)b);
@@ -222,6 +228,10 @@ struct tma_rings {
         if (ki >= 0) pyfa_mbar_wait(&bar[ki & 1], (ki >> 1) & 1);
         if (vi >= 0) pyfa_mbar_wait(&bar[2 + (vi & 1)], (vi >> 1) & 1);
     }
+    /* This warp is done with the seq-th K (v = false) or V tile (its products waited for). */
+    __device__ __forceinline__ void release(bool v, int seq) const {
+        if (on && (threadIdx.x & 31) == 0) pyfa_mbar_arrive(&bar[4 + (v ? 2 : 0) + (seq & 1)]);
+    }
 };
 
 /* Keys [j0, j0 + n) of k or v (rows rowb bytes apart from base; pool rows
@@ -231,9 +241,10 @@ struct tma_rings {
 template <int D, int KEYS, int BLOCK_THREADS, int KV_MODE, bool SWIZZLED, class BlockInfo>
 __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, int st, char *dst, const pyfa_cuda_args &a,
                                               const pyfa_flash_attn_prefill_params &p, const BlockInfo &bi,
-                                              const char *base, int64_t rowb, int pool_slot, uint32_t j0, uint32_t n) {
+                                              const char *base, int64_t rowb, int pool_slot, uint32_t j0, uint32_t n,
+                                              int seq = -1) {
     if (tma.on) {
-        tma.load(is_v, st, dst, KEYS * D * 2, j0, bi.kvh, bi.b);
+        tma.load(is_v, st, dst, KEYS * D * 2, j0, bi.kvh, bi.b, seq);
     } else if constexpr (KV_MODE == PYFA_PREFILL_KV_PAGED) {
         const pyfa_kv_pages &pg = pyfa_param<pyfa_kv_pages>(a, PYFA_PREFILL_ARG_PAGES);
         const char *pool = pyfa_ptr<const char>(a, pool_slot);
@@ -302,15 +313,16 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                       : nullptr;
     }
 
-    __shared__ uint64_t stage_bars[4];
+    __shared__ uint64_t stage_bars[8];
     const tma_rings tma(a, S::SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
 
     load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
 
-    /* K or V rows of key tile t into stage st of dst's ring. */
-    auto load_kv = [&](bool is_v, int st, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
+    /* K or V rows of key tile t, the seq-th K or V tile of the block, into stage seq % 2 of dst's ring. */
+    auto load_kv = [&](bool is_v, int seq, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
         const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
-        load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, S::SWIZZLED>(tma, is_v, st, dst, a, p, bi, base, rowb, pool_slot, j0, n);
+        load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, S::SWIZZLED>(tma, is_v, seq & 1, dst, a, p, bi, base, rowb,
+                                                                   pool_slot, j0, n, seq);
     };
 
     float o[ND][4];
@@ -319,15 +331,16 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     /* One commit group per iteration: K of the next live tile (none past the
-     * last) into K stage `kst` and V of tile `vt` into V stage `vst`. */
+     * last), the kseq-th, into K stage kseq % 2 and V of tile `vt`, the
+     * vseq-th, into V stage vseq % 2. */
     uint32_t kt = bi.next_tile(bi.t_begin);
     uint32_t issued = kt; /* the next K tile to copy */
-    auto issue = [&](int kst, int vst, uint32_t vt) {
+    auto issue = [&](int kseq, int vseq, uint32_t vt) {
         if (issued < bi.t_end) {
-            load_kv(false, kst, sk(kst), kbase, krow, PYFA_PREFILL_ARG_K, issued);
+            load_kv(false, kseq, sk(kseq & 1), kbase, krow, PYFA_PREFILL_ARG_K, issued);
             issued = bi.next_tile(issued + 1);
         }
-        if (vt < bi.t_end) load_kv(true, vst, sv(vst), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
+        if (vt < bi.t_end) load_kv(true, vseq, sv(vseq & 1), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
         pyfa_cp_async_commit();
     };
     issue(0, 0, bi.t_end); /* Q and the first K tile */
@@ -338,13 +351,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * first tile is peeled so that the loop has no branch between a product
      * and its wait: ptxas serialises every product of a loop it cannot follow. */
     uint32_t pa[KP][4], pl[KP][4]; /* P of the previous tile; pl: the residual terms, P_TERMS = 2 only */
-    /* K_ki and V_vi (-1: none) landed: the threads' copies (and Q's), or TMA's. */
+    /* K_ki and V_vi (-1: none) landed: the threads' copies (and Q's), or TMA's.
+     * With the threads' copies a block barrier orders every stage's reuse. With
+     * TMA only Q's copies need one (the first time): the warpgroups release
+     * each stage on its mbarrier (tma.release) and thread 0 waits for that
+     * before copying into it, so the two warpgroups run apart, and they take
+     * turns issuing their products (named barriers 1 and 2, as FlashAttention-3's
+     * ping-pong): one's softmax runs while the other's products do. */
     auto tiles_landed = [&](int ki, int vi) {
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
         tma.wait(ki, vi);
-        __syncthreads();          /* every thread's copies landed; every warpgroup is done with the products before */
+        if (!tma.on || ki == 0) __syncthreads(); /* every thread's copies landed; every warpgroup is done with the products before */
     };
+    const bool turns = tma.on; /* uniform */
+    auto my_turn = [&]() { if (turns) pyfa_bar_sync(1 + wg, 2 * 128); };
+    auto your_turn = [&]() { if (turns) pyfa_bar_arrive(2 - wg, 2 * 128); };
     /* A score tile of zeros, pinned before the fence that precedes its product. */
     auto zero_scores = [](float (&s)[NT][4]) {
 #pragma unroll
@@ -384,15 +406,19 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * keep the compiler from moving those accesses across either. */
     if (kt < bi.t_end) {
         tiles_landed(0, -1);
+        if (wg == 1) your_turn(); /* warpgroup 0 issues first */
         {
             float s[NT][4];
             zero_scores(s);
             pyfa_wgmma_fence();
             if constexpr (!COPIES_UNDER_S) issue(1, 0, kt); /* K_1, V_0 */
+            my_turn();
             issue_s(s, smem_addr(sk(0)));
+            your_turn();
             if constexpr (COPIES_UNDER_S) issue(1, 0, kt);
             pyfa_wgmma_wait<0>();
             pyfa_wgmma_pin(flat(s));
+            tma.release(false, 0);
             finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
             float alpha[2]; /* o is still 0 */
             softmax_scores(s, m, l, alpha);
@@ -407,18 +433,22 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             float s[NT][4];
             zero_scores(s);
             pin_operands<P_TERMS>(o, pa, pl);
-            if constexpr (!COPIES_UNDER_S) issue((i + 1) & 1, i & 1, kt); /* K_{i+1}, V_i into the free stages */
+            if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();
+            my_turn();
             issue_s(s, smem_addr(sk(i & 1)));
             issue_pv(smem_addr(sv((i - 1) & 1)));
-            if constexpr (COPIES_UNDER_S) issue((i + 1) & 1, i & 1, kt);
+            your_turn();
+            if constexpr (COPIES_UNDER_S) issue(i + 1, i, kt);
             pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
             pyfa_wgmma_pin(flat(s));
+            tma.release(false, i);
             finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
             float alpha[2];
             softmax_scores(s, m, l, alpha);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
+            tma.release(true, i - 1);
             rescale_rows(o, alpha);
 #pragma unroll
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
@@ -427,9 +457,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         tiles_landed(-1, i - 1); /* the last V */
         pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
+        my_turn();
         issue_pv(smem_addr(sv((i - 1) & 1)));
+        your_turn();
         pyfa_wgmma_wait<0>();
         pin_operands<P_TERMS>(o, pa, pl);
+        if (wg == 0) my_turn(); /* warpgroup 1's last pass, so the named barriers end balanced */
     }
     pyfa_cp_async_wait<0>();
 

@@ -86,7 +86,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     /* K-major Q: core matrices 128 bytes apart along the head dim, row
      * groups GROUP apart; K and V: swizzled stages (attn_prefill_wgmma.cuh). */
     auto q_desc = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
-    __shared__ uint64_t stage_bars[4];
+    __shared__ uint64_t stage_bars[8];
     const tma_rings tma(a, KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
 
     const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;

@@ -11,6 +11,7 @@
  *                                    the box at coordinates c of the map (a
  *                                    CUtensorMap in parameter or global memory)
  *   pyfa_mbar_wait(bar, parity)      until the phase of that parity completed
+ *   pyfa_mbar_arrive(bar)            one plain arrival (a consumer releasing a stage)
  *
  * A barrier's n-th phase (from 0) completes with parity n & 1. Data a TMA
  * copy wrote is visible to the threads that waited for its phase, and to the
@@ -30,6 +31,9 @@ __device__ __forceinline__ void pyfa_mbar_expect_tx(uint64_t *bar, uint32_t byte
                  "r"(bytes)
                  : "memory");
 }
+__device__ __forceinline__ void pyfa_mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+}
 __device__ __forceinline__ void pyfa_mbar_wait(uint64_t *bar, uint32_t parity) {
     asm volatile("{\n.reg .pred done;\nPYFA_MBAR_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
@@ -43,4 +47,13 @@ __device__ __forceinline__ void pyfa_tma_load_5d(void *dst, const void *map, uin
                  "%5, %6, %7}], [%2];" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                  "l"(map), "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
                  : "memory");
+}
+
+/* Named barriers 1..15 (0 is __syncthreads'): `threads` arrivals, a multiple
+ * of 32, complete one; sync waits for it, arrive does not. */
+__device__ __forceinline__ void pyfa_bar_sync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pyfa_bar_arrive(uint32_t id, uint32_t threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
