@@ -162,7 +162,10 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
  * cp.async, and so does 64, where TMA measured 3-8% slower (H200, bf16, 16/8
  * heads, same machine session: 4K causal 216 against 202 TF, non-causal 302
  * against 286, 16K non-causal 330 against 320; D 256 4K causal gained 272 ->
- * 380, D 128 16K 417 -> 485 and 407 -> 478). */
+ * 380, D 128 16K 417 -> 485 and 407 -> 478); with TMA the warpgroups also
+ * take turns issuing their products, and D 64 measured slower that way too
+ * (4K non-causal 267-273 against 298-308 TF, 16K non-causal 304-308 against
+ * 332-334). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D % 64 == 0 && D >= 128; }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D);
