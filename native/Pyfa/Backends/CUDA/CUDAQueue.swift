@@ -261,7 +261,7 @@ struct CUDAPlan: BackendPlan {
     /// The tensor-core TurboQuant decode (turboquant_mma.cuh) at 4-bit K and V:
     /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles (0: by head dim, cuda_layout.h).
     static let tqVecMma = getenv("PYFA_CUDA_TQ_VEC_MMA").flatMap { Int(String(cString: $0)) } ?? 1
-    static let tqMmaStages = envInt("PYFA_CUDA_TQ_MMA_STAGES", 0) > 0 ? max(2, envInt("PYFA_CUDA_TQ_MMA_STAGES", 0)) : 0
+    static let tqMmaStages = { (n: Int) in n > 0 ? max(2, n) : 0 }(envInt("PYFA_CUDA_TQ_MMA_STAGES", 0))
     static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
 
     static func compileDefines() -> [String] {
