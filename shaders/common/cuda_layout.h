@@ -59,16 +59,17 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_smem_bytes(int32_t elem_size, int32_t D, in
 
 /* attn_vec_mma.cuh: dynamic shared bytes of one block at head_dim D with
  * `stages` ring tiles and `split` warps sharing a position block's dims:
- * Qᵀ fragments, scores, (m, s) pairs, then the larger of the K + V ring
- * (rows padded to 2D + 16 bytes) and the merge area; up to D = 256 every
+ * Qᵀ fragments, scores, (m, s) pairs, then the larger of the K + V ring and
+ * the merge area (ring rows are whole 128-byte lines); up to D = 256 every
  * warp publishes its own state (the pairs and the merge area hold
  * PYFA_CUDA_DECODE_WARPS of them). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_mma_smem_bytes(int32_t D, int32_t stages, int32_t split) {
     const int32_t tile = 16 * PYFA_CUDA_DECODE_WARPS / split; /* positions per tile */
     const int32_t states = D <= 256 ? PYFA_CUDA_DECODE_WARPS : 1;
+    const int32_t row = (2 * D + 127) / 128 * 128;
     const int32_t fragments = D / 16 * 32 * 16, scores = split * tile * PYFA_CUDA_MMA_HEADS * 4;
-    const int32_t ms = states * PYFA_CUDA_MMA_HEADS * 2 * 4;
-    const int32_t ring = stages * 2 * tile * (2 * D + 16), merge = states * PYFA_CUDA_MMA_HEADS * D * 4;
+    const int32_t ms = (states * PYFA_CUDA_MMA_HEADS * 2 * 4 + 127) / 128 * 128;
+    const int32_t ring = stages * 2 * tile * row, merge = states * PYFA_CUDA_MMA_HEADS * D * 4;
     return fragments + scores + ms + pyfa_layout_max(ring, merge);
 }
 

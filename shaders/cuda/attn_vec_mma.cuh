@@ -6,8 +6,16 @@
  * of K and V however wide it is.
  *
  * The block streams tiles of TP positions through a cp.async ring in shared
- * memory (STAGES deep, rows padded by 16 bytes so ldmatrix rows fall in
- * distinct banks). Per tile:
+ * memory, STAGES deep. Up to D = 256 a warp reads only the K and V rows of
+ * its own 16 positions of a tile, so it copies and awaits its own rows of
+ * each stage and the warps run apart, with no block barrier per tile; at
+ * D = 512 the block fills each stage together and meets at a barrier per
+ * tile. Ring rows are whole 128-byte lines with their 16-byte chunks
+ * swizzled (chunk c of row r at c ^ (r & 7)): the eight rows of an ldmatrix
+ * fall in distinct banks, and each quarter-warp's copy writes one aligned
+ * line, so a line of the cache crosses to the SM once (rows padded by 16
+ * bytes put the copies across two lines, and L2 served every line 1.5
+ * times: 50.3M sectors for a 1.07 GB read, H200). Per tile:
  *   A. scores Sᵀ[pos][head] = K · Qᵀ: each warp takes 16 positions (and, for
  *      D = 512, half the dims, partial sums meeting in shared memory); K by
  *      ldmatrix, Qᵀ fragments prepared once per pass in shared memory;
@@ -31,7 +39,7 @@
  * memory with the same values), by row size: D <= 128 with 4 (more bytes in
  * flight; H100, bf16, D = 128, 32K positions: 3 to 4 stages took B = 1 from
  * 61.9 to 58.6 us and B = 8 from 391 to 377 us; 5 measured alike, 6 slower);
- * 128 < D <= 256 with 3 (4 would need 280 KB of shared memory at D = 256);
+ * 128 < D <= 256 with 3 (4 would need 264 KB of shared memory at D = 256);
  * 1 KB rows (D = 512) measured faster with 2. */
 #ifndef PYFA_VEC_MMA_STAGES
 #define PYFA_VEC_MMA_STAGES 4
@@ -66,15 +74,16 @@ struct shape {
     static constexpr bool PER_WARP = D <= 256;
     static constexpr int STATES = PER_WARP ? NW : 1;
     static constexpr int MB = PER_WARP ? KSTEPS : (KSTEPS + NW - 1) / NW; /* output m-blocks per warp (at most) */
-    static constexpr int LD = D * 2 + 16;          /* bytes per ring row */
+    static constexpr int LD = (D * 2 + 127) / 128 * 128; /* bytes per ring row: whole lines, chunks swizzled */
     static constexpr int STAGE_BYTES = 2 * TP * LD; /* K rows, then V rows */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
     static constexpr int Q_BYTES = KSTEPS * 32 * 16;      /* Qᵀ fragments: [kstep][lane] x uint4 */
     static constexpr int SCORE_BYTES = KS * TP * HEADS * 4; /* [ks][pos][head] f32 */
-    static constexpr int MS_BYTES = STATES * HEADS * 2 * 4;
+    static constexpr int MS_BYTES = (STATES * HEADS * 2 * 4 + 127) / 128 * 128; /* whole lines, so the ring starts on one */
     static constexpr int MERGE_BYTES = STATES * HEADS * D * 4;
     static constexpr int SMEM_BYTES =
         Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+    static_assert((Q_BYTES + SCORE_BYTES + MS_BYTES) % 128 == 0, "the ring starts on a line");
     static_assert(KSTEPS % KS == 0, "phase A splits the k-steps evenly");
     static_assert(!PER_WARP || KS == 1, "a warp with its own state scores its positions over every dim");
     static_assert(SMEM_BYTES == pyfa_cuda_vec_mma_smem_bytes(D, STAGES, KS) && HEADS == PYFA_CUDA_MMA_HEADS,
@@ -96,7 +105,7 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     const int g = lane >> 2, c = lane & 3; /* fragment row / column group of this lane */
     const uint32_t G = p.num_heads / p.num_kv_heads, cap = p.kv_capacity, nwg = p.nwg;
 
-    extern __shared__ __align__(16) char smem_mma[];
+    extern __shared__ __align__(128) char smem_mma[];
     { /* the plan's size (CUDAPlan.vecMmaSharedBytes) mirrors S::SMEM_BYTES: a mismatch faults, loudly */
         uint32_t dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
@@ -153,11 +162,51 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                 const bool live = pos < end;
                 if (PAGED) slot = live ? pg.row_at(next_entry[k], pos) : 0u;
                 const size_t off = (live ? slot * row_bytes : 0) + ch * 16;
-                pyfa_cp_async16(kdst + r * LD + ch * 16, kbase + off, live ? 16u : 0u);
-                pyfa_cp_async16(vdst + r * LD + ch * 16, vbase + off, live ? 16u : 0u);
+                const int at = r * LD + ((ch ^ (r & 7)) << 4);
+                pyfa_cp_async16(kdst + at, kbase + off, live ? 16u : 0u);
+                pyfa_cp_async16(vdst + at, vbase + off, live ? 16u : 0u);
             }
         }
         if (PAGED) look_up(base + TP);
+        pyfa_cp_async_commit();
+    };
+
+    /* PER_WARP: the pool row (slot) of this lane's row of the tile at `base`,
+     * position base + 16 warp + (lane & 15); positions from `end` on repeat
+     * row end - 1 (base < end), finite values whose weights are exactly 0.
+     * PAGED: my_entry holds that row's block_table entry, loaded a tile ahead. */
+    uint32_t my_entry = 0;
+    auto my_pos = [&](uint32_t base) {
+        const uint32_t pos = base + 16 * warp + (lane & 15);
+        return pos < end ? pos : end - 1;
+    };
+    auto look_up_mine = [&](uint32_t base) {
+        if (base < end) my_entry = pg.entry(my_pos(base));
+    };
+    auto my_slot = [&](uint32_t base) -> uint32_t {
+        const uint32_t pos = my_pos(base);
+        if (PAGED) return pg.row_at(my_entry, pos);
+        const uint32_t slot = pos + ring;
+        return slot >= cap ? slot - cap : slot;
+    };
+    /* PER_WARP: copies this warp's 16 K and 16 V rows of the tile at `base`
+     * into its rows of stage `stage`, chunk i = lane + 32k of the warp's
+     * 2 x 16 x CPR (matrix, row, chunk) with each row's slot shuffled from
+     * its lane; one group committed per call, empty for a tile wholly past
+     * `end` (never read). */
+    auto issue_mine = [&](uint32_t base, int stage) {
+        char *kdst = s_ring + stage * S::STAGE_BYTES + 16 * warp * LD, *vdst = kdst + TP * LD;
+        if (base < end) {
+            const uint32_t slot = my_slot(base);
+#pragma unroll
+            for (int k = 0; k < CPR; k++) {
+                const int i = lane + 32 * k, mat = i / (16 * CPR), r = (i / CPR) % 16, ch = i % CPR;
+                const uint32_t row_slot = __shfl_sync(0xffffffffu, slot, r);
+                pyfa_cp_async16((mat ? vdst : kdst) + r * LD + ((ch ^ (r & 7)) << 4),
+                                (mat ? vbase : kbase) + row_slot * row_bytes + ch * 16, 16u);
+            }
+        }
+        if (PAGED) look_up_mine(base + TP);
         pyfa_cp_async_commit();
     };
 
@@ -165,13 +214,20 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
         const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
         const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
-        if (PAGED) look_up(begin);
+        if constexpr (S::PER_WARP) {
+            if (PAGED) look_up_mine(begin);
 #pragma unroll
-        for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+            for (int st = 0; st < STAGES - 1; st++) issue_mine(begin + st * TP, st);
+        } else {
+            if (PAGED) look_up(begin);
+#pragma unroll
+            for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
+        }
         vec_mma::store_q_fragments<S::KSTEPS, KVDT>(s_q, gn, [&](int h, int d) {
             const float x = load_q(qbase + (row0 + h) * D * (QDT == PYFA_DTYPE_F32 ? 4 : 2), d, QDT);
             return Q_EXACT ? x : x * qscale;
         });
+        if constexpr (S::PER_WARP) __syncthreads(); /* the Qᵀ fragments */
 
         float acc[S::MB][4];
 #pragma unroll
@@ -180,9 +236,15 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
 
         int stage = 0;
         for (uint32_t base = begin; base < end; base += TP) {
-            pyfa_cp_async_wait<STAGES - 2>();
-            __syncthreads(); /* this tile has landed; every warp is done with the previous one */
-            issue(base + (STAGES - 1) * TP, stage == 0 ? STAGES - 1 : stage - 1);
+            if constexpr (S::PER_WARP) {
+                pyfa_cp_async_wait<STAGES - 2>();
+                __syncwarp(); /* the warp's rows have landed, and every lane is done with the stage refilled next */
+                issue_mine(base + (STAGES - 1) * TP, stage == 0 ? STAGES - 1 : stage - 1);
+            } else {
+                pyfa_cp_async_wait<STAGES - 2>();
+                __syncthreads(); /* this tile has landed; every warp is done with the previous one */
+                issue(base + (STAGES - 1) * TP, stage == 0 ? STAGES - 1 : stage - 1);
+            }
             const char *ktile = s_ring + stage * S::STAGE_BYTES, *vtile = ktile + TP * LD;
             stage = stage + 1 == STAGES ? 0 : stage + 1;
 
@@ -191,10 +253,13 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
              * q) keep dependent mma chains short. */
             {
                 float sp[4][4] = {};
-                const uint32_t arow = smem_addr(ktile + (pb * 16 + (lane & 15)) * LD + (lane >> 4) * 16);
+                /* lane l addresses row pb 16 + (l & 15), chunk 2 kk + (l >> 4), which
+                 * the swizzle puts at (2 kk) ^ ((l >> 4) ^ (l & 7)) */
+                const uint32_t arow = smem_addr(ktile + (pb * 16 + (lane & 15)) * LD);
+                const uint32_t aswz = (uint32_t)((lane >> 4) ^ (lane & 7));
                 auto kstep = [&](int kk, float (&s0)[4], float (&s1)[4]) {
                     uint32_t fa[4];
-                    ldsm_x4(arow + kk * 32, fa[0], fa[1], fa[2], fa[3]);
+                    ldsm_x4(arow + ((2u * kk ^ aswz) << 4), fa[0], fa[1], fa[2], fa[3]);
                     const uint4 fq = s_q[kk * 32 + lane];
                     mma16816<KVDT>(s0, fa, fq.x, fq.y);
                     if constexpr (!Q_EXACT) mma16816<KVDT>(s1, fa, fq.z, fq.w);
@@ -236,13 +301,15 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                 uint32_t phi[2], plo[2];
                 pyfa_split2<KVDT>(x[0][0], x[0][1], phi[0], plo[0]);
                 pyfa_split2<KVDT>(x[0][2], x[0][3], phi[1], plo[1]);
-                const uint32_t vrow = smem_addr(vtile + (16 * warp + (lane & 7) + ((lane >> 4) << 3)) * LD +
-                                                ((lane >> 3) & 1) * 16);
+                /* lane l addresses row 16 warp + (l & 7) + 8 (l >> 4), chunk 2 i + ((l >> 3) & 1),
+                 * swizzled to (2 i) ^ (((l >> 3) & 1) ^ (l & 7)) */
+                const uint32_t vrow = smem_addr(vtile + (16 * warp + (lane & 7) + ((lane >> 4) << 3)) * LD);
+                const uint32_t vswz = (uint32_t)(((lane >> 3) & 1) ^ (lane & 7));
 #pragma unroll
                 for (int i = 0; i < S::MB; i++) {
                     acc[i][0] *= alpha.x, acc[i][1] *= alpha.y, acc[i][2] *= alpha.x, acc[i][3] *= alpha.y;
                     uint32_t fv[4];
-                    ldsm_x4_trans(vrow + i * 32, fv[0], fv[1], fv[2], fv[3]);
+                    ldsm_x4_trans(vrow + ((2u * i ^ vswz) << 4), fv[0], fv[1], fv[2], fv[3]);
                     mma16816<KVDT>(acc[i], fv, phi[0], phi[1]);
                     mma16816<KVDT>(acc[i], fv, plo[0], plo[1]);
                 }
@@ -255,6 +322,9 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                 vec_mma::tile_scores<J, S::KS>(s_score, base, end, SOFTCAP, p, x);
                 const float2 alpha = vec_mma::softmax_step<J>(x, m, s);
                 const float a0 = alpha.x, a1 = alpha.y;
+                /* lane l addresses row 16 j + (l & 7) + 8 (l >> 4), chunk 2 mb + ((l >> 3) & 1) */
+                const uint32_t vrow = smem_addr(vtile + ((lane & 7) + ((lane >> 4) << 3)) * LD);
+                const uint32_t vswz = (uint32_t)(((lane >> 3) & 1) ^ (lane & 7));
                 uint32_t phi[J][2], plo[J][2];
 #pragma unroll
                 for (int j = 0; j < J; j++) {
@@ -266,12 +336,11 @@ __device__ __forceinline__ void flash_attn_vec_mma_impl(const pyfa_cuda_args &a,
                     const int mb = warp + NW * i;
                     if (S::KSTEPS % NW == 0 || mb < S::KSTEPS) {
                         acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
-                        const uint32_t vrow = smem_addr(vtile + ((lane & 7) + ((lane >> 4) << 3)) * LD + mb * 32 +
-                                                        ((lane >> 3) & 1) * 16);
+                        const uint32_t vcol = (2u * mb ^ vswz) << 4;
 #pragma unroll
                         for (int j = 0; j < J; j++) {
                             uint32_t fv[4];
-                            ldsm_x4_trans(vrow + j * 16 * LD, fv[0], fv[1], fv[2], fv[3]);
+                            ldsm_x4_trans(vrow + j * 16 * LD + vcol, fv[0], fv[1], fv[2], fv[3]);
                             mma16816<KVDT>(acc[i], fv, phi[j][0], phi[j][1]);
                             mma16816<KVDT>(acc[i], fv, plo[j][0], plo[j][1]);
                         }
