@@ -82,9 +82,14 @@ public protocol BackendPlan {
     /// Decode geometry of flash_attn_vec over paged pools (paged_kv_params.h);
     /// the grid stays (nwg, num_kv_heads, batch).
     func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
+    func wrapAlignment(dtype: DType) -> Int
 }
 
 extension BackendPlan {
+    /// The alignment (bytes) a caller's memory of `dtype` must have to be
+    /// wrapped: what the backend's kernels read it with. 1: any address.
+    public func wrapAlignment(dtype: DType) -> Int { 1 }
+
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {
         flashAttnVec(p.attn, kvDType: .u8, maxKvLen: maxKvLen)

@@ -345,6 +345,14 @@ struct CUDAPlan: BackendPlan {
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes, variant: variant)
     }
 
+    /// Caller memory of 16-bit and byte elements (caches, queries, outputs,
+    /// TurboQuant codes): 16-byte aligned, since the kernels' cp.async, vector
+    /// and TMA copies fault on less and a fault poisons the context for the
+    /// whole process. 4-byte elements need their own alignment only: per-
+    /// sequence values and masks are read one at a time (an f32 cache must
+    /// still start on 16 bytes; that is not checked here).
+    func wrapAlignment(dtype: DType) -> Int { dtype.size == 4 ? 4 : 16 }
+
     /// One thread per output element (head dims are 64...512), so each
     /// thread's sum over the nwg partials is a single unrolled pass.
     func attnReduce(headDim: UInt32, nwg: UInt32) -> (threads: UInt32, threadgroupMemory: Int) {
