@@ -14,13 +14,9 @@ import pytest
 import pyfa
 from pyfa import reference
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
-try:
-    DEVICE = pyfa.Device("cuda")
-except pyfa.PyfaError as e:
-    pytest.skip(f"pyfa cuda backend unavailable: {e}", allow_module_level=True)
+from cuda_torch import torch_and_cuda_device
+
+torch, DEVICE = torch_and_cuda_device()
 
 B, H, HKV, D, CAP, LEN = 2, 8, 2, 128, 64, 50
 
