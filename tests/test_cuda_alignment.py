@@ -1,10 +1,10 @@
-"""Device arrays of 16-bit (and byte) elements on the cuda backend must start on
-16-byte boundaries; 4-byte elements (int32 per-sequence values, f32 masks) on
-their own size: the kernels copy caches, queries and outputs in 16-byte pieces
-(cp.async, vector loads, TMA), and a misaligned copy faults, which would poison
-the CUDA context for the whole process. A contiguous view that starts at an
-element offset is refused with the argument's name, nothing is written, and
-the device keeps working.
+"""On the cuda backend an op's rows (caches, queries, outputs) must start on
+16-byte boundaries, whatever their dtype: the kernels copy them in 16-byte
+pieces (cp.async, vector loads, TMA), and a misaligned copy faults, which would
+poison the CUDA context for the whole process. A contiguous view that starts
+at an element offset is refused with the argument's name, nothing is written,
+and the device keeps working. Values read one at a time (lengths, masks) need
+only their own alignment.
 
 Skips without torch or without a CUDA device.
 """
@@ -75,3 +75,25 @@ def test_misaligned_prefill_input_is_refused():
     with pytest.raises(pyfa.PyfaError, match=r"^q: .*is not 16-byte aligned"):
         pyfa.attention(q, k, v, causal=True, device=DEVICE)
     torch.cuda.synchronize()
+
+
+def test_f32_rows_need_16_bytes_too():
+    q = _shifted(_randn((B, H, D), 10, torch.float32))  # 4 bytes off
+    k, v = _randn((B, HKV, CAP, D), 11), _randn((B, HKV, CAP, D), 12)
+    with pytest.raises(pyfa.PyfaError, match=r"^q: .*is not 16-byte aligned"):
+        pyfa.decode_attention(q, k.float(), v.float(), LEN, device=DEVICE)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16], ids=["bool", "bf16"])  # bool, or q's dtype
+def test_masks_need_only_their_own_alignment(mask_dtype):
+    L = 96
+    q, k, v = _randn((1, H, L, D), 13), _randn((1, HKV, L, D), 14), _randn((1, HKV, L, D), 15)
+    allowed = torch.rand((L, L), generator=torch.Generator(device="cuda").manual_seed(16), device="cuda") > 0.3
+    mask = allowed if mask_dtype == torch.bool else torch.zeros((L, L), device="cuda").masked_fill(
+        ~allowed, float("-inf")).to(mask_dtype)
+    aligned = pyfa.attention(q, k, v, mask=mask, device=DEVICE)
+    shifted = pyfa.attention(q, k, v, mask=_shifted(mask), device=DEVICE)  # 1 or 2 bytes off
+    torch.cuda.synchronize()
+    assert torch.equal(aligned, shifted)
+

@@ -82,13 +82,15 @@ public protocol BackendPlan {
     /// Decode geometry of flash_attn_vec over paged pools (paged_kv_params.h);
     /// the grid stays (nwg, num_kv_heads, batch).
     func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
-    func wrapAlignment(dtype: DType) -> Int
+    func wrapAlignment(dtype: DType, data: Bool) -> Int
 }
 
 extension BackendPlan {
     /// The alignment (bytes) a caller's memory of `dtype` must have to be
-    /// wrapped: what the backend's kernels read it with. 1: any address.
-    public func wrapAlignment(dtype: DType) -> Int { 1 }
+    /// wrapped: `data` for an op's rows (caches, queries, outputs, codes),
+    /// which kernels may copy in wide pieces; otherwise values read one at a
+    /// time (lengths, tables, masks, scales). 1: any address.
+    public func wrapAlignment(dtype: DType, data: Bool) -> Int { 1 }
 
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {

@@ -46,11 +46,12 @@ public final class Device {
     }
 
     /// Wraps caller-owned memory; it must outlive the buffer and any work using it.
-    public func wrapBuffer(address: UInt64, nbytes: Int, dtype: DType, shape: [Int]) throws -> Buffer {
+    /// Caller memory as a buffer; `data`: an op's rows (BackendPlan.wrapAlignment).
+    public func wrapBuffer(address: UInt64, nbytes: Int, dtype: DType, shape: [Int], data: Bool = false) throws -> Buffer {
         let needed = try Buffer.byteCount(dtype: dtype, shape: shape)
         try require(address != 0 || needed == 0, "data: NULL pointer for a non-empty buffer")
         try require(nbytes >= needed, "nbytes: \(nbytes) bytes cannot hold shape \(shape) of \(dtype.name) (\(needed) bytes)")
-        let alignment = backend.plan.wrapAlignment(dtype: dtype)
+        let alignment = backend.plan.wrapAlignment(dtype: dtype, data: data)
         try require(needed == 0 || address % UInt64(alignment) == 0,
                     "data: 0x\(String(address, radix: 16)) is not \(alignment)-byte aligned: the \(backend.name) kernels read "
                         + "\(dtype.name) memory in \(alignment)-byte pieces (a view that starts at an element offset; pass a copy)")

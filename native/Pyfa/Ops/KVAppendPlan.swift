@@ -82,7 +82,7 @@ public final class KVAppendPlan: OpPlan {
         let rowElements = try checkedProduct([Int(written), Int(desc.num_kv_heads), Int(desc.head_dim)], what: "k")
         let sk = try bind(k, "k", dtype: kDType, elements: rowElements)
         let sv = try bind(v, "v", dtype: vDType, elements: rowElements)
-        let st = try bindOptional(state, "state", dtype: .i32, elements: 4)
+        let st = try bindOptional(state, "state", dtype: .i32, elements: 4, perElement: true)
         /// The state is memory of its own: no row, cache or scale shares a byte with it.
         func stateApart(_ others: [(Buffer, String)]) throws {
             guard let st else { return }
@@ -95,8 +95,8 @@ public final class KVAppendPlan: OpPlan {
         if turboQuant {
             let kCodes = try bind(kCache, "k_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.k_bits))
             let vCodes = try bind(vCache, "v_cache", dtype: .u8, elements: rows * TurboQuant.rowBytes(desc.head_dim, desc.v_bits))
-            let ks = try bind(kScales, "k_scales", dtype: .f32, elements: rows)
-            let vs = try bind(vScales, "v_scales", dtype: .f32, elements: rows)
+            let ks = try bind(kScales, "k_scales", dtype: .f32, elements: rows, perElement: true)
+            let vs = try bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true)
             try KVAppendPlan.separate(kCodes, vCodes, "k_cache", "v_cache")
             try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
             try stateApart([(kCodes, "k_cache"), (vCodes, "v_cache"), (ks, "k_scales"), (vs, "v_scales")])

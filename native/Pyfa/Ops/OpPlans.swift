@@ -44,21 +44,24 @@ public class OpPlan {
         if captured, let w = ownWorkspace { GraphRetained.keep(w) }
     }
 
-    /// Caller memory of `elements` values of `dtype` for one run.
-    func bind(_ t: TensorRef, _ name: String, dtype: DType, elements: Int) throws -> Buffer {
+    /// Caller memory of `elements` values of `dtype` for one run: an op's rows,
+    /// or with `perElement` values its kernels read one at a time (lengths,
+    /// tables, masks, scales, lse), which need less alignment (BackendPlan.wrapAlignment).
+    func bind(_ t: TensorRef, _ name: String, dtype: DType, elements: Int, perElement: Bool = false) throws -> Buffer {
         let needed = elements * dtype.size  // bounded by the op's validation
         try require(!t.isAbsent || needed == 0, "\(name): address is 0")
         try require(t.nbytes >= UInt64(needed),
                     "\(name): \(t.nbytes) bytes cannot hold \(elements) \(dtype.name) values (\(needed) bytes)")
         do {
-            return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements])
+            return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements],
+                                         data: !perElement)
         } catch let e as PyfaError {
             throw PyfaError(e.status, "\(name): \(e.message)")  // the backend's refusal, for this argument
         }
     }
 
-    func bindOptional(_ t: TensorRef, _ name: String, dtype: DType, elements: Int) throws -> Buffer? {
-        t.isAbsent ? nil : try bind(t, name, dtype: dtype, elements: elements)
+    func bindOptional(_ t: TensorRef, _ name: String, dtype: DType, elements: Int, perElement: Bool = false) throws -> Buffer? {
+        t.isAbsent ? nil : try bind(t, name, dtype: dtype, elements: elements, perElement: perElement)
     }
 
     func sequence(_ s: SequenceRef, _ name: String, count: Int) throws -> SequenceValues {
@@ -66,7 +69,7 @@ public class OpPlan {
         case .host(let values):
             return .host(values)
         case .device(let t):
-            return .buffer(try bind(t, name, dtype: .i32, elements: count))
+            return .buffer(try bind(t, name, dtype: .i32, elements: count, perElement: true))
         }
     }
 
@@ -135,7 +138,7 @@ public final class DecodePlan: OpPlan {
             k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true))
     }
 }
 
@@ -173,12 +176,12 @@ public final class TQDecodePlan: OpPlan {
         try FlashAttnVecTQ.encode(
             encoder, p, q: bind(q, "q", dtype: qDType, elements: B * H * D),
             kCodes: bind(kCodes, "k_codes", dtype: .u8, elements: try checkedProduct([rows, kRow], what: "k_codes")),
-            kScales: bind(kScales, "k_scales", dtype: .f32, elements: rows),
+            kScales: bind(kScales, "k_scales", dtype: .f32, elements: rows, perElement: true),
             vCodes: bind(vCodes, "v_codes", dtype: .u8, elements: try checkedProduct([rows, vRow], what: "v_codes")),
-            vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows),
+            vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true))
     }
 }
 
@@ -227,9 +230,11 @@ public final class PrefillPlan: OpPlan {
         let kb = try bind(k, "k", dtype: dtype, elements: ext(p.k_strides, kvRows, D, "k"))
         let vb = try bind(v, "v", dtype: dtype, elements: ext(p.v_strides, kvRows, D, "v"))
         let ob = try bind(out, "out", dtype: outDType, elements: ext(p.out_strides, qRows, D, "out"))
-        let mb = try maskDType.map { try bind(mask, "mask", dtype: $0, elements: ext(p.mask_strides, qRows, Int(p.kv_len), "mask")) }
+        let mb = try maskDType.map { try bind(mask, "mask", dtype: $0, elements: ext(p.mask_strides, qRows, Int(p.kv_len), "mask"),
+                                                 perElement: true) }
         let lb = try bindOptional(lse, "lse", dtype: .f32,
-                                  elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"))
+                                  elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"),
+                                  perElement: true)
         var blk: Buffer? = nil
         if useBlk, let w = try self.workspace(workspace, encoder) {
             blk = Buffer(device: device, dtype: .u8, shape: [w.nbytes], storage: w.storage, nbytes: w.nbytes, memory: w.memory)

@@ -55,11 +55,14 @@ public final class PackedPrefillPlan: OpPlan {
             q: bind(TensorRef(a.q), "q", dtype: dtype, elements: ext(p.q_strides, p.num_heads, a.total_q, D, "q")),
             k: bind(TensorRef(a.k), paged ? "k_pages" : "k", dtype: dtype, elements: kvElements(p.k_strides)),
             v: bind(TensorRef(a.v), paged ? "v_pages" : "v", dtype: dtype, elements: kvElements(p.v_strides)),
-            cuSeqlensQ: bind(TensorRef(a.cu_seqlens_q), "cu_seqlens_q", dtype: .i32, elements: B + 1),
-            seqK: bind(TensorRef(a.seq_k), paged ? "kv_len" : "cu_seqlens_k", dtype: .i32, elements: paged ? B : B + 1),
+            cuSeqlensQ: bind(TensorRef(a.cu_seqlens_q), "cu_seqlens_q", dtype: .i32, elements: B + 1, perElement: true),
+            seqK: bind(TensorRef(a.seq_k), paged ? "kv_len" : "cu_seqlens_k", dtype: .i32, elements: paged ? B : B + 1,
+                       perElement: true),
             blockTable: paged ? bind(TensorRef(a.block_table), "block_table", dtype: .i32,
-                                     elements: checkedProduct([B, Int(pages.pages_per_seq)], what: "block_table")) : nil,
+                                     elements: checkedProduct([B, Int(pages.pages_per_seq)], what: "block_table"),
+                                     perElement: true) : nil,
             out: bind(TensorRef(a.out), "out", dtype: outDType, elements: ext(p.out_strides, p.num_heads, a.total_q, D, "out")),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: checkedProduct([Int(p.num_heads), Int(a.total_q)], what: "lse")))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: checkedProduct([Int(p.num_heads), Int(a.total_q)], what: "lse"),
+                              perElement: true))
     }
 }

@@ -53,9 +53,9 @@ public final class PagedAppendPlan: OpPlan {
             try PagedAppend.encodeTurboQuant(
                 encoder, p, srcK: sk, srcV: sv,
                 kCodes: bind(kPages, "k_pages", dtype: .u8, elements: poolRows * kRow),
-                kScales: bind(kScales, "k_scales", dtype: .f32, elements: poolRows),
+                kScales: bind(kScales, "k_scales", dtype: .f32, elements: poolRows, perElement: true),
                 vCodes: bind(vPages, "v_pages", dtype: .u8, elements: poolRows * vRow),
-                vScales: bind(vScales, "v_scales", dtype: .f32, elements: poolRows), slotMapping: slots)
+                vScales: bind(vScales, "v_scales", dtype: .f32, elements: poolRows, perElement: true), slotMapping: slots)
         } else {
             try require(kScales.isAbsent && vScales.isAbsent, "k_scales: dense pools take no scales (pass address 0)")
             let p = pyfa_kv_append_paged_params(pages: desc.pages, num_tokens: numTokens, num_kv_heads: desc.num_kv_heads,

@@ -55,7 +55,7 @@ public final class PagedDecodePlan: OpPlan {
             v: bind(vPages, "v_pages", dtype: kvDType, elements: pool),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: nil,
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H),
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true),
             paged: PagedKV(pages: pages, blockTable: table))
     }
 }
@@ -99,12 +99,12 @@ public final class PagedTQDecodePlan: OpPlan {
         try FlashAttnVecTQ.encode(
             encoder, p, q: bind(q, "q", dtype: qDType, elements: B * H * D),
             kCodes: bind(kCodes, "k_codes", dtype: .u8, elements: try checkedProduct([poolRows, kRow], what: "k_codes")),
-            kScales: bind(kScales, "k_scales", dtype: .f32, elements: poolRows),
+            kScales: bind(kScales, "k_scales", dtype: .f32, elements: poolRows, perElement: true),
             vCodes: bind(vCodes, "v_codes", dtype: .u8, elements: try checkedProduct([poolRows, vRow], what: "v_codes")),
-            vScales: bind(vScales, "v_scales", dtype: .f32, elements: poolRows),
+            vScales: bind(vScales, "v_scales", dtype: .f32, elements: poolRows, perElement: true),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: nil,
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H),
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true),
             paged: PagedKV(pages: pages, blockTable: table))
     }
 }

@@ -345,13 +345,11 @@ struct CUDAPlan: BackendPlan {
         return VecGeometry(nwg: nwg, threads: CUDAPlan.warps * 32, threadgroupMemory: bytes, variant: variant)
     }
 
-    /// Caller memory of 16-bit and byte elements (caches, queries, outputs,
-    /// TurboQuant codes): 16-byte aligned, since the kernels' cp.async, vector
-    /// and TMA copies fault on less and a fault poisons the context for the
-    /// whole process. 4-byte elements need their own alignment only: per-
-    /// sequence values and masks are read one at a time (an f32 cache must
-    /// still start on 16 bytes; that is not checked here).
-    func wrapAlignment(dtype: DType) -> Int { dtype.size == 4 ? 4 : 16 }
+    /// An op's rows (caches, queries, outputs, TurboQuant codes) start on 16
+    /// bytes: the kernels' cp.async, vector and TMA copies fault on less, and
+    /// a fault poisons the context for the whole process. Values read one at a
+    /// time (lengths, tables, masks, scales, lse) need their own alignment.
+    func wrapAlignment(dtype: DType, data: Bool) -> Int { data ? 16 : dtype.size }
 
     /// One thread per output element (head dims are 64...512), so each
     /// thread's sum over the nwg partials is a single unrolled pass.
