@@ -13,7 +13,9 @@
  * tile. Ring rows are whole 128-byte lines with their 16-byte chunks
  * swizzled (chunk c of row r at c ^ (r & 7)): the eight rows of an ldmatrix
  * fall in distinct banks, and each quarter-warp's copy writes one aligned
- * line, so a line of the cache crosses to the SM once (rows padded by 16
+ * line (where a row is whole lines: D = 64, 128, 256, 512; at 80, 96 and
+ * 192 rows are rounded up to lines and some copies still straddle two), so a
+ * line of the cache crosses to the SM once (rows padded by 16
  * bytes put the copies across two lines, and L2 served every line 1.5
  * times: 50.3M sectors for a 1.07 GB read, H200). Per tile:
  *   A. scores Sᵀ[pos][head] = K · Qᵀ: each warp takes 16 positions (and, for
@@ -39,7 +41,7 @@
  * memory with the same values), by row size: D <= 128 with 4 (more bytes in
  * flight; H100, bf16, D = 128, 32K positions: 3 to 4 stages took B = 1 from
  * 61.9 to 58.6 us and B = 8 from 391 to 377 us; 5 measured alike, 6 slower);
- * 128 < D <= 256 with 3 (4 would need 264 KB of shared memory at D = 256);
+ * 128 < D <= 256 with 3 (4 would need 266 KB of shared memory at D = 256);
  * 1 KB rows (D = 512) measured faster with 2. */
 #ifndef PYFA_VEC_MMA_STAGES
 #define PYFA_VEC_MMA_STAGES 4

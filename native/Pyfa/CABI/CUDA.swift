@@ -24,7 +24,9 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
     abiCall {
         let a = try string(arch, "arch")
         try require(a.hasPrefix("sm_") && a.count >= 5, "arch: expected an NVRTC architecture such as sm_80 or sm_90a, got '\(a)'")
-        let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines())
+        // The kernels as a device of that architecture compiles them (its shared memory decides some).
+        let tqMma = CUDAPlan.tqMmaOn(maxShared: CUDAPlan.sharedLimit(arch: a))
+        let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines(tqMma: tqMma))
         var total: UInt32 = 0
         // NVRTC's time grows faster than linearly with the entries of one
         // program: compile them in programs of at most `chunk` entries.

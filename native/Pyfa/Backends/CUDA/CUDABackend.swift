@@ -79,12 +79,16 @@ final class CUDABackend: Backend {
         _ = pyfa_cu.cuDeviceTotalMem(&mem, dev)
         totalMemory = UInt64(mem)
         context = try CUDAContext(device: dev)
+        // PYFA_CUDA_MAX_SHARED lowers the limit the plan chooses kernels by (a large GPU then
+        // takes the choices of a smaller one: tests/test_cuda_small_shared.py).
+        let planShared = min(maxSharedOptin, CUDAPlan.envInt("PYFA_CUDA_MAX_SHARED", maxSharedOptin))
+        let tqMma = CUDAPlan.tqMmaOn(maxShared: planShared)
         compiler = try CUDACompiler(arch: CUDABackend.arch(major: major, minor: minor),
-                                    extraOptions: CUDAPlan.compileDefines())
+                                    extraOptions: CUDAPlan.compileDefines(tqMma: tqMma))
         let occupancy = Occupancy()
         plan = CUDAPlan(smCount: smCount, residentBlocks: { [unowned occupancy] name, constants, bytes in
             occupancy.blocks(name, constants: constants, sharedBytes: bytes)
-        }, sm90a: compiler.arch == "sm_90a")
+        }, sm90a: compiler.arch == "sm_90a", maxShared: planShared, tqMma: tqMma)
         occupancy.backend = self
         self.occupancy = occupancy
     }

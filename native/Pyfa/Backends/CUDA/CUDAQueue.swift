@@ -212,6 +212,19 @@ struct CUDAPlan: BackendPlan {
     var sm90a = false
     /// The knob of the warpgroup-MMA prefill (prefillWgmmaKnob): 0 off, 1 forced, -1 the rule.
     var prefillWgmma = CUDAPlan.prefillWgmmaKnob
+    /// Dynamic shared memory one block may use (the device's opt-in limit):
+    /// a tensor-core decode whose block needs more runs the vector kernel.
+    var maxShared = CUDAPlan.hopperShared
+    /// Whether flash_attn_vec_tq compiles with turboquant_mma.cuh (tqMmaOn).
+    var tqMma = CUDAPlan.tqVecMma != 0
+
+    /// Shared memory per block of sm_90 / sm_100 (227 KB), sm_80 / sm_87 (163 KB)
+    /// and the rest (sm_86, sm_89, sm_120: 99 KB), for builds without a device.
+    static let hopperShared = 232_448
+    static func sharedLimit(arch: String) -> Int {
+        arch.hasPrefix("sm_90") || arch.hasPrefix("sm_100") ? hopperShared
+            : arch == "sm_80" || arch == "sm_87" ? 166_912 : 101_376
+    }
 
     static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
     static func envInt(_ name: String, _ fallback: Int) -> Int {
@@ -264,7 +277,15 @@ struct CUDAPlan: BackendPlan {
     static let tqMmaStages = { (n: Int) in n > 0 ? max(2, n) : 0 }(envInt("PYFA_CUDA_TQ_MMA_STAGES", 0))
     static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
 
-    static func compileDefines() -> [String] {
+    /// The tensor-core TurboQuant decode where its knob allows and its block
+    /// fits `maxShared` at head dims 64, 128 and 256 (it holds a 64 KB table
+    /// beside its ring: on 99 KB devices the vector kernel runs instead). One
+    /// compile-time choice for every head dim (the kernel's, cuda_layout.h).
+    static func tqMmaOn(maxShared: Int) -> Bool {
+        tqVecMma != 0 && [64, 128, 256].allSatisfy { tqMmaSharedBytes(headDim: $0) <= maxShared }
+    }
+
+    static func compileDefines(tqMma: Bool) -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
          "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_MID=\(vecMmaStagesMid)",
@@ -273,7 +294,7 @@ struct CUDAPlan: BackendPlan {
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
          "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
-         "-DPYFA_TQ_VEC_MMA=\(tqVecMma != 0 ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)",
+         "-DPYFA_TQ_VEC_MMA=\(tqMma ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)",
          "-DPYFA_TQ_MMA_MIN_BLOCKS=\(tqMmaMinBlocks)"]
     }
 
@@ -289,8 +310,8 @@ struct CUDAPlan: BackendPlan {
     }
 
     /// Whether flash_attn_vec_tq runs turboquant_mma.cuh (the kernel's own choice, cuda_layout.h).
-    static func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
-        pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), Int32(tqVecMma)) != 0
+    func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
+        pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), tqMma ? 1 : 0) != 0
     }
 
     /// Shared bytes of one attn_vec.cu block (cuda_layout.h).
@@ -312,10 +333,12 @@ struct CUDAPlan: BackendPlan {
     /// 507 vs 520 us at B = 8). Elsewhere the tensor-core kernel reads the
     /// cache at copy speed and the vector kernel does not (same run, D = 128,
     /// 32K, B = 8: 265 vs 487 us at 16/8 heads, 263 vs 402 at 8/8; D = 64:
-    /// 145 vs 489).
-    static func vecVariant(_ p: pyfa_flash_attn_vec_params, kvDType: DType) -> Int32 {
+    /// 145 vs 489). Nor where its block does not fit the device's shared
+    /// memory (A100 at D = 256; RTX 30 / 40 from D = 80): the vector kernel's does.
+    func vecVariant(_ p: pyfa_flash_attn_vec_params, kvDType: DType) -> Int32 {
         guard kvDType == .f16 || kvDType == .bf16 else { return PYFA_VEC_VARIANT_PORTABLE }
-        if let forced = vecMma { return forced != 0 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE }
+        if let forced = CUDAPlan.vecMma { return forced != 0 ? PYFA_VEC_VARIANT_MMA : PYFA_VEC_VARIANT_PORTABLE }
+        if CUDAPlan.vecMmaSharedBytes(headDim: Int(p.head_dim)) > maxShared { return PYFA_VEC_VARIANT_PORTABLE }
         let group = p.num_heads / max(1, p.num_kv_heads)
         let vectorKeepsUp = group < 4 && p.head_dim > 128 && p.head_dim <= 256
         return vectorKeepsUp ? PYFA_VEC_VARIANT_PORTABLE : PYFA_VEC_VARIANT_MMA
@@ -323,7 +346,7 @@ struct CUDAPlan: BackendPlan {
 
     func flashAttnVec(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry {
         let D = Int(p.head_dim)
-        let variant = CUDAPlan.vecVariant(p, kvDType: kvDType)
+        let variant = vecVariant(p, kvDType: kvDType)
         let bytes = variant == PYFA_VEC_VARIANT_MMA ? CUDAPlan.vecMmaSharedBytes(headDim: D)
             : CUDAPlan.vecSharedBytes(headDim: D, elementSize: kvDType == .f32 ? 4 : 2)
         let groups = max(1, UInt64(p.batch) * UInt64(p.num_kv_heads))
@@ -405,7 +428,7 @@ struct CUDAPlan: BackendPlan {
         let a = p.attn
         // 64-bit: batch * num_kv_heads may exceed 32 bits before validation bounds it.
         let groups = max(1, UInt64(a.batch) * UInt64(a.num_kv_heads))
-        if CUDAPlan.tqUsesMma(p) {
+        if tqUsesMma(p) {
             let bytes = CUDAPlan.tqMmaSharedBytes(headDim: Int(a.head_dim))
             let constants = try? FlashAttnVecTQ.vecConstants(kBits: 4, vBits: 4, headDim: a.head_dim, softcap: false,
                                                              direct: false, lse: false)
