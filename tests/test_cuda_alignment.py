@@ -97,3 +97,18 @@ def test_masks_need_only_their_own_alignment(mask_dtype):
     torch.cuda.synchronize()
     assert torch.equal(aligned, shifted)
 
+
+
+@pytest.mark.parametrize("arg", ["q", "k", "out"])
+def test_misaligned_varlen_rows_are_refused(arg):
+    lens = [40, 56]
+    total = sum(lens)
+    cu = torch.tensor([0, lens[0], total], dtype=torch.int32, device="cuda")
+    args = {"q": _randn((total, H, D), 17), "k": _randn((total, HKV, D), 18),
+            "out": torch.zeros((total, H, D), device="cuda", dtype=torch.bfloat16)}
+    v = _randn((total, HKV, D), 19)
+    args[arg] = _shifted(args[arg])
+    with pytest.raises(pyfa.PyfaError, match=rf"^{arg}: .*is not 16-byte aligned"):
+        pyfa.varlen_attention(args["q"], args["k"], v, cu, cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                              causal=True, out=args["out"], device=DEVICE)
+    torch.cuda.synchronize()

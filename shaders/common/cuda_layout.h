@@ -74,9 +74,15 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_vec_mma_smem_bytes(int32_t D, int32_t stages, i
 }
 
 /* turboquant.cu: whether flash_attn_vec_tq runs the tensor-core kernel
- * (turboquant_mma.cuh): 4-bit K and V, unless the knob turns it off. */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_uses_mma(int32_t k_bits, int32_t v_bits, int32_t mma_knob) {
-    return mma_knob != 0 && k_bits == 4 && v_bits == 4;
+ * (turboquant_mma.cuh): 4-bit K and V at a head dim whose bit is set in
+ * `dims` (PYFA_TQ_VEC_MMA: 1 = D 64, 2 = 128, 4 = 256, 8 = 512; the plan
+ * sets the head dims whose block fits the device's shared memory, 0 when
+ * its knob turns the kernel off). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_dim_bit(int32_t D) {
+    return D == 64 ? 1 : D == 128 ? 2 : D == 256 ? 4 : D == 512 ? 8 : 0;
+}
+PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_uses_mma(int32_t k_bits, int32_t v_bits, int32_t D, int32_t dims) {
+    return k_bits == 4 && v_bits == 4 && (dims & pyfa_cuda_tq_mma_dim_bit(D)) != 0;
 }
 
 /* turboquant.cu (vector kernel): dynamic shared bytes of one block: both

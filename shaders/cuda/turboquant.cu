@@ -45,7 +45,7 @@ constexpr int tq_quantize_paged_max_threads = 32;
 #define PYFA_TQ_VEC_MIN_BLOCKS 4
 #endif
 #ifndef PYFA_TQ_VEC_MMA
-#define PYFA_TQ_VEC_MMA 1
+#define PYFA_TQ_VEC_MMA 15 /* head dims taking the tensor-core kernel: pyfa_cuda_tq_uses_mma */
 #endif
 /* Blocks per SM the tensor-core kernel's registers allow at D <= 128, where
  * shared memory holds 3 (at D >= 256 it holds 2). */
@@ -56,7 +56,7 @@ constexpr int tq_quantize_paged_max_threads = 32;
 #define PYFA_MIN_BLOCKS_flash_attn_vec_tq(...) 1
 #else
 #define PYFA_MIN_BLOCKS_flash_attn_vec_tq(KB, VB, D, ...)                                                            \
-    (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA) ? ((D) <= 128 ? PYFA_TQ_MMA_MIN_BLOCKS : 2) : PYFA_TQ_VEC_MIN_BLOCKS)
+    (pyfa_cuda_tq_uses_mma(KB, VB, D, PYFA_TQ_VEC_MMA) ? ((D) <= 128 ? PYFA_TQ_MMA_MIN_BLOCKS : 2) : PYFA_TQ_VEC_MIN_BLOCKS)
 #endif
 
 /* Tuning knobs of the decode kernel (NVRTC -D options from the CUDA plan, which
@@ -721,7 +721,7 @@ template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE, int PAGED
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D),
                   "flash_attn_vec_tq: k/v bits / head_dim");
-    if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, PYFA_TQ_VEC_MMA)) {
+    if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, D, PYFA_TQ_VEC_MMA)) {
         flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);
     } else {
         flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);

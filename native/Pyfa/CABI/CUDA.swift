@@ -25,8 +25,8 @@ public func pyfa_cuda_compile_all_impl(_ arch: UnsafePointer<CChar>?, _ count: U
         let a = try string(arch, "arch")
         try require(a.hasPrefix("sm_") && a.count >= 5, "arch: expected an NVRTC architecture such as sm_80 or sm_90a, got '\(a)'")
         // The kernels as a device of that architecture compiles them (its shared memory decides some).
-        let tqMma = CUDAPlan.tqMmaOn(maxShared: CUDAPlan.sharedLimit(arch: a))
-        let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines(tqMma: tqMma))
+        let dims = CUDAPlan.tqMmaDims(maxShared: CUDAPlan.sharedLimit(arch: a))
+        let compiler = try CUDACompiler(arch: a, extraOptions: CUDAPlan.compileDefines(tqMmaDims: dims))
         var total: UInt32 = 0
         // NVRTC's time grows faster than linearly with the entries of one
         // program: compile them in programs of at most `chunk` entries.

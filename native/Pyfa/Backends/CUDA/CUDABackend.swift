@@ -82,13 +82,13 @@ final class CUDABackend: Backend {
         // PYFA_CUDA_MAX_SHARED lowers the limit the plan chooses kernels by (a large GPU then
         // takes the choices of a smaller one: tests/test_cuda_small_shared.py).
         let planShared = min(maxSharedOptin, CUDAPlan.envInt("PYFA_CUDA_MAX_SHARED", maxSharedOptin))
-        let tqMma = CUDAPlan.tqMmaOn(maxShared: planShared)
+        let tqMmaDims = CUDAPlan.tqMmaDims(maxShared: planShared)
         compiler = try CUDACompiler(arch: CUDABackend.arch(major: major, minor: minor),
-                                    extraOptions: CUDAPlan.compileDefines(tqMma: tqMma))
+                                    extraOptions: CUDAPlan.compileDefines(tqMmaDims: tqMmaDims))
         let occupancy = Occupancy()
         plan = CUDAPlan(smCount: smCount, residentBlocks: { [unowned occupancy] name, constants, bytes in
             occupancy.blocks(name, constants: constants, sharedBytes: bytes)
-        }, sm90a: compiler.arch == "sm_90a", maxShared: planShared, tqMma: tqMma)
+        }, sm90a: compiler.arch == "sm_90a", maxShared: planShared, tqMmaDims: tqMmaDims)
         occupancy.backend = self
         self.occupancy = occupancy
     }

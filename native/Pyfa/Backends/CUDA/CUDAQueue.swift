@@ -215,8 +215,8 @@ struct CUDAPlan: BackendPlan {
     /// Dynamic shared memory one block may use (the device's opt-in limit):
     /// a tensor-core decode whose block needs more runs the vector kernel.
     var maxShared = CUDAPlan.hopperShared
-    /// Whether flash_attn_vec_tq compiles with turboquant_mma.cuh (tqMmaOn).
-    var tqMma = CUDAPlan.tqVecMma != 0
+    /// The head dims at which flash_attn_vec_tq runs turboquant_mma.cuh (tqMmaDims).
+    var tqMmaDims = CUDAPlan.tqMmaDims(maxShared: CUDAPlan.hopperShared)
 
     /// Shared memory per block of sm_90 / sm_100 (227 KB), sm_80 / sm_87 (163 KB)
     /// and the rest (sm_86, sm_89, sm_120: 99 KB), for builds without a device.
@@ -277,15 +277,17 @@ struct CUDAPlan: BackendPlan {
     static let tqMmaStages = { (n: Int) in n > 0 ? max(2, n) : 0 }(envInt("PYFA_CUDA_TQ_MMA_STAGES", 0))
     static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
 
-    /// The tensor-core TurboQuant decode where its knob allows and its block
-    /// fits `maxShared` at head dims 64, 128 and 256 (it holds a 64 KB table
-    /// beside its ring: on 99 KB devices the vector kernel runs instead). One
-    /// compile-time choice for every head dim (the kernel's, cuda_layout.h).
-    static func tqMmaOn(maxShared: Int) -> Bool {
-        tqVecMma != 0 && [64, 128, 256].allSatisfy { tqMmaSharedBytes(headDim: $0) <= maxShared }
+    /// The head dims (pyfa_cuda_tq_uses_mma's bits) at which the tensor-core
+    /// TurboQuant decode runs: where its knob allows and its block, a 64 KB
+    /// table beside its ring, fits `maxShared` (99 KB devices keep D = 64, A100
+    /// all but 512); the vector kernel runs at the others.
+    static func tqMmaDims(maxShared: Int) -> Int32 {
+        guard tqVecMma != 0 else { return 0 }
+        return [64, 128, 256, 512].filter { tqMmaSharedBytes(headDim: $0) <= maxShared }
+            .reduce(Int32(0)) { $0 | pyfa_cuda_tq_mma_dim_bit(Int32($1)) }
     }
 
-    static func compileDefines(tqMma: Bool) -> [String] {
+    static func compileDefines(tqMmaDims: Int32) -> [String] {
         ["-DPYFA_VEC_GT_BUDGET=\(vecHeadBudget)", "-DPYFA_VEC_GT_BUDGET_WIDE=\(vecHeadBudgetWide)",
          "-DPYFA_VEC_ROWS_PER_STEP=\(vecRowsPerStep)", "-DPYFA_VEC_STAGES=\(vecStages)",
          "-DPYFA_VEC_MMA_STAGES=\(vecMmaStages)", "-DPYFA_VEC_MMA_STAGES_MID=\(vecMmaStagesMid)",
@@ -294,7 +296,7 @@ struct CUDAPlan: BackendPlan {
          "-DPYFA_PREFILL_P_TERMS=\(prefillPTerms)",
          "-DPYFA_TQ_VEC_HEADS=\(tqVecHeads)", "-DPYFA_TQ_VEC_ROWS_PER_STEP=\(tqVecRowsPerStep)",
          "-DPYFA_TQ_VEC_STAGES=\(tqVecStages)", "-DPYFA_TQ_VEC_MIN_BLOCKS=\(tqVecMinBlocks)",
-         "-DPYFA_TQ_VEC_MMA=\(tqMma ? 1 : 0)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)",
+         "-DPYFA_TQ_VEC_MMA=\(tqMmaDims)", "-DPYFA_TQ_MMA_STAGES=\(tqMmaStages)",
          "-DPYFA_TQ_MMA_MIN_BLOCKS=\(tqMmaMinBlocks)"]
     }
 
@@ -311,7 +313,7 @@ struct CUDAPlan: BackendPlan {
 
     /// Whether flash_attn_vec_tq runs turboquant_mma.cuh (the kernel's own choice, cuda_layout.h).
     func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
-        pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), tqMma ? 1 : 0) != 0
+        pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), Int32(p.attn.head_dim), tqMmaDims) != 0
     }
 
     /// Shared bytes of one attn_vec.cu block (cuda_layout.h).
