@@ -98,7 +98,6 @@ def test_masks_need_only_their_own_alignment(mask_dtype):
     assert torch.equal(aligned, shifted)
 
 
-
 @pytest.mark.parametrize("arg", ["q", "k", "out"])
 def test_misaligned_varlen_rows_are_refused(arg):
     lens = [40, 56]

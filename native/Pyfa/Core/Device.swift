@@ -46,7 +46,7 @@ public final class Device {
     }
 
     /// Wraps caller-owned memory; it must outlive the buffer and any work using it.
-    /// Caller memory as a buffer; `data`: an op's rows (BackendPlan.wrapAlignment).
+    /// `data`: the memory holds an op's rows, aligned as BackendPlan.wrapAlignment says.
     public func wrapBuffer(address: UInt64, nbytes: Int, dtype: DType, shape: [Int], data: Bool = false) throws -> Buffer {
         let needed = try Buffer.byteCount(dtype: dtype, shape: shape)
         try require(address != 0 || needed == 0, "data: NULL pointer for a non-empty buffer")
