@@ -18,6 +18,22 @@ public enum KernelArg {
     }
 }
 
+/// A kernel argument and the slot it binds. A struct, not a tuple: arrays of
+/// it are copied and freed on every dispatch, and a struct's value witnesses
+/// are generated for it where a tuple's go through the runtime's generic ones.
+public struct SlotArg {
+    public var slot: Int
+    public var arg: KernelArg
+
+    public init(slot: Int, arg: KernelArg) {
+        self.slot = slot
+        self.arg = arg
+    }
+
+    /// `arg` at slot `slot` (a PYFA_*_ARG_* constant).
+    public static func at<I: BinaryInteger>(_ slot: I, _ arg: KernelArg) -> SlotArg { SlotArg(slot: Int(slot), arg: arg) }
+}
+
 /// What an encoded dispatch is, for tools that reorder or profile.
 public enum OpKind: Sendable {
     case attention, reduce, quantize, transform, other
@@ -26,7 +42,7 @@ public enum OpKind: Sendable {
 /// A recorded dispatch: a pipeline, its arguments by slot and its geometry.
 public struct EncodedDispatch {
     public var pipeline: Pipeline
-    public var args: [(slot: Int, arg: KernelArg)]
+    public var args: [SlotArg]
     public var grid: (UInt32, UInt32, UInt32)
     public var threads: (UInt32, UInt32, UInt32)
     public var threadgroupMemory: Int

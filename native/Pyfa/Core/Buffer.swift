@@ -47,10 +47,12 @@ public final class Buffer {
     /// Bytes a shape of this dtype needs, with the rules every buffer follows.
     static func byteCount(dtype: DType, shape: [Int]) throws -> Int {
         try require(shape.count <= 8, "shape: at most 8 dimensions, got \(shape.count)")
+        var total = 1
         for (i, n) in shape.enumerated() {
             try require(n >= 0, "shape[\(i)]: must be >= 0, got \(n)")
+            total = try checkedProduct([total, n], what: "shape")
         }
-        return try checkedProduct(shape + [dtype.size], what: "shape")
+        return try checkedProduct([total, dtype.size], what: "shape")
     }
 
     public func write(offset: Int, from source: UnsafeRawPointer, count: Int) throws {

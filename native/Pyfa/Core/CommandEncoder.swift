@@ -27,14 +27,15 @@ public final class CommandEncoder {
     /// Tags the next dispatch.
     public func setOpKind(_ kind: OpKind) { pendingOpKind = kind }
 
-    public func dispatch(_ pipeline: Pipeline, args: [(slot: Int, arg: KernelArg)],
+    public func dispatch(_ pipeline: Pipeline, args: [SlotArg],
                          grid: (UInt32, UInt32, UInt32), threads: (UInt32, UInt32, UInt32),
                          threadgroupMemory: Int = 0) throws {
         var ranges: [Range<UInt64>] = []
-        for (slot, arg) in args {
-            if case .buffer(let b, _) = arg {
+        ranges.reserveCapacity(args.count)
+        for a in args {
+            if case .buffer(let b, _) = a.arg {
                 try require(b.device === device,
-                            "argument \(slot) of \(pipeline.name): buffer belongs to another device")
+                            "argument \(a.slot) of \(pipeline.name): buffer belongs to another device")
                 ranges.append(b.addressRange)
             }
         }
@@ -50,13 +51,13 @@ public final class CommandEncoder {
     /// Makes later dispatches see what earlier ones wrote.
     public func memoryBarrier() {
         recorded.append(.barrier)
-        segmentRanges.removeAll()
+        segmentRanges.removeAll(keepingCapacity: true)
     }
 
     public func commit() throws {
         let commands = recorded
-        recorded.removeAll()
-        segmentRanges.removeAll()
+        recorded = []
+        segmentRanges.removeAll(keepingCapacity: true)
         try queue.submit(commands)
     }
 

@@ -29,6 +29,8 @@ func require(_ condition: Bool, _ message: @autoclosure () -> String) throws {
 }
 
 /// a * b for sizes, failing with a clear error instead of trapping on overflow.
+/// Inlined so the array literal of a call site needs no heap allocation.
+@inline(__always)
 func checkedProduct(_ values: [Int], what: String) throws -> Int {
     var total = 1
     for v in values {
@@ -48,6 +50,7 @@ func checkedSum(_ a: Int, _ b: Int, what: String) throws -> Int {
 
 /// The product of 32-bit counts that a kernel holds in a 32-bit field (a row
 /// count, a grid dimension): an error naming `what` when it does not fit.
+@inline(__always)
 func checkedCount32(_ values: [UInt32], what: String) throws -> UInt32 {
     var total: UInt64 = 1
     for v in values {

@@ -144,19 +144,19 @@ public enum FlashAttnPrefill {
                                              window: p.window > 0, softcap: p.softcap > 0, blk: blk != nil,
                                              lse: lse != nil, out: out.dtype)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
-        let args: [(slot: Int, arg: KernelArg)] = [
-            (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
-            (Int(PYFA_PREFILL_ARG_Q), .buffer(q)),
-            (Int(PYFA_PREFILL_ARG_K), .buffer(k)),
-            (Int(PYFA_PREFILL_ARG_V), .buffer(v)),
-            (Int(PYFA_PREFILL_ARG_OUT), .buffer(out)),
+        let args: [SlotArg] = [
+            .at(PYFA_PREFILL_ARG_PARAMS, .value(p)),
+            .at(PYFA_PREFILL_ARG_Q, .buffer(q)),
+            .at(PYFA_PREFILL_ARG_K, .buffer(k)),
+            .at(PYFA_PREFILL_ARG_V, .buffer(v)),
+            .at(PYFA_PREFILL_ARG_OUT, .buffer(out)),
             // Every slot is bound (Metal requires it of every declared
             // argument): an absent mask or blk has q stand in, an absent lse
             // out; the function constants say they are absent, so no kernel
             // reads or writes a stand-in.
-            (Int(PYFA_PREFILL_ARG_MASK), .buffer(mask ?? q)),
-            (Int(PYFA_PREFILL_ARG_BLK), .buffer(blk ?? q)),
-            (Int(PYFA_PREFILL_ARG_LSE), .buffer(lse ?? out)),
+            .at(PYFA_PREFILL_ARG_MASK, .buffer(mask ?? q)),
+            .at(PYFA_PREFILL_ARG_BLK, .buffer(blk ?? q)),
+            .at(PYFA_PREFILL_ARG_LSE, .buffer(lse ?? out)),
         ] + FlashAttnPrefillPacked.rectangularStandIns(q)
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
@@ -182,9 +182,9 @@ public enum FlashAttnPrefill {
         let aux = encoder.device.backend.plan.prefillAux(headDim: p.head_dim)
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
-            (Int(PYFA_PREFILL_ARG_MASK), .buffer(mask)),
-            (Int(PYFA_PREFILL_ARG_BLK), .buffer(blk)),
+            .at(PYFA_PREFILL_ARG_PARAMS, .value(p)),
+            .at(PYFA_PREFILL_ARG_MASK, .buffer(mask)),
+            .at(PYFA_PREFILL_ARG_BLK, .buffer(blk)),
         ], grid: (p.num_q_blocks, p.mask_strides.1 != 0 ? p.num_heads : 1, p.mask_strides.0 != 0 ? p.batch : 1),
            threads: (aux.threads, 1, 1), threadgroupMemory: aux.threadgroupMemory)
         encoder.memoryBarrier()

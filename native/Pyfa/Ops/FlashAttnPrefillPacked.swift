@@ -19,10 +19,10 @@ public enum FlashAttnPrefillPacked {
 
     /// The packed-mode slots of a rectangular dispatch: stand-ins the kernels
     /// do not read (every declared slot is bound).
-    static func rectangularStandIns(_ q: Buffer) -> [(slot: Int, arg: KernelArg)] {
-        [(Int(PYFA_PREFILL_ARG_CU_SEQLENS_Q), .buffer(q)), (Int(PYFA_PREFILL_ARG_SEQ_K), .buffer(q)),
-         (Int(PYFA_PREFILL_ARG_BLOCK_TABLE), .buffer(q)), (Int(PYFA_PREFILL_ARG_PAGES), .value(pyfa_kv_pages())),
-         (Int(PYFA_PREFILL_ARG_PACKED), .value(pyfa_prefill_packed()))]
+    static func rectangularStandIns(_ q: Buffer) -> [SlotArg] {
+        [.at(PYFA_PREFILL_ARG_CU_SEQLENS_Q, .buffer(q)), .at(PYFA_PREFILL_ARG_SEQ_K, .buffer(q)),
+         .at(PYFA_PREFILL_ARG_BLOCK_TABLE, .buffer(q)), .at(PYFA_PREFILL_ARG_PAGES, .value(pyfa_kv_pages())),
+         .at(PYFA_PREFILL_ARG_PACKED, .value(pyfa_prefill_packed()))]
     }
 
     /// The rules of the parameter structs alone (no memory): what a plan checks once.
@@ -144,20 +144,20 @@ public enum FlashAttnPrefillPacked {
         let pipeline = try encoder.device.registry.pipeline(FlashAttnPrefill.kernel, constants: constants)
         // Absent mask / blk / lse / block_table have a stand-in bound that the
         // constants say not to read (every declared slot is bound).
-        let args: [(slot: Int, arg: KernelArg)] = [
-            (Int(PYFA_PREFILL_ARG_PARAMS), .value(p)),
-            (Int(PYFA_PREFILL_ARG_Q), .buffer(q)),
-            (Int(PYFA_PREFILL_ARG_K), .buffer(k)),
-            (Int(PYFA_PREFILL_ARG_V), .buffer(v)),
-            (Int(PYFA_PREFILL_ARG_MASK), .buffer(q)),
-            (Int(PYFA_PREFILL_ARG_BLK), .buffer(q)),
-            (Int(PYFA_PREFILL_ARG_OUT), .buffer(out)),
-            (Int(PYFA_PREFILL_ARG_LSE), .buffer(lse ?? out)),
-            (Int(PYFA_PREFILL_ARG_CU_SEQLENS_Q), .buffer(cuQ)),
-            (Int(PYFA_PREFILL_ARG_SEQ_K), .buffer(seqK)),
-            (Int(PYFA_PREFILL_ARG_BLOCK_TABLE), .buffer(table ?? cuQ)),
-            (Int(PYFA_PREFILL_ARG_PAGES), .value(pages)),
-            (Int(PYFA_PREFILL_ARG_PACKED), .value(packed)),
+        let args: [SlotArg] = [
+            .at(PYFA_PREFILL_ARG_PARAMS, .value(p)),
+            .at(PYFA_PREFILL_ARG_Q, .buffer(q)),
+            .at(PYFA_PREFILL_ARG_K, .buffer(k)),
+            .at(PYFA_PREFILL_ARG_V, .buffer(v)),
+            .at(PYFA_PREFILL_ARG_MASK, .buffer(q)),
+            .at(PYFA_PREFILL_ARG_BLK, .buffer(q)),
+            .at(PYFA_PREFILL_ARG_OUT, .buffer(out)),
+            .at(PYFA_PREFILL_ARG_LSE, .buffer(lse ?? out)),
+            .at(PYFA_PREFILL_ARG_CU_SEQLENS_Q, .buffer(cuQ)),
+            .at(PYFA_PREFILL_ARG_SEQ_K, .buffer(seqK)),
+            .at(PYFA_PREFILL_ARG_BLOCK_TABLE, .buffer(table ?? cuQ)),
+            .at(PYFA_PREFILL_ARG_PAGES, .value(pages)),
+            .at(PYFA_PREFILL_ARG_PACKED, .value(packed)),
         ]
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),

@@ -144,20 +144,20 @@ public enum FlashAttnVec {
                                          lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: .buffer(out))
-        let args: [(slot: Int, arg: KernelArg)] = [
-            (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+        let args: [SlotArg] = [
+            .at(PYFA_VEC_ARG_PARAMS, .value(p)),
             pagedArgs.pages,
-            (Int(PYFA_VEC_ARG_Q), .buffer(q)),
-            (Int(PYFA_VEC_ARG_K), .buffer(k)),
-            (Int(PYFA_VEC_ARG_V), .buffer(v)),
-            (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
-            (Int(PYFA_VEC_ARG_RING_START), ringStartArg),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)),
+            .at(PYFA_VEC_ARG_Q, .buffer(q)),
+            .at(PYFA_VEC_ARG_K, .buffer(k)),
+            .at(PYFA_VEC_ARG_V, .buffer(v)),
+            .at(PYFA_VEC_ARG_KV_LEN, kvLenArg),
+            .at(PYFA_VEC_ARG_RING_START, ringStartArg),
+            .at(PYFA_VEC_ARG_OUT, .buffer(out)),
             // Without a split there is no tmp, and without an lse no lse; out
             // stands in, so every slot a kernel declares is bound (Metal
             // requires it); the constants keep it unwritten there.
-            (Int(PYFA_VEC_ARG_TMP), .buffer(tmpBuffer ?? out)),
-            (Int(PYFA_VEC_ARG_LSE), .buffer(lse ?? out)),
+            .at(PYFA_VEC_ARG_TMP, .buffer(tmpBuffer ?? out)),
+            .at(PYFA_VEC_ARG_LSE, .buffer(lse ?? out)),
             pagedArgs.table,
         ]
         encoder.setOpKind(.attention)
@@ -201,11 +201,11 @@ public enum FlashAttnVec {
     /// The slots of both reduce kernels; without an lse out stands in for it
     /// (every declared slot is bound; PYFA_REDUCE_FC_HAS_LSE = 0 keeps it unwritten).
     static func reduceArgs(_ params: KernelArg, tmp: KernelArg, out: KernelArg,
-                           lse: Buffer?) -> [(slot: Int, arg: KernelArg)] {
-        [(Int(PYFA_REDUCE_ARG_PARAMS), params),
-         (Int(PYFA_REDUCE_ARG_TMP), tmp),
-         (Int(PYFA_REDUCE_ARG_OUT), out),
-         (Int(PYFA_REDUCE_ARG_LSE), lse.map { .buffer($0) } ?? out)]
+                           lse: Buffer?) -> [SlotArg] {
+        [.at(PYFA_REDUCE_ARG_PARAMS, params),
+         .at(PYFA_REDUCE_ARG_TMP, tmp),
+         .at(PYFA_REDUCE_ARG_OUT, out),
+         .at(PYFA_REDUCE_ARG_LSE, lse.map { .buffer($0) } ?? out)]
     }
 
     /// The reduce pass of dense and (unfused) TurboQuant decode; out of dtype outType.

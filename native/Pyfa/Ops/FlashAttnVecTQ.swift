@@ -114,28 +114,28 @@ public enum FlashAttnVecTQ {
                                          direct: direct, lse: lse != nil, paged: paged != nil)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: oRot)
-        let args: [(slot: Int, arg: KernelArg)] = [
+        let args: [SlotArg] = [
             // Structs the kernels read in place first (params, pages, codebooks):
             // CUDA carries inline bytes in list order while they fit the launch,
             // and per-sequence values of a large batch are uploaded instead.
-            (Int(PYFA_VEC_ARG_PARAMS), .value(p)),
+            .at(PYFA_VEC_ARG_PARAMS, .value(p)),
             pagedArgs.pages,
-            (Int(PYFA_TQ_VEC_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
-            (Int(PYFA_TQ_VEC_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
-            (Int(PYFA_VEC_ARG_Q), qRot),
-            (Int(PYFA_VEC_ARG_K), .buffer(kc)),
-            (Int(PYFA_VEC_ARG_V), .buffer(vc)),
-            (Int(PYFA_VEC_ARG_KV_LEN), kvLenArg),
-            (Int(PYFA_VEC_ARG_RING_START), ringStartArg ?? oRot),
-            (Int(PYFA_VEC_ARG_OUT), oRot),
-            (Int(PYFA_VEC_ARG_LSE), lse.map { .buffer($0) } ?? oRot),
-            (Int(PYFA_TQ_VEC_ARG_K_SCALES), .buffer(ks)),
-            (Int(PYFA_TQ_VEC_ARG_V_SCALES), .buffer(vs)),
+            .at(PYFA_TQ_VEC_ARG_K_CODEBOOK, try TurboQuant.codebookArg(p.k_bits)),
+            .at(PYFA_TQ_VEC_ARG_V_CODEBOOK, try TurboQuant.codebookArg(p.v_bits)),
+            .at(PYFA_VEC_ARG_Q, qRot),
+            .at(PYFA_VEC_ARG_K, .buffer(kc)),
+            .at(PYFA_VEC_ARG_V, .buffer(vc)),
+            .at(PYFA_VEC_ARG_KV_LEN, kvLenArg),
+            .at(PYFA_VEC_ARG_RING_START, ringStartArg ?? oRot),
+            .at(PYFA_VEC_ARG_OUT, oRot),
+            .at(PYFA_VEC_ARG_LSE, lse.map { .buffer($0) } ?? oRot),
+            .at(PYFA_TQ_VEC_ARG_K_SCALES, .buffer(ks)),
+            .at(PYFA_TQ_VEC_ARG_V_SCALES, .buffer(vs)),
             // Bound in every dispatch (it holds q_rot), so every slot a kernel
             // declares is bound (Metal requires it); only nwg > 1 writes the
             // partials' region. An absent lse has o_rot stand in, unwritten
             // there (PYFA_TQ_VEC_FC_HAS_LSE = 0).
-            (Int(PYFA_VEC_ARG_TMP), .buffer(t)),
+            .at(PYFA_VEC_ARG_TMP, .buffer(t)),
             pagedArgs.table,
         ]
         encoder.setOpKind(.attention)

@@ -39,10 +39,10 @@ public enum KVAppend {
                                                                                         cache: cache.dtype))
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_KV_APPEND_ARG_PARAMS), .value(p)),
-            (Int(PYFA_KV_APPEND_ARG_SRC), .buffer(src)),
-            (Int(PYFA_KV_APPEND_ARG_CACHE), .buffer(cache)),
-            (Int(PYFA_KV_APPEND_ARG_POSITION), positionArg(position, p.write_pos)),
+            .at(PYFA_KV_APPEND_ARG_PARAMS, .value(p)),
+            .at(PYFA_KV_APPEND_ARG_SRC, .buffer(src)),
+            .at(PYFA_KV_APPEND_ARG_CACHE, .buffer(cache)),
+            .at(PYFA_KV_APPEND_ARG_POSITION, positionArg(position, p.write_pos)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1),
            threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
     }
@@ -73,8 +73,8 @@ public enum KVAdvance {
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants())
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_KV_ADVANCE_ARG_PARAMS), .value(p)),
-            (Int(PYFA_KV_ADVANCE_ARG_STATE), .buffer(state)),
+            .at(PYFA_KV_ADVANCE_ARG_PARAMS, .value(p)),
+            .at(PYFA_KV_ADVANCE_ARG_STATE, .buffer(state)),
         ], grid: (1, 1, 1), threads: (encoder.device.backend.plan.kvAppend(headDim: 1), 1, 1))
     }
 }

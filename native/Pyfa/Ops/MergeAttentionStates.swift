@@ -39,16 +39,16 @@ public enum MergeAttentionStates {
 
         let pipeline = try encoder.device.registry.pipeline(
             kernel, constants: constants(dtype: oA.dtype, hasLse: lseOut != nil, out: out.dtype))
-        let args: [(slot: Int, arg: KernelArg)] = [
-            (Int(PYFA_MERGE_ARG_PARAMS), .value(p)),
-            (Int(PYFA_MERGE_ARG_O_A), .buffer(oA)),
-            (Int(PYFA_MERGE_ARG_LSE_A), .buffer(lseA)),
-            (Int(PYFA_MERGE_ARG_O_B), .buffer(oB)),
-            (Int(PYFA_MERGE_ARG_LSE_B), .buffer(lseB)),
-            (Int(PYFA_MERGE_ARG_OUT), .buffer(out)),
+        let args: [SlotArg] = [
+            .at(PYFA_MERGE_ARG_PARAMS, .value(p)),
+            .at(PYFA_MERGE_ARG_O_A, .buffer(oA)),
+            .at(PYFA_MERGE_ARG_LSE_A, .buffer(lseA)),
+            .at(PYFA_MERGE_ARG_O_B, .buffer(oB)),
+            .at(PYFA_MERGE_ARG_LSE_B, .buffer(lseB)),
+            .at(PYFA_MERGE_ARG_OUT, .buffer(out)),
             // Bound even when absent (Metal requires every declared argument):
             // lse_a stands in, and PYFA_MERGE_FC_HAS_LSE = 0 keeps it unwritten.
-            (Int(PYFA_MERGE_ARG_LSE_OUT), .buffer(lseOut ?? lseA)),
+            .at(PYFA_MERGE_ARG_LSE_OUT, .buffer(lseOut ?? lseA)),
         ]
         let aux = encoder.device.backend.plan.prefillAux(headDim: p.head_dim)
         encoder.setOpKind(.reduce)

@@ -96,12 +96,12 @@ public enum PagedAppend {
                                                                                                   cache: kp.dtype))
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_KV_APPEND_PAGED_ARG_PARAMS), .value(p)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_SRC_K), .buffer(sk)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_SRC_V), .buffer(sv)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_K_PAGES), .buffer(kp)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_V_PAGES), .buffer(vp)),
-            (Int(PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING), slots.argument),
+            .at(PYFA_KV_APPEND_PAGED_ARG_PARAMS, .value(p)),
+            .at(PYFA_KV_APPEND_PAGED_ARG_SRC_K, .buffer(sk)),
+            .at(PYFA_KV_APPEND_PAGED_ARG_SRC_V, .buffer(sv)),
+            .at(PYFA_KV_APPEND_PAGED_ARG_K_PAGES, .buffer(kp)),
+            .at(PYFA_KV_APPEND_PAGED_ARG_V_PAGES, .buffer(vp)),
+            .at(PYFA_KV_APPEND_PAGED_ARG_SLOT_MAPPING, slots.argument),
         ], grid: (p.num_tokens, p.num_kv_heads, 2),
            threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
     }
@@ -143,16 +143,16 @@ public enum PagedAppend {
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.quantize)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_PARAMS), .value(p)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_SRC_K), .buffer(sk)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_SRC_V), .buffer(sv)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_K_CODES), .buffer(kc)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_K_SCALES), .buffer(ks)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_V_CODES), .buffer(vc)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_V_SCALES), .buffer(vs)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING), slots.argument),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK), try TurboQuant.codebookArg(p.k_bits)),
-            (Int(PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK), try TurboQuant.codebookArg(p.v_bits)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_PARAMS, .value(p)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_SRC_K, .buffer(sk)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_SRC_V, .buffer(sv)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_K_CODES, .buffer(kc)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_K_SCALES, .buffer(ks)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_V_CODES, .buffer(vc)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_V_SCALES, .buffer(vs)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_SLOT_MAPPING, slots.argument),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_K_CODEBOOK, try TurboQuant.codebookArg(p.k_bits)),
+            .at(PYFA_TQ_QUANT_PAGED_ARG_V_CODEBOOK, try TurboQuant.codebookArg(p.v_bits)),
         ], grid: (p.num_tokens, p.num_kv_heads, 2), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 }

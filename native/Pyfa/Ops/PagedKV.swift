@@ -135,8 +135,8 @@ enum Paged {
     /// structs kernels read in place (params, pages, codebooks) must fit
     /// before host values of any size (a block table), which may be uploaded.
     static func args(_ paged: PagedKV?, tableArg: KernelArg?,
-                     unread: KernelArg) -> (pages: (slot: Int, arg: KernelArg), table: (slot: Int, arg: KernelArg)) {
-        ((Int(PYFA_VEC_ARG_PAGES), .value(paged?.pages ?? pyfa_kv_pages())),
-         (Int(PYFA_VEC_ARG_BLOCK_TABLE), tableArg ?? unread))
+                     unread: KernelArg) -> (pages: SlotArg, table: SlotArg) {
+        (.at(PYFA_VEC_ARG_PAGES, .value(paged?.pages ?? pyfa_kv_pages())),
+         .at(PYFA_VEC_ARG_BLOCK_TABLE, tableArg ?? unread))
     }
 }

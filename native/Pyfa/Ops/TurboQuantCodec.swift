@@ -89,12 +89,12 @@ public enum TurboQuant {
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.quantize)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_TQ_QUANT_ARG_PARAMS), .value(p)),
-            (Int(PYFA_TQ_QUANT_ARG_SRC), .buffer(src)),
-            (Int(PYFA_TQ_QUANT_ARG_CODES), .buffer(c)),
-            (Int(PYFA_TQ_QUANT_ARG_SCALES), .buffer(s)),
-            (Int(PYFA_TQ_QUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
-            (Int(PYFA_TQ_QUANT_ARG_POSITION), KVAppend.positionArg(position, p.write_pos)),
+            .at(PYFA_TQ_QUANT_ARG_PARAMS, .value(p)),
+            .at(PYFA_TQ_QUANT_ARG_SRC, .buffer(src)),
+            .at(PYFA_TQ_QUANT_ARG_CODES, .buffer(c)),
+            .at(PYFA_TQ_QUANT_ARG_SCALES, .buffer(s)),
+            .at(PYFA_TQ_QUANT_ARG_CODEBOOK, try codebookArg(p.bits)),
+            .at(PYFA_TQ_QUANT_ARG_POSITION, KVAppend.positionArg(position, p.write_pos)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 
@@ -115,11 +115,11 @@ public enum TurboQuant {
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.quantize)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_TQ_DEQUANT_ARG_PARAMS), .value(p)),
-            (Int(PYFA_TQ_DEQUANT_ARG_CODES), .buffer(c)),
-            (Int(PYFA_TQ_DEQUANT_ARG_SCALES), .buffer(s)),
-            (Int(PYFA_TQ_DEQUANT_ARG_CODEBOOK), try codebookArg(p.bits)),
-            (Int(PYFA_TQ_DEQUANT_ARG_OUT), .buffer(out)),
+            .at(PYFA_TQ_DEQUANT_ARG_PARAMS, .value(p)),
+            .at(PYFA_TQ_DEQUANT_ARG_CODES, .buffer(c)),
+            .at(PYFA_TQ_DEQUANT_ARG_SCALES, .buffer(s)),
+            .at(PYFA_TQ_DEQUANT_ARG_CODEBOOK, try codebookArg(p.bits)),
+            .at(PYFA_TQ_DEQUANT_ARG_OUT, .buffer(out)),
         ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 
@@ -172,9 +172,9 @@ public enum TurboQuant {
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
         encoder.setOpKind(.transform)
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_TQ_FWHT_ARG_PARAMS), .value(p)),
-            (Int(PYFA_TQ_FWHT_ARG_SRC), src),
-            (Int(PYFA_TQ_FWHT_ARG_DST), dst),
+            .at(PYFA_TQ_FWHT_ARG_PARAMS, .value(p)),
+            .at(PYFA_TQ_FWHT_ARG_SRC, src),
+            .at(PYFA_TQ_FWHT_ARG_DST, dst),
         ], grid: (p.nrows, 1, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 }

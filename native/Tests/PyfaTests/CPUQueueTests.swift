@@ -115,11 +115,11 @@ final class CPUQueueTests: XCTestCase {
         let p = pyfa_flash_attn_vec_params(batch: 1, num_heads: UInt32(H), num_kv_heads: UInt32(Hkv),
                                            head_dim: UInt32(D), kv_capacity: UInt32(cap), nwg: 1, window: 0,
                                            scale: 0.125, softcap: 0, reserved: 0)
-        let args: [(slot: Int, arg: KernelArg)] = [
-            (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)),
-            (Int(PYFA_VEC_ARG_K), .buffer(k)), (Int(PYFA_VEC_ARG_V), .buffer(v)),
-            (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)), (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)), (Int(PYFA_VEC_ARG_LSE), .buffer(out)),
+        let args: [SlotArg] = [
+            .at(PYFA_VEC_ARG_PARAMS, .value(p)), .at(PYFA_VEC_ARG_Q, .buffer(q)),
+            .at(PYFA_VEC_ARG_K, .buffer(k)), .at(PYFA_VEC_ARG_V, .buffer(v)),
+            .at(PYFA_VEC_ARG_KV_LEN, .buffer(lens)), .at(PYFA_VEC_ARG_RING_START, .buffer(rings)),
+            .at(PYFA_VEC_ARG_OUT, .buffer(out)), .at(PYFA_VEC_ARG_LSE, .buffer(out)),
         ]
         let scratch = device.backend.plan.flashAttnVec(p, kvDType: .f32, maxKvLen: UInt32(cap)).threadgroupMemory
         func dispatch(headDim: Int32, kvDType: Int32) throws -> PyfaError? {

@@ -57,12 +57,12 @@ final class DecodeTests: XCTestCase {
         let pipeline = try device.registry.pipeline("flash_attn_vec", constants: bad)
         let encoder = try device.makeEncoder()
         try encoder.dispatch(pipeline, args: [
-            (Int(PYFA_VEC_ARG_PARAMS), .value(p)), (Int(PYFA_VEC_ARG_Q), .buffer(q)), (Int(PYFA_VEC_ARG_K), .buffer(kv)),
-            (Int(PYFA_VEC_ARG_V), .buffer(kv)), (Int(PYFA_VEC_ARG_KV_LEN), .buffer(lens)),
-            (Int(PYFA_VEC_ARG_RING_START), .buffer(rings)), (Int(PYFA_VEC_ARG_TMP), .buffer(out)),
-            (Int(PYFA_VEC_ARG_OUT), .buffer(out)), (Int(PYFA_VEC_ARG_LSE), .buffer(out)),
+            .at(PYFA_VEC_ARG_PARAMS, .value(p)), .at(PYFA_VEC_ARG_Q, .buffer(q)), .at(PYFA_VEC_ARG_K, .buffer(kv)),
+            .at(PYFA_VEC_ARG_V, .buffer(kv)), .at(PYFA_VEC_ARG_KV_LEN, .buffer(lens)),
+            .at(PYFA_VEC_ARG_RING_START, .buffer(rings)), .at(PYFA_VEC_ARG_TMP, .buffer(out)),
+            .at(PYFA_VEC_ARG_OUT, .buffer(out)), .at(PYFA_VEC_ARG_LSE, .buffer(out)),
             // Not paged: a zero page geometry and an unread block table (every declared slot is bound).
-            (Int(PYFA_VEC_ARG_PAGES), .value(pyfa_kv_pages())), (Int(PYFA_VEC_ARG_BLOCK_TABLE), .buffer(lens)),
+            .at(PYFA_VEC_ARG_PAGES, .value(pyfa_kv_pages())), .at(PYFA_VEC_ARG_BLOCK_TABLE, .buffer(lens)),
         ], grid: (1, 1, 1), threads: (32, 1, 1), threadgroupMemory: 4096)
         try encoder.commit()
         try encoder.wait()

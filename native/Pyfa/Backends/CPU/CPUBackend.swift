@@ -148,6 +148,10 @@ final class CPUQueue: CommandQueue {
     func submit(_ commands: [EncodedCommand]) throws {
         var segment: [EncodedDispatch] = []
         do {
+            if stress == .off {  // every dispatch in order: barriers hold without gathering segments
+                for case .dispatch(let d) in commands { try PreparedDispatch.run(d) }
+                return
+            }
             for command in commands {
                 switch command {
                 case .dispatch(let d): segment.append(d)
@@ -172,12 +176,12 @@ final class CPUQueue: CommandQueue {
     private func runSegment(_ segment: [EncodedDispatch]) throws {
         switch stress {
         case .off:
-            for d in segment { try PreparedDispatch(d).run() }
+            for d in segment { try PreparedDispatch.run(d) }
         case .reverse:
-            for d in segment.reversed() { try PreparedDispatch(d).run() }
+            for d in segment.reversed() { try PreparedDispatch.run(d) }
         case .concurrent:
             if segment.count == 1 {
-                try PreparedDispatch(segment[0]).run()
+                try PreparedDispatch.run(segment[0])
             } else if !segment.isEmpty {
                 try PreparedDispatch.runTogether(segment.map(PreparedDispatch.init))
             }
@@ -199,7 +203,8 @@ extension Device {
 
 /// One dispatch in the C kernels' form: the pyfa_cpu_dispatch (heap-allocated,
 /// so its address is stable while several run together) and the inline
-/// argument bytes it points into, both alive as long as this object.
+/// argument bytes it points into, both alive as long as this object. The
+/// in-order path (`run(_:)`) keeps both on the stack instead.
 private final class PreparedDispatch {
     let name: String
     let kernel: pyfa_cpu_kernel
@@ -207,19 +212,57 @@ private final class PreparedDispatch {
     private let inlineStorage: UnsafeMutableRawPointer
 
     init(_ d: EncodedDispatch) throws {
+        let p = try Self.pipeline(d)
+        name = p.name
+        kernel = p.kernel
+        inlineStorage = UnsafeMutableRawPointer.allocate(byteCount: Self.inlineBytes(d), alignment: 16)
+        dispatch = UnsafeMutablePointer<pyfa_cpu_dispatch>.allocate(capacity: 1)
+        dispatch.initialize(to: pyfa_cpu_dispatch())
+        dispatch.pointee = try Self.fill(d, p, inline: inlineStorage)
+    }
+
+    deinit {
+        dispatch.deinitialize(count: 1)
+        dispatch.deallocate()
+        inlineStorage.deallocate()
+    }
+
+    /// Runs `d` with its pyfa_cpu_dispatch and inline bytes on the stack.
+    static func run(_ d: EncodedDispatch) throws {
+        let p = try pipeline(d)
+        try withUnsafeTemporaryAllocation(byteCount: inlineBytes(d), alignment: 16) { inline in
+            var c = try fill(d, p, inline: inline.baseAddress!)
+            try run(&c, p.kernel, p.name)
+        }
+    }
+
+    static func runTogether(_ all: [PreparedDispatch]) throws {
+        let dispatches: [UnsafePointer<pyfa_cpu_dispatch>?] = all.map { UnsafePointer($0.dispatch) }
+        let kernels: [pyfa_cpu_kernel?] = all.map { $0.kernel }
+        if pyfa_cpu_run_many(dispatches, kernels, UInt32(all.count)) != 0 {
+            throw PyfaError.outOfMemory("dispatches \(all.map(\.name).joined(separator: ", ")): could not allocate threadgroup scratch")
+        }
+        for p in all { try checkKernel(p.dispatch, p.name) }
+    }
+
+    private static func pipeline(_ d: EncodedDispatch) throws -> CPUPipeline {
         guard let p = d.pipeline as? CPUPipeline else {
             throw PyfaError.internal("dispatch \(d.pipeline.name): pipeline is not a CPU pipeline")
         }
-        name = p.name
-        kernel = p.kernel
-        // Inline bytes get stable, aligned addresses for the duration of the run.
-        let inlineTotal = d.args.reduce(0) { total, a in
+        return p
+    }
+
+    /// Bytes of `d`'s inline arguments, each at a 16-byte aligned offset.
+    private static func inlineBytes(_ d: EncodedDispatch) -> Int {
+        max(16, d.args.reduce(0) { total, a in
             if case .bytes(let b) = a.arg { return total + ((b.count + 15) & ~15) }
             return total
-        }
-        inlineStorage = UnsafeMutableRawPointer.allocate(byteCount: max(16, inlineTotal), alignment: 16)
-        dispatch = UnsafeMutablePointer<pyfa_cpu_dispatch>.allocate(capacity: 1)
-        dispatch.initialize(to: pyfa_cpu_dispatch())
+        })
+    }
+
+    /// `d` in the kernels' form, its inline bytes copied to `inline` (inlineBytes(d) bytes).
+    private static func fill(_ d: EncodedDispatch, _ p: CPUPipeline,
+                             inline: UnsafeMutableRawPointer) throws -> pyfa_cpu_dispatch {
         var c = pyfa_cpu_dispatch()
         c.grid = d.grid
         c.threads = d.threads
@@ -228,13 +271,14 @@ private final class PreparedDispatch {
             for (i, v) in p.constants.values.enumerated() { raw.storeBytes(of: v, toByteOffset: i * 4, as: Int32.self) }
         }
         var cursor = 0
-        for (slot, arg) in d.args {
+        for a in d.args {
+            let slot = a.slot
             guard slot >= 0 && slot < Int(PYFA_CPU_MAX_ARGS) else {
                 throw PyfaError.internal("dispatch \(p.name): argument slot \(slot) out of range")
             }
             let address: UnsafeMutableRawPointer
             let size: Int
-            switch arg {
+            switch a.arg {
             case .buffer(let b, let offset):
                 guard let base = b.memory.hostPointer else {
                     throw PyfaError.internal("dispatch \(p.name): buffer without host memory")
@@ -242,7 +286,7 @@ private final class PreparedDispatch {
                 address = base + offset
                 size = b.nbytes - offset
             case .bytes(let bytes):
-                address = inlineStorage + cursor
+                address = inline + cursor
                 bytes.withUnsafeBytes { src in
                     if let from = src.baseAddress { address.copyMemory(from: from, byteCount: src.count) }
                 }
@@ -252,34 +296,20 @@ private final class PreparedDispatch {
             withUnsafeMutableBytes(of: &c.args) { $0.storeBytes(of: address, toByteOffset: slot * MemoryLayout<UnsafeMutableRawPointer>.stride, as: UnsafeMutableRawPointer.self) }
             withUnsafeMutableBytes(of: &c.arg_bytes) { $0.storeBytes(of: UInt64(size), toByteOffset: slot * 8, as: UInt64.self) }
         }
-        dispatch.pointee = c
+        return c
     }
 
-    deinit {
-        dispatch.deinitialize(count: 1)
-        dispatch.deallocate()
-        inlineStorage.deallocate()
-    }
-
-    func run() throws {
+    private static func run(_ dispatch: UnsafeMutablePointer<pyfa_cpu_dispatch>, _ kernel: pyfa_cpu_kernel,
+                            _ name: String) throws {
         if pyfa_cpu_run(dispatch, kernel) != 0 {
             throw PyfaError.outOfMemory("dispatch \(name): could not allocate \(dispatch.pointee.threadgroup_memory) bytes of threadgroup scratch")
         }
-        try checkKernel()
-    }
-
-    static func runTogether(_ all: [PreparedDispatch]) throws {
-        let dispatches: [UnsafePointer<pyfa_cpu_dispatch>?] = all.map { UnsafePointer($0.dispatch) }
-        let kernels: [pyfa_cpu_kernel?] = all.map { $0.kernel }
-        if pyfa_cpu_run_many(dispatches, kernels, UInt32(all.count)) != 0 {
-            throw PyfaError.outOfMemory("dispatches \(all.map(\.name).joined(separator: ", ")): could not allocate threadgroup scratch")
-        }
-        for p in all { try p.checkKernel() }
+        try checkKernel(dispatch, name)
     }
 
     /// A kernel that reached a case its build does not handle (pyfa_cpu_fail)
     /// wrote nothing: that is an error of the library, never a result.
-    private func checkKernel() throws {
+    private static func checkKernel(_ dispatch: UnsafeMutablePointer<pyfa_cpu_dispatch>, _ name: String) throws {
         guard dispatch.pointee.failed != 0 else { return }
         let message = withUnsafeBytes(of: &dispatch.pointee.failure) { raw in
             String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)

@@ -66,8 +66,8 @@ final class CUDAQueue: CommandQueue {
         var uploaded = Set<ObjectIdentifier>()
         for command in commands {
             guard case .dispatch(let d) = command else { continue } // stream order already serialises
-            for (_, arg) in d.args {
-                if case .buffer(let b, _) = arg, let shared = b.memory as? CUDASharedMemory {
+            for a in d.args {
+                if case .buffer(let b, _) = a.arg, let shared = b.memory as? CUDASharedMemory {
                     let id = ObjectIdentifier(shared)
                     if uploaded.insert(id).inserted {
                         try shared.upload(on: stream)
@@ -115,12 +115,13 @@ final class CUDAQueue: CommandQueue {
         var args = pyfa_cuda_args()
         var cursor = 0
         try withUnsafeMutableBytes(of: &args) { raw in
-            for (slot, arg) in d.args {
+            for a in d.args {
+                let slot = a.slot
                 guard slot >= 0 && slot < Int(PYFA_CUDA_MAX_ARGS) else {
                     throw PyfaError.internal("dispatch \(p.name): argument slot \(slot) out of range")
                 }
                 let value: UInt64
-                switch arg {
+                switch a.arg {
                 case .buffer(let b, let offset):
                     value = b.memory.deviceAddress + UInt64(offset)
                 case .bytes(let bytes) where cursor + bytes.count <= Int(PYFA_CUDA_INLINE_BYTES):

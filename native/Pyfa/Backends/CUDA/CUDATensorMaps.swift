@@ -48,18 +48,18 @@ struct CUDATensorMaps {
     /// slots at them; returns the new cursor. All or none: the kernel takes
     /// TMA only with every map.
     func encode(into raw: UnsafeMutableRawBufferPointer, cursor: Int,
-                args: [(slot: Int, arg: KernelArg)]) -> Int {
+                args: [SlotArg]) -> Int {
         guard let encodeTiled = pyfa_cu.cuTensorMapEncodeTiled else { return cursor }
         // Read from the dispatch's arguments in place (nothing allocated per launch).
         var params: pyfa_flash_attn_prefill_params? = nil
-        for (slot, arg) in args where slot == Int(PYFA_PREFILL_ARG_PARAMS) {
-            if case .bytes(let bytes) = arg, bytes.count == MemoryLayout<pyfa_flash_attn_prefill_params>.size {
+        for a in args where a.slot == Int(PYFA_PREFILL_ARG_PARAMS) {
+            if case .bytes(let bytes) = a.arg, bytes.count == MemoryLayout<pyfa_flash_attn_prefill_params>.size {
                 params = bytes.withUnsafeBytes { $0.loadUnaligned(as: pyfa_flash_attn_prefill_params.self) }
             }
         }
         func bufferAddress(_ slot: Int32) -> UInt64? {
-            for (s, arg) in args where s == Int(slot) {
-                if case .buffer(let b, let offset) = arg { return b.memory.deviceAddress + UInt64(offset) }
+            for a in args where a.slot == Int(slot) {
+                if case .buffer(let b, let offset) = a.arg { return b.memory.deviceAddress + UInt64(offset) }
             }
             return nil
         }

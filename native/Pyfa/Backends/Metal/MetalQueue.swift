@@ -64,8 +64,9 @@ final class MetalQueue: CommandQueue {
             throw PyfaError.unsupported("dispatch \(pipeline.name): \(threads) threads per threadgroup exceed the pipeline's \(pipeline.state.maxTotalThreadsPerThreadgroup)")
         }
         encoder.setComputePipelineState(pipeline.state)
-        for (slot, arg) in d.args {
-            switch arg {
+        for a in d.args {
+            let slot = a.slot
+            switch a.arg {
             case .buffer(let b, let offset):
                 switch b.memory {
                 case let m as MetalBufferMemory:
