@@ -8,9 +8,11 @@ random prompts of 2K and 32K tokens, batch 1 and 8, 64 new tokens; a case that
 runs out of GPU memory is reported as OOM and the others go on.
 
 Implementations (``--impls``, the first is the baseline): any attn_implementation
-name ("sdpa", "eager", "pyfa": transformers' DynamicCache), "pyfa-cache" (pyfa
-attention over a dense PyfaCache: the KV in pyfa.KVCache per sequence, decode
-reads it in place) and "pyfa-tq4" (the same over 4-bit TurboQuantKVCache).
+name ("sdpa", "eager", "pyfa": transformers' DynamicCache, which concatenates each
+layer's K and V with the new rows at every step), that name with "-static"
+(transformers' StaticCache, written in place: "sdpa-static"), "pyfa-cache" (pyfa
+attention over a dense PyfaCache: the batch's K and V written in place, one decode
+call a layer) and "pyfa-tq4" (a 4-bit TurboQuant PyfaCache).
 
 Per case and implementation: prefill ms (generate's start to the first token's
 logits), decode tok/s (batch x (new tokens - 1) over the time from the first to
@@ -53,8 +55,9 @@ def parse(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median reported)")
-    ap.add_argument("--impls", nargs="+", default=["sdpa", "pyfa", "pyfa-cache"],
-                    help="first is the baseline of the ratio; attn_implementation names, pyfa-cache, pyfa-tq4")
+    ap.add_argument("--impls", nargs="+", default=["sdpa", "sdpa-static", "pyfa", "pyfa-cache"],
+                    help="first is the baseline of the ratio; attn_implementation names (+ -static), pyfa-cache, "
+                         "pyfa-tq4")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--quick", "--tiny", action="store_true", help="tiny model and prompts: a smoke run")
@@ -109,6 +112,9 @@ CACHED = {"pyfa-cache": dict(kind="dense"), "pyfa-tq4": dict(kind="turboquant", 
 def generate(torch, transformers, model, impl, ids, n, device):
     """(output tokens [B, n], prefill s, decode s, total s)."""
     kw = {}
+    if impl.endswith("-static"):
+        kw["cache_implementation"] = "static"
+        impl = impl[:-len("-static")]
     if impl in CACHED:
         from pyfa.integrations import transformers as pyfa_hf
 

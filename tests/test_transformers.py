@@ -418,17 +418,17 @@ def _generate_cached(model, ids, mask=None, n=12, **cache_options):
 @pytest.mark.parametrize("kind", ["llama", "gemma3", "gpt_oss"])
 def test_pyfa_cache_greedy_generation(torch_device, calls, kind):
     """A dense PyfaCache: the same tokens as eager with transformers' cache; the prompt runs
-    prefill attention (one call per layer), every later step one attend per sequence and
-    layer, nothing else. Gemma 3 and gpt-oss have a sliding layer (window 8 < 24 tokens):
-    its ring cache of 8 rows keeps what the window needs."""
+    prefill attention (one call per layer), every later step one decode call per layer for
+    the whole batch, nothing else. Gemma 3 and gpt-oss have a sliding layer (window 8 < 24
+    tokens): its ring of 8 rows keeps what the window needs (the decode reads it wrapped)."""
     model, ids = _model(kind, torch_device), _ids(torch_device, L=24)
     ref = _generate(model, "eager", ids)
     got, cache = _generate_cached(model, ids)
     assert torch.equal(got, ref), (got, ref)
     steps = ref.shape[1] - 1
-    assert (calls.prefill, calls.masked, calls.decode, calls.attend) == (2, 0, 0, 2 * 2 * steps)
+    assert (calls.prefill, calls.masked, calls.decode, calls.attend) == (2, 0, 2 * steps, 0)
     assert cache.get_seq_length() == 24 + steps
-    capacities = [layer.caches[0].capacity for layer in cache.layers]
+    capacities = [layer.capacity for layer in cache.layers]
     assert capacities == ([8, 36] if kind != "llama" else [36, 36])
 
 

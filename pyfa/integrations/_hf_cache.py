@@ -1,25 +1,33 @@
-"""PyfaCache: a transformers ``Cache`` whose layers keep K and V in pyfa caches
-(:class:`pyfa.KVCache` or :class:`pyfa.TurboQuantKVCache`), read in place by the
-pyfa attention implementation. Imported through ``pyfa.integrations.transformers``.
+"""PyfaCache: a transformers ``Cache`` whose layers keep K and V where pyfa's decode
+reads them in place, for the pyfa attention implementation. Imported through
+``pyfa.integrations.transformers``.
 
 Contract with transformers' attention modules: ``update(k, v, layer_idx)`` records
 the new rows and returns them unchanged; the module's next attention call (pyfa's
 :func:`attention_forward`, which recognises those exact tensors) attends over the
 cache and appends the rows. So:
 
-- decode steps (one query row, no padding) append the row and run the cache's
-  ``attend`` per sequence: the model's KV is never materialised as tensors;
+- decode steps (one query row, no padding) append the row and attend the cache:
+  the model's KV is never concatenated into new tensors;
 - the prompt (an empty cache) runs prefill attention on its own rows, then appends
   them (a TurboQuant cache: the prompt sees its exact rows, later steps the codes);
 - anything else (a mask to apply: padded batches, chunks after the prompt) reads the
-  visible cached rows back (dense: a copy; TurboQuant: dequantised), attends over
-  them plus the new rows, then appends: correct, not fast.
+  visible cached rows back (dense: views or a copy; TurboQuant: dequantised), attends
+  over them plus the new rows, then appends: correct, not fast.
 
-Batches: a pyfa cache holds one sequence, so a layer holds one cache per sequence
-of the first update's batch, and a decode step makes one ``attend`` call per
-sequence. Sliding-window layers (``layer_types`` of the config) use ring caches of
-capacity ``sliding_window`` that attend to the last ``sliding_window`` tokens;
-full-attention layers hold ``max_cache_len`` tokens and raise past that.
+Where the rows live:
+
+- ``kind="dense"``: one pair of tensors ``[B, H_kv, capacity, D]`` per layer in the
+  model's dtype on its device, a ring of ``capacity`` slots (position ``p`` in slot
+  ``p % capacity``). An append writes the new rows into their slots (one copy each for
+  K and V); a decode step is one :func:`pyfa.decode_attention` call for the whole batch
+  (``kv_len``, and ``ring_start`` once a ring wrapped).
+- ``kind="turboquant"``: one :class:`pyfa.TurboQuantKVCache` per sequence (the codec
+  holds a sequence), so a step appends and attends once per sequence.
+
+Sliding-window layers (``layer_types`` of the config) hold ``sliding_window`` slots and
+attend to the last ``sliding_window`` tokens; full-attention layers hold
+``max_cache_len`` tokens and raise past that.
 """
 from __future__ import annotations
 
@@ -40,11 +48,93 @@ from . import transformers as hf
 
 KINDS = ("dense", "turboquant")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: pyfa.bfloat16}
+
+
+class _DenseRows:
+    """A batch's K and V as tensors ``[B, H_kv, capacity, D]``: a ring (module docstring)."""
+
+    def __init__(self, key_states, capacity: int):
+        B, Hkv, _, D = key_states.shape
+        self.k = torch.zeros((B, Hkv, capacity, D), dtype=key_states.dtype, device=key_states.device)
+        self.v = torch.zeros_like(self.k)
+        self.capacity, self.stored = capacity, 0
+
+    def append(self, key, value) -> None:
+        """Writes ``key``/``value [B, H_kv, n, D]`` into the slots of positions ``stored ..``,
+        keeping the last ``capacity`` of them."""
+        n, cap = key.shape[2], self.capacity
+        keep = min(n, cap)
+        first = (self.stored + n - keep) % cap
+        head = min(keep, cap - first)  # rows up to the ring's end, then the rest from slot 0
+        for dst, src in ((self.k, key), (self.v, value)):
+            src = src[:, :, n - keep:]
+            dst[:, :, first:first + head].copy_(src[:, :, :head])
+            if keep > head:
+                dst[:, :, :keep - head].copy_(src[:, :, head:])
+        self.stored += n
+
+    def decode(self, call, query):
+        """One decode call for the batch: ``[B, 1, H, D]`` in query's dtype."""
+        cap, stored = self.capacity, self.stored
+        lse = call.sinks is not None
+        extra = dict(out_dtype=np.float32, return_lse=True) if lse else {}
+        res = pyfa.decode_attention(hf._arg(query.select(2, 0)), hf._arg(self.k), hf._arg(self.v), min(stored, cap),
+                                    ring_start=stored % cap if stored > cap else 0, scale=call.scale,
+                                    softcap=call.softcap, device=call.device, **extra)
+        out, l = res if lse else (res, None)
+        return call.finish(hf._tensor(out).unsqueeze(1), hf._tensor(l).unsqueeze(2) if lse else None, query.dtype)
+
+    def read(self, count: int):
+        """The last ``count`` stored rows in order, ``[B, H_kv, count, D]`` each."""
+        cap, stored = self.capacity, self.stored
+        if stored <= cap:
+            return self.k[:, :, stored - count:stored], self.v[:, :, stored - count:stored]
+        start = stored % cap  # the oldest slot of a wrapped ring
+        return tuple(torch.cat([t[:, :, start:], t[:, :, :start]], 2)[:, :, cap - count:] for t in (self.k, self.v))
+
+
+class _SequenceCaches:
+    """A batch's K and V in one pyfa cache per sequence (TurboQuant: module docstring)."""
+
+    def __init__(self, caches, key_states):
+        self.caches = caches
+        self.capacity = caches[0].capacity
+        self.device, self.dtype = key_states.device, key_states.dtype
+
+    def append(self, key, value) -> None:
+        for b, cache in enumerate(self.caches):  # [H_kv, n, D] -> the caches' [n, H_kv, D] rows
+            cache.append(hf._arg(key[b].transpose(0, 1).contiguous()), hf._arg(value[b].transpose(0, 1).contiguous()))
+
+    def decode(self, call, query):
+        """One ``attend`` per sequence: ``[B, 1, H, D]`` in query's dtype."""
+        lse = call.sinks is not None
+        outs, lses = [], []
+        for b, cache in enumerate(self.caches):
+            res = cache.attend(hf._arg(query[b, :, 0, :].contiguous()), scale=call.scale, softcap=call.softcap,
+                               out_dtype=np.float32 if lse else None, return_lse=lse)
+            out, l = (res if lse else (res, None))
+            outs.append(hf._tensor(out))
+            lses.append(hf._tensor(l) if lse else None)
+        out = torch.stack(outs)[:, None]
+        return call.finish(out, torch.stack(lses)[:, :, None] if lse else None, query.dtype)
+
+    def read(self, count: int):
+        """The last ``count`` rows in order, dequantised, as ``[B, H_kv, count, D]`` in the model's dtype."""
+        if self.device.type == "cuda":  # appends were queued on torch's stream; the reads run on pyfa's
+            torch.cuda.current_stream(self.device).synchronize()
+        ks, vs = [], []
+        for cache in self.caches:
+            with cache._lock:
+                k, v = cache._dequantize()  # [len, H_kv, D] float32, oldest first
+            ks.append(torch.from_numpy(k[-count:]))
+            vs.append(torch.from_numpy(v[-count:]))
+        to = dict(device=self.device, dtype=self.dtype)
+        return (torch.stack(ks).transpose(1, 2).to(**to).contiguous(),
+                torch.stack(vs).transpose(1, 2).to(**to).contiguous())
 
 
 class PyfaCacheLayer(CacheLayerMixin):
-    """One decoder layer's KV: a pyfa cache per sequence (module docstring)."""
+    """One decoder layer's KV (module docstring)."""
 
     is_compileable = False
     is_croppable = False
@@ -55,29 +145,27 @@ class PyfaCacheLayer(CacheLayerMixin):
         self.owner = owner
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
-        self.caches: list = []
+        self.capacity = sliding_window or owner.max_cache_len
+        self.rows = None  # _DenseRows or _SequenceCaches, made at the first update
         self.cumulative_length = 0  # tokens given to update (what transformers' masks count)
-        self.stored = 0  # tokens appended to the pyfa caches
+        self.stored = 0  # tokens appended to the rows
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hkv, _, D = key_states.shape
         self.device = key_states.device
         self.dtype = key_states.dtype
         self.shape = (B, Hkv, D)
-        device = hf._pyfa_device(key_states)
-        self.caches = [self._new_cache(Hkv, D, key_states.dtype, device) for _ in range(B)]
-        self.is_initialized = True
-
-    def _new_cache(self, num_kv_heads: int, head_dim: int, dtype, device: str):
-        """One sequence's pyfa cache: a ring of ``sliding_window`` rows, or ``max_cache_len`` rows."""
         o = self.owner
-        capacity = self.sliding_window or o.max_cache_len
         if o.kind == "dense":
-            return pyfa.KVCache(num_kv_heads, head_dim, capacity, dtype=_NUMPY_DTYPES[dtype],
-                                sliding_window=self.sliding_window, device=device)
-        return pyfa.TurboQuantKVCache(num_kv_heads, head_dim, capacity, k_bits=o.k_bits, v_bits=o.v_bits, seed=o.seed,
-                                      norm_correction=o.norm_correction, sliding_window=self.sliding_window,
-                                      device=device)
+            hf._pyfa_device(key_states)  # refuses devices pyfa does not run on, now
+            self.rows = _DenseRows(key_states, self.capacity)
+        else:
+            device = hf._pyfa_device(key_states)
+            self.rows = _SequenceCaches([
+                pyfa.TurboQuantKVCache(Hkv, D, self.capacity, k_bits=o.k_bits, v_bits=o.v_bits, seed=o.seed,
+                                       norm_correction=o.norm_correction, sliding_window=self.sliding_window,
+                                       device=device) for _ in range(B)], key_states)
+        self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Records ``key_states``/``value_states [B, H_kv, n, D]`` for the attention call that follows
@@ -108,7 +196,7 @@ class PyfaCacheLayer(CacheLayerMixin):
         return self.cumulative_length
 
     def get_max_length(self) -> int:
-        return self.sliding_window or self.owner.max_cache_len
+        return self.capacity
 
     # ----------------------------------------------------------------- called by attention_forward
 
@@ -130,48 +218,26 @@ class PyfaCacheLayer(CacheLayerMixin):
         return out
 
     def _append(self, key, value) -> None:
-        for b, cache in enumerate(self.caches):  # [H_kv, n, D] -> the caches' [n, H_kv, D] rows
-            cache.append(hf._arg(key[b].transpose(0, 1).contiguous()), hf._arg(value[b].transpose(0, 1).contiguous()))
-        self.stored += key.shape[2]
+        n = key.shape[2]
+        if not self.is_sliding and self.stored + n > self.capacity:  # checked before any row is written
+            raise invalid(f"append: {self.stored} stored + {n} new tokens exceed the layer's capacity of "
+                          f"{self.capacity} (max_cache_len)")
+        self.rows.append(key, value)
+        self.stored += n
 
     def _decode(self, call, query):
-        """One ``attend`` per sequence: ``[B, 1, H, D]`` in query's dtype."""
-        lse = call.sinks is not None
-        outs, lses = [], []
-        for b, cache in enumerate(self.caches):
-            res = cache.attend(hf._arg(query[b, :, 0, :].contiguous()), scale=call.scale, softcap=call.softcap,
-                               out_dtype=np.float32 if lse else None, return_lse=lse)
-            out, l = (res if lse else (res, None))
-            outs.append(hf._tensor(out))
-            lses.append(hf._tensor(l) if lse else None)
-        out = torch.stack(outs)[:, None]
-        return call.finish(out, torch.stack(lses)[:, :, None] if lse else None, query.dtype)
+        """The cache's decode of ``query [B, H, 1, D]``: ``[B, 1, H, D]`` in query's dtype."""
+        return self.rows.decode(call, query)
 
     def _read(self, count: int):
         """The last ``count`` stored rows in order, as K and V tensors ``[B, H_kv, count, D]``
-        on the cache's device in its dtype (dense: copies; TurboQuant: dequantised)."""
-        if self.device.type == "cuda":  # appends were queued on torch's stream; reads run on pyfa's
-            torch.cuda.current_stream(self.device).synchronize()
-        ks, vs = [], []
-        for cache in self.caches:
-            with cache._lock:
-                if isinstance(cache, pyfa.TurboQuantKVCache):
-                    k, v = cache._dequantize()  # [len, H_kv, D] float32, oldest first
-                    k, v = torch.from_numpy(k[-count:]), torch.from_numpy(v[-count:])
-                else:
-                    kv_len, start = cache._ring()
-                    order = (start + np.arange(kv_len - count, kv_len)) % cache.capacity
-                    k, v = (hf._tensor(buf.read()[:, order]).transpose(0, 1) for buf in (cache._k, cache._v))
-            ks.append(k)
-            vs.append(v)
-        to = dict(device=self.device, dtype=self.dtype)
-        return (torch.stack(ks).transpose(1, 2).to(**to).contiguous(),
-                torch.stack(vs).transpose(1, 2).to(**to).contiguous())
-
-    # ----------------------------------------------------------------- what a pyfa cache cannot do
+        on the cache's device in its dtype."""
+        return self.rows.read(count)
 
     def reset(self) -> None:
-        self.caches, self.cumulative_length, self.stored, self.is_initialized = [], 0, 0, False
+        self.rows, self.cumulative_length, self.stored, self.is_initialized = None, 0, 0, False
+
+    # ----------------------------------------------------------------- what a pyfa cache cannot do
 
     def _unsupported(self, what: str):
         raise NotImplementedError(f"PyfaCache: {what} is not supported (pyfa caches only append; "
@@ -197,14 +263,15 @@ class PyfaCacheLayer(CacheLayerMixin):
 
 
 class PyfaCache(Cache):
-    """A transformers cache in pyfa caches, for models running ``attn_implementation="pyfa"``.
+    """A transformers cache that pyfa's decode reads in place, for models running
+    ``attn_implementation="pyfa"`` (module docstring).
 
     Parameters
     ----------
     config : the model's config (its decoder config gives the layers and their windows).
     max_cache_len : positive int: tokens a full-attention layer holds (prompt + generated).
-    kind : "dense" (:class:`pyfa.KVCache` in the model's dtype) or "turboquant"
-        (:class:`pyfa.TurboQuantKVCache`; head_dim 64, 128, 256 or 512).
+    kind : "dense" (tensors in the model's dtype, one decode call a layer for the batch) or
+        "turboquant" (a :class:`pyfa.TurboQuantKVCache` per sequence; head_dim 64, 128, 256 or 512).
     k_bits, v_bits, seed, norm_correction : TurboQuant options (as pyfa.TurboQuantKVCache's).
 
     >>> cache = PyfaCache(model.config, max_cache_len=4096, kind="turboquant", k_bits=4, v_bits=4)
