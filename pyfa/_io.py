@@ -88,16 +88,12 @@ def gpu_like(device: Device, *arrays) -> GpuArray | None:
 _SMALL_HOST_BYTES = 1 << 16
 
 
-def to_device(device: Device, a, like: GpuArray | None = None, rows: str | None = None) -> Buffer:
+def to_device(device: Device, a, like: GpuArray | None = None) -> Buffer:
     """A buffer holding `a`: GPU arrays wrapped in place; host arrays wrapped on
-    host-visible devices, else copied (small ones into shared storage). `rows`
-    names an op's rows (q, k, v, out): in place on a GPU they must start on 16
-    bytes, as the kernels copy them in 16-byte pieces and a misaligned copy
-    faults (the library checks the arguments it binds itself the same way)."""
+    host-visible devices, else copied (small ones into shared storage). The
+    alignment an op needs of its rows is the library's check, made when the op
+    takes the buffer."""
     if isinstance(a, GpuArray):
-        if rows is not None and a.ptr % 16 and a.nbytes:
-            raise invalid(f"{rows}: data: {a.ptr:#x} is not 16-byte aligned: the {device.backend} kernels read its "
-                          f"rows in 16-byte pieces (a view that starts at an element offset; pass a copy)")
         return device.wrap_device(a.ptr, a.nbytes, a.dtype, a.shape, keepalive=a.obj)
     if device.host_visible:
         return device.wrap(a)
@@ -146,12 +142,12 @@ def submit(enc, like: GpuArray | None = None) -> None:
         _plans.end_recording(enc)
 
 
-def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray | None = None, rows: bool = False):
+def output(device: Device, shape, dtype, out, name: str = "out", like: GpuArray | None = None):
     """(array, buffer) for a result: `out` if given (checked), else a new array
-    (of `like`'s framework for GPU inputs); `rows`: the op's rows (to_device)."""
+    (of `like`'s framework for GPU inputs)."""
     a, g = _result(shape, dtype, out, name, like)
     if g is not None:
-        return a, to_device(device, g, rows=name if rows else None)
+        return a, to_device(device, g)
     if device.host_visible:
         return a, device.wrap(a)
     return a, device.buffer(a.shape, a.dtype, storage="private")

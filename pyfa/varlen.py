@@ -89,7 +89,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         return lib.pyfa_flash_attn_prefill_varlen(enc, params, packed, q_buf.handle, k_buf.handle, v_buf.handle,
                                                   cu_q.handle, cu_k.handle, out_buf.handle, _io.handle(lse_buf))
 
-    return _run(device, like, fields, (q, k, v), ("q", "k", "v"), call, q_arg, out, out_arg, out_dtype, return_lse)
+    return _run(device, like, fields, (q, k, v), call, q_arg, out, out_arg, out_dtype, return_lse)
 
 
 def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, page_layout="nhd", max_seqlen_q=None,
@@ -170,7 +170,7 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
                                                  cu_q.handle, lens.handle, table.handle, out_buf.handle,
                                                  _io.handle(lse_buf))
 
-    return _run(device, like, fields, (q, k_pages, v_pages), ("q", "k_pages", "v_pages"), call, q_arg, out, out_arg,
+    return _run(device, like, fields, (q, k_pages, v_pages), call, q_arg, out, out_arg,
                 out_dtype, return_lse)
 
 
@@ -255,15 +255,15 @@ def _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale):
     }
 
 
-def _run(device, like, fields, inputs, names, call, q_arg, out, out_arg, out_dtype, return_lse):
+def _run(device, like, fields, inputs, call, q_arg, out, out_arg, out_dtype, return_lse):
     q = inputs[0]
     return_lse = _args.bool_arg(return_lse, "return_lse")
     out_dtype = _out_dtype(out_dtype, q.dtype, "q")
     params = _args.params("pyfa_flash_attn_prefill_params *", fields)
     total_q, H = q.shape[0], q.shape[1]
-    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, out, like=like, rows=True)
+    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, out, like=like)
     lse, lse_buf = _io.output(device, (H, total_q), np.float32, None, "lse", like=like) if return_lse else (None, None)
-    bufs = [_io.to_device(device, a, like, rows=name) for a, name in zip(inputs, names)]
+    bufs = [_io.to_device(device, a, like) for a in inputs]
     enc = _io.encoder(device, like)
     check(call(enc, params, bufs, out_buf, lse_buf))
     _io.submit(enc, like)

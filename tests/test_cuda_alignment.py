@@ -111,3 +111,46 @@ def test_misaligned_varlen_rows_are_refused(arg):
         pyfa.varlen_attention(args["q"], args["k"], v, cu, cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
                               causal=True, out=args["out"], device=DEVICE)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("arg", ["o_a", "o_b", "out"])
+def test_misaligned_rows_of_a_buffer_op_are_refused(arg):
+    """Ops that take buffers (not plans) check their rows where they take them, so a
+    view off a 16-byte boundary is refused whoever wrapped it (here merge_attention_states)."""
+    shape = (1, H, 4, D)
+    args = {"o_a": _randn(shape, 21), "o_b": _randn(shape, 22), "out": torch.zeros(shape, device="cuda",
+                                                                                   dtype=torch.bfloat16)}
+    lse_a, lse_b = _randn(shape[:3], 23, torch.float32), _randn(shape[:3], 24, torch.float32)
+    args[arg] = _shifted(args[arg])
+    before = args["out"].clone()
+    with pytest.raises(pyfa.PyfaError, match=rf"^{arg}: .*is not 16-byte aligned"):
+        pyfa.merge_attention_states(args["o_a"], lse_a, args["o_b"], lse_b, out=args["out"], device=DEVICE)
+    torch.cuda.synchronize()
+    assert torch.equal(args["out"], before), "nothing is written"
+
+
+def test_low_level_wrap_then_op_checks_the_rows():
+    """Device.wrap_device gives a misaligned view only its element alignment (the call does
+    not say it holds rows); the op that takes it as rows (the C ABI's pyfa_flash_attn_vec, as
+    a Swift or C caller reaches it) refuses it, naming the argument, before anything runs."""
+    from pyfa import _args, _io
+    from pyfa._native import lib
+    from pyfa.errors import check
+
+    dev = pyfa.Device("cuda")
+    q = _shifted(_randn((1, H, D), 31))
+    k, v = _randn((1, HKV, CAP, D), 32), _randn((1, HKV, CAP, D), 33)
+    out = torch.full((1, H, D), 7.0, device="cuda", dtype=torch.bfloat16)
+    lens, rings = (torch.full((1,), n, device="cuda", dtype=torch.int32) for n in (LEN, 0))
+    wrap = lambda t, dt: dev.wrap_device(t.data_ptr(), t.numel() * t.element_size(), dt, tuple(t.shape),  # noqa: E731
+                                         keepalive=t)
+    bufs = [wrap(t, pyfa.bfloat16) for t in (q, k, v)] + [wrap(t, np.int32) for t in (lens, rings)]
+    params = _args.params("pyfa_flash_attn_vec_params *", {
+        "batch": 1, "num_heads": H, "num_kv_heads": HKV, "head_dim": D, "kv_capacity": CAP, "nwg": 1,
+        "window": 0, "scale": D ** -0.5, "softcap": 0.0})
+    enc = dev.encoder()
+    with pytest.raises(pyfa.PyfaError, match=r"^q: .*is not 16-byte aligned"):
+        check(lib.pyfa_flash_attn_vec(enc, params, *(b.handle for b in bufs), _io.handle(None),
+                                      wrap(out, pyfa.bfloat16).handle, _io.handle(None)))
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.full_like(out, 7.0)), "nothing is written"

@@ -51,13 +51,18 @@ public final class Device {
         let needed = try Buffer.byteCount(dtype: dtype, shape: shape)
         try require(address != 0 || needed == 0, "data: NULL pointer for a non-empty buffer")
         try require(nbytes >= needed, "nbytes: \(nbytes) bytes cannot hold shape \(shape) of \(dtype.name) (\(needed) bytes)")
-        let alignment = backend.plan.wrapAlignment(dtype: dtype, data: data)
-        try require(needed == 0 || address % UInt64(alignment) == 0,
-                    "data: 0x\(String(address, radix: 16)) is not \(alignment)-byte aligned: the \(backend.name) kernels read "
-                        + "\(dtype.name) memory in \(alignment)-byte pieces (a view that starts at an element offset; pass a copy)")
+        if needed > 0 { try requireAligned(address, dtype: dtype, data: data) }
         let memory = try backend.wrap(address: address, bytes: needed)
         let storage: Storage = memory.hostPointer != nil ? .shared : .private
         return Buffer(device: self, dtype: dtype, shape: shape, storage: storage, nbytes: needed, memory: memory)
+    }
+
+    /// The backend's alignment rule for memory at `address` (BackendPlan.wrapAlignment).
+    func requireAligned(_ address: UInt64, dtype: DType, data: Bool) throws {
+        let alignment = backend.plan.wrapAlignment(dtype: dtype, data: data)
+        try require(address % UInt64(alignment) == 0,
+                    "data: 0x\(String(address, radix: 16)) is not \(alignment)-byte aligned: the \(backend.name) kernels read "
+                        + "\(dtype.name) memory in \(alignment)-byte pieces (a view that starts at an element offset; pass a copy)")
     }
 
     public func makeEncoder() throws -> CommandEncoder {

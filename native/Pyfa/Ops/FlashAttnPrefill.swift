@@ -111,15 +111,15 @@ public enum FlashAttnPrefill {
                               out: Buffer?, lse: Buffer?) throws {
         var p = paramsIn
         try validate(p)
-        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: 0)
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: 0, rows: true)
         let (geometry, blkBytes) = try plan(encoder.device, &p, dtype: q.dtype)
         let D = Int(p.head_dim)
         let qRows = (p.batch, p.num_heads, p.q_len), kvRows = (p.batch, p.num_kv_heads, p.kv_len)
-        try Check.buffer(q, "q", dtypes: floatTypes, elements: extent(p.q_strides, qRows, inner: D, "q"))
-        let k = try Check.buffer(k, "k", dtypes: [q.dtype], elements: extent(p.k_strides, kvRows, inner: D, "k"))
-        let v = try Check.buffer(v, "v", dtypes: [q.dtype], elements: extent(p.v_strides, kvRows, inner: D, "v"))
+        try Check.buffer(q, "q", dtypes: floatTypes, elements: extent(p.q_strides, qRows, inner: D, "q"), rows: true)
+        let k = try Check.buffer(k, "k", dtypes: [q.dtype], elements: extent(p.k_strides, kvRows, inner: D, "k"), rows: true)
+        let v = try Check.buffer(v, "v", dtypes: [q.dtype], elements: extent(p.v_strides, kvRows, inner: D, "v"), rows: true)
         let out = try Check.buffer(out, "out", dtypes: outTypes(q.dtype),
-                                   elements: extent(p.out_strides, qRows, inner: D, "out"))
+                                   elements: extent(p.out_strides, qRows, inner: D, "out"), rows: true)
         var kind = PYFA_MASK_ADDITIVE
         if let mask {
             kind = try maskKind(mask, ioType: q.dtype)

@@ -99,22 +99,22 @@ public enum FlashAttnPrefillPacked {
         var p = paramsIn
         try validate(p, mode: mode, packed: packed, pages: pages)
         let paged = mode == PYFA_PREFILL_KV_PAGED
-        let q = try Check.buffer(q, "q", dtypes: FlashAttnPrefill.floatTypes, elements: 0)
+        let q = try Check.buffer(q, "q", dtypes: FlashAttnPrefill.floatTypes, elements: 0, rows: true)
         let (geometry, _) = try FlashAttnPrefill.plan(encoder.device, &p, dtype: q.dtype)
         let B = Int(p.batch), D = Int(p.head_dim)
         try Check.buffer(q, "q", dtypes: [q.dtype],
-                         elements: packedExtent(p.q_strides, heads: p.num_heads, rows: packed.total_q, headDim: p.head_dim, "q"))
+                         elements: packedExtent(p.q_strides, heads: p.num_heads, rows: packed.total_q, headDim: p.head_dim, "q"), rows: true)
         let kName = paged ? "k_pages" : "k", vName = paged ? "v_pages" : "v"
         let kvElements = paged
             ? try checkedProduct([Int(pages.num_pages), Int(pages.page_size), Int(p.num_kv_heads), D], what: "k_pages")
             : try packedExtent(p.k_strides, heads: p.num_kv_heads, rows: packed.total_k, headDim: p.head_dim, "k")
         let vElements = paged ? kvElements
             : try packedExtent(p.v_strides, heads: p.num_kv_heads, rows: packed.total_k, headDim: p.head_dim, "v")
-        let k = try Check.buffer(k, kName, dtypes: [q.dtype], elements: kvElements)
-        let v = try Check.buffer(v, vName, dtypes: [q.dtype], elements: vElements)
+        let k = try Check.buffer(k, kName, dtypes: [q.dtype], elements: kvElements, rows: true)
+        let v = try Check.buffer(v, vName, dtypes: [q.dtype], elements: vElements, rows: true)
         let out = try Check.buffer(out, "out", dtypes: FlashAttnPrefill.outTypes(q.dtype),
                                    elements: packedExtent(p.out_strides, heads: p.num_heads, rows: packed.total_q,
-                                                          headDim: p.head_dim, "out"))
+                                                          headDim: p.head_dim, "out"), rows: true)
         if let lse {
             try Check.buffer(lse, "lse", dtypes: [.f32],
                              elements: checkedProduct([Int(p.num_heads), Int(packed.total_q)], what: "lse"))

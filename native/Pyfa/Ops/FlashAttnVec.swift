@@ -100,15 +100,15 @@ public enum FlashAttnVec {
         var p = paged == nil ? paramsIn : try Paged.params(paramsIn, paged!.pages)
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
-        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D)  // bounded by validate
+        let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D, rows: true)  // bounded by validate
         let poolRows = try paged.map { try Paged.validate($0.pages, numKvHeads: p.num_kv_heads).rows }
         let cacheElements = try poolRows.map { try checkedProduct([$0, D, 4], what: "k_pages") / 4 }
             ?? B * Hkv * Int(p.kv_capacity) * D  // bounded by validate
         let (kName, vName) = paged == nil ? ("k_cache", "v_cache") : ("k_pages", "v_pages")
-        let k = try Check.buffer(k, kName, dtypes: floatTypes, elements: cacheElements)
-        let v = try Check.buffer(v, vName, dtypes: [k.dtype], elements: cacheElements)
+        let k = try Check.buffer(k, kName, dtypes: floatTypes, elements: cacheElements, rows: true)
+        let v = try Check.buffer(v, vName, dtypes: [k.dtype], elements: cacheElements, rows: true)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
-        let out = try Check.buffer(out, "out", dtypes: floatTypes, elements: B * H * D)
+        let out = try Check.buffer(out, "out", dtypes: floatTypes, elements: B * H * D, rows: true)
         if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
         let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg
         var splitBatch: UInt32? = nil, tableArg: KernelArg? = nil
@@ -129,7 +129,7 @@ public enum FlashAttnVec {
                                            splitBatch: splitBatch, paged: paged != nil)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
-            tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4)
+            tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4, rows: true)
         }
         try Check.sameDevice([q, k, v, kvLen.buffer, ringValues.buffer, table?.buffer, tmpBuffer, out, lse],
                              encoder.device)

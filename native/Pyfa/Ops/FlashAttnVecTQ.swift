@@ -62,7 +62,7 @@ public enum FlashAttnVecTQ {
         try validate(p)
         let a = p.attn
         let B = Int(a.batch), H = Int(a.num_heads), D = Int(a.head_dim)
-        let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D)  // bounded by validate
+        let q = try Check.buffer(q, "q", dtypes: TurboQuant.floatTypes, elements: B * H * D, rows: true)  // bounded by validate
         // A pool is checked as one sequence of one head holding every pool row.
         let poolRows = try paged.map { UInt32(try Paged.validate($0.pages, numKvHeads: a.num_kv_heads).rows) }
         let (seqs, heads, rows) = poolRows.map { (1, UInt32(1), $0) } ?? (B, a.num_kv_heads, a.kv_capacity)
@@ -71,7 +71,7 @@ public enum FlashAttnVecTQ {
         let (vc, vs) = try TurboQuant.checkCache(vCodes, vScales, "v_", sequences: seqs, heads: heads,
                                                  capacity: rows, headDim: a.head_dim, bits: p.v_bits)
         let kvLen = try SequenceValues.check(kvLen, "kv_len", count: B)
-        let out = try Check.buffer(out, "out", dtypes: TurboQuant.floatTypes, elements: B * H * D)
+        let out = try Check.buffer(out, "out", dtypes: TurboQuant.floatTypes, elements: B * H * D, rows: true)
         if let lse { try Check.buffer(lse, "lse", dtypes: [.f32], elements: B * H) }
         let maxLen: UInt32, kvLenArg: KernelArg, ringStartArg: KernelArg?
         var splitBatch: UInt32? = nil, tableArg: KernelArg? = nil
@@ -89,7 +89,7 @@ public enum FlashAttnVecTQ {
             (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringValues, a)
         }
         let (geometry, layout) = try plan(encoder.device, &p, maxKvLen: maxLen, splitBatch: splitBatch)
-        let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: layout.total / 4)
+        let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: layout.total / 4, rows: true)
         try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringValues.buffer, table?.buffer, t, out, lse],
                              encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k_codes", kc), ("k_scales", ks), ("v_codes", vc),

@@ -31,8 +31,8 @@ public enum KVAppend {
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src")
         let cacheElements = try checkedProduct([Int(p.sequence) + 1, Int(p.num_kv_heads), Int(p.kv_capacity),
                                                 Int(p.head_dim)], what: "cache")
-        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements)
-        let cache = try Check.buffer(cache, "cache", dtypes: floatTypes, elements: cacheElements)
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements, rows: true)
+        let cache = try Check.buffer(cache, "cache", dtypes: floatTypes, elements: cacheElements, rows: true)
         try Check.sameDevice([src, cache], encoder.device)
         try Check.noOverlap(cache, "cache", inputs: [("src", src)])
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants(src: src.dtype,

@@ -28,9 +28,9 @@ public enum MergeAttentionStates {
         let rows = (p.batch, p.num_heads, p.seq_len)
         let elements = try FlashAttnPrefill.extent(s, rows, inner: Int(p.head_dim), "o")
         guard let oA else { throw PyfaError.invalid("o_a: buffer is NULL") }
-        try Check.buffer(oA, "o_a", dtypes: FlashAttnPrefill.floatTypes, elements: elements)
-        let oB = try Check.buffer(oB, "o_b", dtypes: [oA.dtype], elements: elements)
-        let out = try Check.buffer(out, "out", dtypes: FlashAttnPrefill.outTypes(oA.dtype), elements: elements)
+        try Check.buffer(oA, "o_a", dtypes: FlashAttnPrefill.floatTypes, elements: elements, rows: true)
+        let oB = try Check.buffer(oB, "o_b", dtypes: [oA.dtype], elements: elements, rows: true)
+        let out = try Check.buffer(out, "out", dtypes: FlashAttnPrefill.outTypes(oA.dtype), elements: elements, rows: true)
         let nrows = try checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.seq_len)], what: "lse_a")
         let lseA = try Check.buffer(lseA, "lse_a", dtypes: [.f32], elements: nrows)
         let lseB = try Check.buffer(lseB, "lse_b", dtypes: [.f32], elements: nrows)

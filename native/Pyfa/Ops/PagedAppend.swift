@@ -52,8 +52,8 @@ public enum PagedAppend {
 
     /// src_k and src_v: one float dtype, num_tokens x num_kv_heads x head_dim each.
     static func checkSources(_ k: Buffer?, _ v: Buffer?, elements: Int) throws -> (Buffer, Buffer) {
-        let k = try Check.buffer(k, "src_k", dtypes: attentionFloatTypes, elements: elements)
-        let v = try Check.buffer(v, "src_v", dtypes: attentionFloatTypes, elements: elements)
+        let k = try Check.buffer(k, "src_k", dtypes: attentionFloatTypes, elements: elements, rows: true)
+        let v = try Check.buffer(v, "src_v", dtypes: attentionFloatTypes, elements: elements, rows: true)
         try require(v.dtype == k.dtype, "src_v: dtype \(v.dtype.name) must equal src_k's (\(k.dtype.name))")
         return (k, v)
     }
@@ -84,8 +84,8 @@ public enum PagedAppend {
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src_k")
         let poolElements = try checkedProduct([rows, Int(p.head_dim)], what: "k_pages")
         let (sk, sv) = try checkSources(srcK, srcV, elements: srcElements)
-        let kp = try Check.buffer(kPages, "k_pages", dtypes: attentionFloatTypes, elements: poolElements)
-        let vp = try Check.buffer(vPages, "v_pages", dtypes: attentionFloatTypes, elements: poolElements)
+        let kp = try Check.buffer(kPages, "k_pages", dtypes: attentionFloatTypes, elements: poolElements, rows: true)
+        let vp = try Check.buffer(vPages, "v_pages", dtypes: attentionFloatTypes, elements: poolElements, rows: true)
         try require(vp.dtype == kp.dtype, "v_pages: dtype \(vp.dtype.name) must equal k_pages' (\(kp.dtype.name))")
         let slots = try checkSlotMapping(slotMapping, numTokens: Int(p.num_tokens),
                                          slots: Int(p.pages.num_pages) * Int(p.pages.page_size))
@@ -127,9 +127,9 @@ public enum PagedAppend {
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src_k")
         let (sk, sv) = try checkSources(srcK, srcV, elements: srcElements)
         let kc = try Check.buffer(kCodes, "k_codes", dtypes: [.u8],
-                                  elements: checkedProduct([rows, TurboQuant.rowBytes(p.head_dim, p.k_bits)], what: "k_codes"))
+                                  elements: checkedProduct([rows, TurboQuant.rowBytes(p.head_dim, p.k_bits)], what: "k_codes"), rows: true)
         let vc = try Check.buffer(vCodes, "v_codes", dtypes: [.u8],
-                                  elements: checkedProduct([rows, TurboQuant.rowBytes(p.head_dim, p.v_bits)], what: "v_codes"))
+                                  elements: checkedProduct([rows, TurboQuant.rowBytes(p.head_dim, p.v_bits)], what: "v_codes"), rows: true)
         let ks = try Check.buffer(kScales, "k_scales", dtypes: [.f32], elements: rows)
         let vs = try Check.buffer(vScales, "v_scales", dtypes: [.f32], elements: rows)
         let slots = try checkSlotMapping(slotMapping, numTokens: Int(p.num_tokens),

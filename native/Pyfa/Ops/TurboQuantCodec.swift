@@ -52,7 +52,7 @@ public enum TurboQuant {
                            capacity: UInt32, headDim: UInt32, bits: UInt32) throws -> (Buffer, Buffer) {
         let rows = try checkedProduct([sequences, Int(heads), Int(capacity)], what: "\(prefix)codes")
         let c = try Check.buffer(codes, "\(prefix)codes", dtypes: [.u8],
-                                 elements: checkedProduct([rows, rowBytes(headDim, bits)], what: "\(prefix)codes"))
+                                 elements: checkedProduct([rows, rowBytes(headDim, bits)], what: "\(prefix)codes"), rows: true)
         let s = try Check.buffer(scales, "\(prefix)scales", dtypes: [.f32], elements: rows)
         return (c, s)
     }
@@ -80,7 +80,7 @@ public enum TurboQuant {
         try require(p.write_pos < p.kv_capacity, "write_pos: \(p.write_pos) must be < kv_capacity (\(p.kv_capacity))")
         try checkNormCorrection(p.norm_correction)
         let srcElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "src")
-        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements)
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: srcElements, rows: true)
         let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
                                     capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
         try Check.sameDevice([src, c, s], encoder.device)
@@ -108,7 +108,7 @@ public enum TurboQuant {
         let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
                                     capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
         let outElements = try checkedProduct([Int(p.num_tokens), Int(p.num_kv_heads), Int(p.head_dim)], what: "out")
-        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: outElements)
+        let out = try Check.buffer(out, "out", dtypes: [.f32], elements: outElements, rows: true)
         try Check.sameDevice([c, s, out], encoder.device)
         let pipeline = try encoder.device.registry.pipeline("tq_dequantize_kv",
                                                             constants: dequantizeConstants(bits: p.bits, headDim: p.head_dim))
@@ -159,8 +159,8 @@ public enum TurboQuant {
         try checkStream(p.stream)
         try require(p.nrows > 0, "nrows: must be > 0")
         let elements = try checkedProduct([Int(p.nrows), Int(p.head_dim)], what: "src")
-        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: elements)
-        let dst = try Check.buffer(dst, "dst", dtypes: [.f32], elements: elements)
+        let src = try Check.buffer(src, "src", dtypes: floatTypes, elements: elements, rows: true)
+        let dst = try Check.buffer(dst, "dst", dtypes: [.f32], elements: elements, rows: true)
         try Check.sameDevice([src, dst], encoder.device)
         try encodeFwht(encoder, p, src: .buffer(src), srcType: src.dtype, dst: .buffer(dst), dstType: dst.dtype)
     }

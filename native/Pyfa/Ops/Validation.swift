@@ -37,13 +37,23 @@ enum Check {
     }
 
     /// A buffer argument: present, of an allowed dtype, holding at least `elements`.
+    /// `rows`: it holds an op's rows (queries, caches, codes, outputs, workspaces),
+    /// which kernels may copy in wide pieces, so its start follows the backend's
+    /// rule for rows (BackendPlan.wrapAlignment with data), whoever wrapped it.
     @discardableResult
-    static func buffer(_ b: Buffer?, _ name: String, dtypes: [DType], elements: Int) throws -> Buffer {
+    static func buffer(_ b: Buffer?, _ name: String, dtypes: [DType], elements: Int, rows: Bool = false) throws -> Buffer {
         guard let b else { throw PyfaError.invalid("\(name): buffer is NULL") }
         try require(dtypes.contains(b.dtype),
                     "\(name): dtype \(b.dtype.name) not accepted (expected \(dtypes.map(\.name).joined(separator: " or ")))")
         try require(b.count >= elements,
                     "\(name): buffer holds \(b.count) elements, needs \(elements)")
+        if rows && b.nbytes > 0 {
+            do {
+                try b.device.requireAligned(b.memory.deviceAddress, dtype: b.dtype, data: true)
+            } catch let e as PyfaError {
+                throw PyfaError(e.status, "\(name): \(e.message)")
+            }
+        }
         return b
     }
 
