@@ -26,7 +26,7 @@ PAGE = ROOT / "docs" / "API.md"
 REGENERATE = "python3 scripts/gen_api_docs.py"
 # Public modules documented after the top-level names: their own functions,
 # classes and ``#:``-commented constants.
-MODULES = ["pyfa.reference", "pyfa.turboquant", "pyfa.integrations.transformers"]
+MODULES = ["pyfa.reference", "pyfa.turboquant", "pyfa.integrations.transformers", "pyfa.integrations.torch_ops"]
 # Special methods that are part of a class's public behaviour.
 DUNDERS = {"__len__": "len(x)"}
 

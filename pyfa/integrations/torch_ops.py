@@ -1,0 +1,51 @@
+"""pyfa's decode as a torch operator, for code that ``torch.compile`` traces.
+
+    import pyfa.integrations.torch_ops    # registers torch.ops.pyfa.* once per process
+    out = torch.ops.pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start)
+
+A Python call into the library is opaque to ``torch.compile``: the graph breaks there, and
+a model compiled with CUDA graphs ("reduce-overhead") leaves every layer's attention out
+of them. A registered operator with a shape function is one node of the graph instead;
+it runs the library when the compiled code runs, on torch's current stream, and a CUDA
+graph captures its kernels like torch's own.
+
+Operators:
+
+- :func:`decode_attention` (``torch.ops.pyfa.decode_attention``).
+"""
+from __future__ import annotations
+
+import pyfa
+
+try:
+    import torch
+except ImportError:  # the module still imports (its docs are generated anywhere); nothing registers
+    torch = None
+
+__all__ = ["decode_attention"]
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_len: torch.Tensor,
+                     ring_start: torch.Tensor, scale: float | None = None, softcap: float = 0.0,
+                     window: int = 0) -> torch.Tensor:
+    """:func:`pyfa.decode_attention` with its per-call values as tensors; registered as
+    ``torch.ops.pyfa.decode_attention``.
+
+    ``q [B, H, D]``, ``k_cache``/``v_cache [B, H_kv, capacity, D]`` (float32 / float16 /
+    bfloat16, one device: the CPU, or CUDA GPU 0); ``kv_len`` and ``ring_start``: int32
+    ``[B]`` on q's device (on a GPU the kernels read them when they run, so a captured graph
+    sees the values they hold at each replay, clamped as pyfa.decode_attention says; on the
+    CPU they are checked); ``scale`` None for ``1/sqrt(D)``; ``softcap`` 0.0 and ``window``
+    0 disable. Returns ``[B, H, D]`` in q's dtype, a new tensor. Bad input raises
+    :class:`pyfa.PyfaError` when the operator runs."""
+    return pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start=ring_start, scale=scale, softcap=softcap,
+                                 window=window or None, device="cuda" if q.is_cuda else "cpu")
+
+
+def _decode_attention_shape(q, k_cache, v_cache, kv_len, ring_start, scale=None, softcap=0.0, window=0):
+    return torch.empty_like(q)
+
+
+if torch is not None:
+    torch.library.custom_op("pyfa::decode_attention", mutates_args=())(decode_attention).register_fake(
+        _decode_attention_shape)
