@@ -51,6 +51,13 @@ def test_operator_checks():
     q, k, v = _inputs("cpu")
     torch.library.opcheck(torch.ops.pyfa.decode_attention.default, (q, k, v, _ints([30, CAP], "cpu"),
                                                                     _ints([0, 0], "cpu")))
+    torch.library.opcheck(torch.ops.pyfa.decode_attention.default, (q, k, v, _ints([30, CAP], "cpu")))
+
+
+def test_without_ring_start():
+    q, k, v = _inputs("cpu")
+    got = torch.ops.pyfa.decode_attention(q, k, v, _ints([30, CAP], "cpu"))
+    assert torch.equal(got, pyfa.decode_attention(q, k, v, [30, CAP], device="cpu"))
 
 
 def test_bad_values_raise_by_name():

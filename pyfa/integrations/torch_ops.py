@@ -1,7 +1,7 @@
 """pyfa's decode as a torch operator, for code that ``torch.compile`` traces.
 
     import pyfa.integrations.torch_ops    # registers torch.ops.pyfa.* once per process
-    out = torch.ops.pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start)
+    out = torch.ops.pyfa.decode_attention(q, k_cache, v_cache, kv_len)    # ring_start, scale, ... optional
 
 A Python call into the library is opaque to ``torch.compile``: the graph breaks there, and
 a model compiled with CUDA graphs ("reduce-overhead") leaves every layer's attention out
@@ -26,7 +26,7 @@ __all__ = ["decode_attention"]
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_len: torch.Tensor,
-                     ring_start: torch.Tensor, scale: float | None = None, softcap: float = 0.0,
+                     ring_start: torch.Tensor | None = None, scale: float | None = None, softcap: float = 0.0,
                      window: int = 0) -> torch.Tensor:
     """:func:`pyfa.decode_attention` with its per-call values as tensors; registered as
     ``torch.ops.pyfa.decode_attention``.
@@ -35,14 +35,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     bfloat16, one device: the CPU, or CUDA GPU 0); ``kv_len`` and ``ring_start``: int32
     ``[B]`` on q's device (on a GPU the kernels read them when they run, so a captured graph
     sees the values they hold at each replay, clamped as pyfa.decode_attention says; on the
-    CPU they are checked); ``scale`` None for ``1/sqrt(D)``; ``softcap`` 0.0 and ``window``
-    0 disable. Returns ``[B, H, D]`` in q's dtype, a new tensor. Bad input raises
+    CPU they are checked); ``ring_start`` None for caches that are not rings (an eager call
+    then takes pyfa's repeat path); ``scale`` None for ``1/sqrt(D)``; ``softcap`` 0.0 and
+    ``window`` 0 disable. Returns ``[B, H, D]`` in q's dtype, a new tensor. Bad input raises
     :class:`pyfa.PyfaError` when the operator runs."""
-    return pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start=ring_start, scale=scale, softcap=softcap,
-                                 window=window or None, device="cuda" if q.is_cuda else "cpu")
+    return pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start=0 if ring_start is None else ring_start,
+                                 scale=scale, softcap=float(softcap), window=window or None,
+                                 device="cuda" if q.is_cuda else "cpu")
 
 
-def _decode_attention_shape(q, k_cache, v_cache, kv_len, ring_start, scale=None, softcap=0.0, window=0):
+def _decode_attention_shape(q, k_cache, v_cache, kv_len, ring_start=None, scale=None, softcap=0.0, window=0):
     return torch.empty_like(q)
 
 
