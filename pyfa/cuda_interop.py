@@ -115,6 +115,11 @@ def _torch_dtypes():
     return _TORCH_DTYPES
 
 
+def numpy_dtype(torch_dtype):
+    """The numpy dtype of a torch dtype pyfa reads or writes (bfloat16: ml_dtypes'), or None."""
+    return (_TORCH_DTYPES or _torch_dtypes()).get(torch_dtype)
+
+
 def _torch_from_np(name):
     found = []
 

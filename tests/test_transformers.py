@@ -33,6 +33,11 @@ if os.environ.get("PYFA_BACKEND") not in (None, "", "cpu", "cuda"):
 import pyfa  # noqa: E402
 from pyfa.integrations import transformers as pyfa_hf  # noqa: E402
 
+try:
+    from pyfa.integrations import _hf_cache  # noqa: E402 (PyfaCache: transformers 5's cache-layer API)
+except ImportError:
+    _hf_cache = None
+
 NAME = pyfa_hf.register()
 F32_TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -58,11 +63,18 @@ def torch_device(request):
 
 class Calls:
     """Counts the pyfa calls the integration makes: decode, unmasked prefill and
-    masked prefill, with the windows they were given, and attends of pyfa caches."""
+    masked prefill, with the windows they were given, attends of pyfa caches, and
+    the prepared decode steps of dense PyfaCache layers (append + decode)."""
 
     def __init__(self, monkeypatch):
-        self.decode, self.prefill, self.masked, self.windows, self.attend = 0, 0, 0, set(), 0
+        self.decode, self.prefill, self.masked, self.windows, self.attend, self.step = 0, 0, 0, set(), 0, 0
         decode, attention = pyfa.decode_attention, pyfa.attention
+        if _hf_cache is not None:
+            def counted_step(prepared, *a, _run=_hf_cache._DenseStep.run):
+                self.step += 1
+                return _run(prepared, *a)
+
+            monkeypatch.setattr(_hf_cache._DenseStep, "run", counted_step)
         for cls in (pyfa.KVCache, pyfa.TurboQuantKVCache):
             def counted_attend(cache, *a, _attend=cls.attend, **k):
                 self.attend += 1
@@ -426,7 +438,9 @@ def test_pyfa_cache_greedy_generation(torch_device, calls, kind):
     got, cache = _generate_cached(model, ids)
     assert torch.equal(got, ref), (got, ref)
     steps = ref.shape[1] - 1
-    assert (calls.prefill, calls.masked, calls.decode, calls.attend) == (2, 0, 2 * steps, 0)
+    assert (calls.prefill, calls.masked, calls.decode + calls.step, calls.attend) == (2, 0, 2 * steps, 0)
+    # the prepared step (kv_append + decode in one submission) unless the model has sinks (gpt-oss)
+    assert calls.step == (0 if kind == "gpt_oss" else 2 * steps)
     assert cache.get_seq_length() == 24 + steps
     capacities = [layer.capacity for layer in cache.layers]
     assert capacities == ([8, 36] if kind != "llama" else [36, 36])
@@ -448,9 +462,11 @@ def test_pyfa_cache_padded_batch_and_continuation(torch_device, calls):
     torch.testing.assert_close(rest, full[:, 10:], **F32_TOL)
 
 
+@pytest.mark.parametrize("kind", ["gpt_oss", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_pyfa_cache_decode_logits(torch_device, dtype):
-    """gpt-oss (sinks, a sliding layer whose window the 16-token prompt outgrows) decoding
+def test_pyfa_cache_decode_logits(torch_device, dtype, kind, calls):
+    """gpt-oss (sinks: a decode call per layer) and Gemma 3 (the prepared append + decode
+    step), each with a sliding layer whose window the 16-token prompt outgrows, decoding
     over a dense PyfaCache in the model's dtype against pyfa attention over transformers'
     DynamicCache (checked against eager above): the cache stores the model's rows exactly,
     so the two differ by summation order only (the CPU gives identical bits; a GPU may split
@@ -458,7 +474,7 @@ def test_pyfa_cache_decode_logits(torch_device, dtype):
     output: a few of its ulps (bf16 2**-8, f16 2**-11 relative) on logits of order 1,
     bounded by 2e-2 and 4e-3."""
     tol = {"float32": F32_TOL, "bfloat16": dict(rtol=2e-2, atol=2e-2), "float16": dict(rtol=4e-3, atol=4e-3)}[dtype]
-    model, ids = _model("gpt_oss", torch_device, getattr(torch, dtype)), _ids(torch_device)
+    model, ids = _model(kind, torch_device, getattr(torch, dtype)), _ids(torch_device)
     _use(model, NAME)
     with torch.no_grad():
         steps = {}
@@ -468,6 +484,7 @@ def test_pyfa_cache_decode_logits(torch_device, dtype):
             model(ids, use_cache=True, **kw)
             steps[name] = torch.cat([model(ids[:, i:i + 1], use_cache=True, **kw).logits for i in range(4)], 1)
     torch.testing.assert_close(steps["pyfa"].float(), steps["dynamic"].float(), **tol)
+    assert calls.step == (0 if kind == "gpt_oss" else 2 * 4)
 
 
 def test_turboquant_cache_against_its_dequantised_rows(torch_device):
@@ -491,9 +508,56 @@ def test_turboquant_cache_against_its_dequantised_rows(torch_device):
         q = torch.randn(2, 4, 1, 64, generator=torch.Generator().manual_seed(5)).to(torch_device)
         call = pyfa_hf._Call(_Module(2), q, 0.125, None, None, {})
         k, v = layer._read(16)
-        torch.testing.assert_close(layer._decode(call, q).transpose(1, 2), _eager(q, k, v, None).transpose(1, 2),
+        torch.testing.assert_close(layer.rows.decode(call, q).transpose(1, 2), _eager(q, k, v, None).transpose(1, 2),
                                    **F32_TOL)
     assert errors[8] < 0.02 and errors[4] < 0.3 and errors[8] < errors[4], errors
+
+
+@pytest.mark.skipif(_hf_cache is None, reason="PyfaCache needs transformers 5's cache-layer API")
+def test_pyfa_cache_failed_step_writes_nothing(torch_device, monkeypatch):
+    """A dense layer's prepared step (append and decode recorded together) whose decode the
+    library refuses raises that refusal and leaves the layer as it was: no row written (the
+    recorded append is dropped, not run with a later call), the count not advanced; the
+    step then runs as if it had never failed, wrapping the ring (capacity 8) like its twin."""
+    B, H, Hkv, D, dt = 2, 4, 2, 64, torch.float32
+    g = torch.Generator().manual_seed(3)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(torch_device)  # noqa: E731
+    prompt = rand(B, Hkv, 7, D), rand(B, Hkv, 7, D)
+    rows = [_hf_cache._DenseRows(prompt[0], 8) for _ in range(2)]
+    q = rand(B, H, 1, D)
+    call = pyfa_hf._Call(_Module(2), q, None, None, None, {})
+    steps = [(rand(B, Hkv, 1, D), rand(B, Hkv, 1, D), rand(B, H, 1, D)) for _ in range(3)]
+    for r in rows:
+        r.append(*prompt)
+        r.step(call, steps[0][2], *steps[0][:2])
+    assert rows[1].prepared is not None
+    kept = (rows[1].stored, rows[1].k.clone(), rows[1].v.clone())
+    real = _hf_cache.lib
+
+    class Refusing:  # the decode run asks for a capacity larger than the tensors: the library refuses it
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def pyfa_decode_run(plan, enc, args):
+            kept_capacity, args.kv_capacity = args.kv_capacity, 1 << 30
+            try:
+                return real.pyfa_decode_run(plan, enc, args)
+            finally:
+                args.kv_capacity = kept_capacity
+
+    monkeypatch.setattr(_hf_cache, "lib", Refusing())
+    with pytest.raises(pyfa.InvalidArgumentError, match="k_cache"):
+        rows[1].step(call, steps[1][2], *steps[1][:2])
+    monkeypatch.setattr(_hf_cache, "lib", real)
+    rows[1].decode(call, q)  # another call on this thread's encoder: a recorded append kept would run with it
+    assert rows[1].stored == kept[0] and torch.equal(rows[1].k, kept[1]) and torch.equal(rows[1].v, kept[2])
+    for k, v, query in steps[1:]:  # past the ring's end: stored 9, then 10 of capacity 8
+        outs = [r.step(call, query, k, v) for r in rows]
+        assert torch.equal(outs[0], outs[1])
+    assert torch.equal(rows[0].k, rows[1].k) and torch.equal(rows[0].v, rows[1].v)
+    torch.testing.assert_close(outs[1].transpose(1, 2), _eager(query, *rows[1].read(8), None).transpose(1, 2),
+                               **F32_TOL)
 
 
 def test_pyfa_cache_refusals(torch_device):

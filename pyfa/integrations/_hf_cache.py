@@ -42,7 +42,9 @@ except ImportError as e:  # the per-layer cache API of transformers 5
                       f"found {transformers.__version__}") from e
 
 import pyfa
-from pyfa.errors import invalid
+from pyfa import _args, _plans, cuda_interop, dtypes
+from pyfa._native import ffi, lib
+from pyfa.errors import check, invalid
 
 from . import transformers as hf
 
@@ -58,6 +60,7 @@ class _DenseRows:
         self.k = torch.zeros((B, Hkv, capacity, D), dtype=key_states.dtype, device=key_states.device)
         self.v = torch.zeros_like(self.k)
         self.capacity, self.stored = capacity, 0
+        self.prepared = None  # the _DenseStep, made at the first decode step that fits it
 
     def append(self, key, value) -> None:
         """Writes ``key``/``value [B, H_kv, n, D]`` into the slots of positions ``stored ..``,
@@ -72,6 +75,24 @@ class _DenseRows:
             if keep > head:
                 dst[:, :, :keep - head].copy_(src[:, :, head:])
         self.stored += n
+
+    def step(self, call, query, key, value):
+        """A decode step: the new rows ``key``/``value [B, H_kv, 1, D]`` appended, then the batch's
+        decode of ``query [B, H, 1, D]``; ``[B, 1, H, D]`` in query's dtype. The prepared form
+        (:class:`_DenseStep`) when the step fits it, else a torch copy and a decode call."""
+        prepared = self.prepared
+        if prepared is None and self.prepared_fits(call, query, key, value):
+            prepared = self.prepared = _DenseStep(self, call, query)
+        if prepared is not None and prepared.fits(call, query, key, value):
+            return prepared.run(self, query, key, value)
+        self.append(key, value)
+        return self.decode(call, query)
+
+    def prepared_fits(self, call, query, key, value) -> bool:
+        """Whether a step can take the prepared form: no sinks (those need the LSE), and query
+        and rows contiguous in the cache's dtype (projections and RoPE give them so)."""
+        return (call.sinks is None and query.dtype == self.k.dtype == key.dtype == value.dtype
+                and cuda_interop.numpy_dtype(query.dtype) in dtypes.FLOAT_TYPES and query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
 
     def decode(self, call, query):
         """One decode call for the batch: ``[B, 1, H, D]`` in query's dtype."""
@@ -91,6 +112,94 @@ class _DenseRows:
             return self.k[:, :, stored - count:stored], self.v[:, :, stored - count:stored]
         start = stored % cap  # the oldest slot of a wrapped ring
         return tuple(torch.cat([t[:, :, start:], t[:, :, :start]], 2)[:, :, cap - count:] for t in (self.k, self.v))
+
+
+class _DenseStep:
+    """A dense layer's decode step, prepared at its first: pyfa's kv_append writes the new K
+    and V rows into their slot (the batch's ``[B, H_kv, capacity, D]`` tensors taken as one
+    cache of ``B * H_kv`` heads, which they are in memory) and pyfa's decode reads the batch,
+    both recorded on this thread's encoder and submitted together. A step is then two calls
+    into the library, with nothing checked again but what changes: the three addresses, the
+    slot and the length. Everything the plans were made for (the call's options, the shapes,
+    dtypes and device) is compared at each step (:meth:`fits`)."""
+
+    def __init__(self, rows, call, query):
+        B, Hkv, cap, D = rows.k.shape
+        H = query.shape[1]
+        self.device = _args.device_arg(call.device)
+        self.cuda = query.is_cuda
+        self.scale, self.softcap = call.scale, call.softcap
+        self.query_shape = query.shape  # [B, H, 1, D]
+        self.rows_shape = (B, Hkv, 1, D)
+        dt = cuda_interop.numpy_dtype(query.dtype)
+        code = dtypes.code(dt)
+        self.append_plan = _plans.new_plan(lib.pyfa_kv_append_plan_new, self.device, _args.params(
+            "pyfa_kv_append_plan_desc *", {"num_kv_heads": B * Hkv, "head_dim": D, "kv_capacity": cap,
+                                           "k_dtype": code, "v_dtype": code, "cache_dtype": code}))
+        a = self.append_args = ffi.new("pyfa_kv_append_run_args *")
+        row_bytes = B * Hkv * D * dt.itemsize
+        a.k.nbytes = a.v.nbytes = row_bytes
+        a.k_cache.address, a.k_cache.nbytes = rows.k.data_ptr(), rows.k.numel() * dt.itemsize
+        a.v_cache.address, a.v_cache.nbytes = rows.v.data_ptr(), rows.v.numel() * dt.itemsize
+        a.num_tokens = 1
+        scale = _args.default_scale(call.scale, D)
+        # the key decode_attention's plans are cached under, so the two share plans
+        self.plan_key = ("decode", self.device, B, H, Hkv, D, 0, scale, call.softcap, dt, dt, dt, False)
+        self.plan_desc = {
+            "attn": {"batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": cap,
+                     "nwg": 0, "window": 0, "scale": scale, "softcap": call.softcap},
+            "q_dtype": code, "kv_dtype": code, "out_dtype": code, "return_lse": 0}
+        self.bucket, self.decode_plan = 0, None
+        d = self.decode_args = ffi.new("pyfa_decode_run_args *")
+        d.q.nbytes = d.out.nbytes = B * H * D * dt.itemsize
+        d.k_cache.address, d.k_cache.nbytes = a.k_cache.address, a.k_cache.nbytes
+        d.v_cache.address, d.v_cache.nbytes = a.v_cache.address, a.v_cache.nbytes
+        self.lengths = ffi.new("int32_t[]", B)
+        self.ring_starts = ffi.new("int32_t[]", B)
+        d.kv_len.host, d.ring_start.host = self.lengths, self.ring_starts
+        d.kv_capacity = cap
+        self.out_shape = (B, H, D)
+
+    def fits(self, call, query, key, value) -> bool:
+        return (call.scale == self.scale and call.softcap == self.softcap and call.sinks is None
+                and query.shape == self.query_shape and key.shape == self.rows_shape
+                and value.shape == self.rows_shape and query.dtype == key.dtype == value.dtype
+                and query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
+
+    def _plan(self, length: int):
+        """The decode plan for ``length`` valid slots (by its power-of-two bucket, as decode_attention's)."""
+        bucket = _plans.length_bucket(length)
+        if bucket != self.bucket:
+            desc = dict(self.plan_desc, max_kv_len=min(bucket, self.plan_desc["attn"]["kv_capacity"]))
+            self.decode_plan = _plans.cached(self.plan_key + (bucket,), lambda: _plans.new_plan(
+                lib.pyfa_decode_plan_new, self.device, _args.params("pyfa_decode_plan_desc *", desc)))
+            self.bucket = bucket
+        return self.decode_plan
+
+    def run(self, rows, query, key, value):
+        cap = rows.capacity
+        stored = rows.stored + 1
+        length = min(stored, cap)
+        ring_start = stored % cap if stored > cap else 0
+        plan = self._plan(length)
+        for i in range(len(self.lengths)):
+            self.lengths[i] = length
+            self.ring_starts[i] = ring_start
+        out = query.new_empty(self.out_shape)
+        a, d = self.append_args, self.decode_args
+        a.k.address, a.v.address, a.write_pos = key.data_ptr(), value.data_ptr(), rows.stored % cap
+        d.q.address, d.out.address = query.data_ptr(), out.data_ptr()
+        enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0) if self.cuda else 0)
+        # What was recorded is dropped if anything below raises: the next call's encoder() resets it.
+        _plans.begin_recording(enc)
+        status = lib.pyfa_kv_append_run(self.append_plan, enc, a)
+        if status != 0:
+            _plans.discard_encoder(self.device)
+            check(status)
+        _plans.run(self.device, lib.pyfa_decode_run, plan, enc, d)
+        _plans.end_recording(enc)
+        rows.stored = stored
+        return out.unsqueeze(1)
 
 
 class _SequenceCaches:
@@ -117,6 +226,11 @@ class _SequenceCaches:
             lses.append(hf._tensor(l) if lse else None)
         out = torch.stack(outs)[:, None]
         return call.finish(out, torch.stack(lses)[:, :, None] if lse else None, query.dtype)
+
+    def step(self, call, query, key, value):
+        """The rows appended, then one ``attend`` per sequence: ``[B, 1, H, D]`` in query's dtype."""
+        self.append(key, value)
+        return self.decode(call, query)
 
     def read(self, count: int):
         """The last ``count`` rows in order, dequantised, as ``[B, H_kv, count, D]`` in the model's dtype."""
@@ -170,9 +284,10 @@ class PyfaCacheLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         """Records ``key_states``/``value_states [B, H_kv, n, D]`` for the attention call that follows
         and returns them as they are (see the module docstring)."""
-        self.owner._check_ready()
         if not self.is_initialized:
+            self.owner._check_implementation()
             self.lazy_initialization(key_states, value_states)
+        self.owner._check_pending()
         B, Hkv, _, D = key_states.shape
         if (B, Hkv, D) != self.shape or tuple(value_states.shape) != tuple(key_states.shape):
             raise invalid(f"key_states: PyfaCache layer holds batch {self.shape[0]}, {self.shape[1]} KV heads of "
@@ -208,8 +323,10 @@ class PyfaCacheLayer(CacheLayerMixin):
         visible = past if self.sliding_window is None else min(past, self.sliding_window - 1)
         plain, _ = call.unmasked(mask, query.shape[2], visible + n)
         if plain is None and query.shape[2] == 1 and past > 0 and call.causal:
-            self._append(key, value)
-            return self._decode(call, query)
+            self._check_room(1)
+            out = self.rows.step(call, query, key, value)
+            self.stored += 1
+            return out
         if visible > 0:
             k_past, v_past = self._read(visible)
             key, value = torch.cat([k_past, key], 2), torch.cat([v_past, value], 2)
@@ -217,17 +334,17 @@ class PyfaCacheLayer(CacheLayerMixin):
         self._append(key[:, :, -n:], value[:, :, -n:])
         return out
 
-    def _append(self, key, value) -> None:
-        n = key.shape[2]
-        if not self.is_sliding and self.stored + n > self.capacity:  # checked before any row is written
+    def _check_room(self, n: int) -> None:
+        """Raises before any row is written when ``n`` more tokens do not fit a full-attention layer."""
+        if not self.is_sliding and self.stored + n > self.capacity:
             raise invalid(f"append: {self.stored} stored + {n} new tokens exceed the layer's capacity of "
                           f"{self.capacity} (max_cache_len)")
+
+    def _append(self, key, value) -> None:
+        n = key.shape[2]
+        self._check_room(n)
         self.rows.append(key, value)
         self.stored += n
-
-    def _decode(self, call, query):
-        """The cache's decode of ``query [B, H, 1, D]``: ``[B, 1, H, D]`` in query's dtype."""
-        return self.rows.decode(call, query)
 
     def _read(self, count: int):
         """The last ``count`` stored rows in order, as K and V tensors ``[B, H_kv, count, D]``
@@ -312,14 +429,20 @@ class PyfaCache(Cache):
         one on Cache, which a plain attribute could not replace.)"""
         return self._max_cache_len
 
-    def _check_ready(self) -> None:
-        """Refuses an update that another attention implementation would read: it would see
-        only the new rows (update returns those), so results would be wrong, not slow."""
+    def _check_implementation(self) -> None:
+        """Refuses a layer's first update when another attention implementation would read it: it
+        would see only the new rows (update returns those), so results would be wrong, not slow.
+        Checked once per layer (reading the config costs microseconds); a model switched to another
+        implementation later is caught by :meth:`_check_pending` at its next layer's update."""
         impl = getattr(self.config, "_attn_implementation", None)
         if impl not in hf.registered_names():
             raise invalid(f"cache: a PyfaCache is read by pyfa's attention only; the model runs "
                           f"attn_implementation={impl!r} (register() and use {hf.NAME!r})")
+
+    def _check_pending(self) -> None:
+        """Refuses an update while an earlier one still awaits its attention call."""
         layer = hf.pending_layer()
         if layer is not None and layer.owner is self:
+            self._check_implementation()  # the likely reason, named when it is
             raise invalid("cache: the attention call after the last update() did not receive the rows it returned "
                           "(a model that changes K/V between the cache and attention cannot use a PyfaCache)")
