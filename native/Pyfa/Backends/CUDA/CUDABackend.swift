@@ -40,8 +40,11 @@ final class CUDABackend: Backend {
     let deviceName: String
     let smCount: UInt32
     let maxSharedOptin: Int
-    /// Programmatic dependent launch (CUDAQueue.dependentLaunch): compute
-    /// capability 9.0 and later, unless PYFA_CUDA_PDL=0.
+    /// Programmatic dependent launch (CUDAQueue.dependentLaunch): opt-in,
+    /// PYFA_CUDA_PDL=1 on compute capability 9.0 and later. Off by default: it
+    /// saves ~1.5 µs of GPU time per decode, but inside a transformers model's
+    /// step (pyfa's kernels between the framework's) a batch-8, 32K-position
+    /// step took 16.5 ms with it and 11-13 ms without (H200, docs/cuda/NOTES.md).
     let dependentLaunch: Bool
     let totalMemory: UInt64
     /// Device allocations the driver confirmed recently, so wrapping memory
@@ -70,7 +73,7 @@ final class CUDABackend: Backend {
             throw PyfaError.unavailable("backend 'cuda': compute capability \(major).\(minor) is below the 8.0 pyfa needs")
         }
         smCount = UInt32(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
-        dependentLaunch = major >= 9 && getenv("PYFA_CUDA_PDL").map { String(cString: $0) != "0" } ?? true
+        dependentLaunch = major >= 9 && getenv("PYFA_CUDA_PDL").map { String(cString: $0) == "1" } ?? false
         maxSharedOptin = Int(try attribute(PYFA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
         var nameBytes = [CChar](repeating: 0, count: 128)
         _ = pyfa_cu.cuDeviceGetName(&nameBytes, 127, dev)

@@ -16,9 +16,9 @@ final class CUDAQueue: CommandQueue {
     /// driver with cuLaunchKernelEx): a kernel may be scheduled while the one
     /// before it in the stream finishes, and waits in its prologue
     /// (CUDACompiler's entry) until that one has completed and its writes are
-    /// visible, so the gap between dependent kernels closes. PYFA_CUDA_PDL=0
-    /// launches plainly, and so does a queue whose driver refused such a
-    /// launch once (the launch is retried plainly).
+    /// visible, so the gap between dependent kernels closes. Opt-in
+    /// (PYFA_CUDA_PDL=1, CUDABackend says why); a queue whose driver refused
+    /// such a launch once launches plainly (the launch is retried plainly).
     private(set) var dependentLaunch: Bool
     private let ownStream: CUstream
     private var stream: CUstream?
