@@ -19,9 +19,11 @@ Where the rows live:
 
 - ``kind="dense"``: one pair of tensors ``[B, H_kv, capacity, D]`` per layer in the
   model's dtype on its device, a ring of ``capacity`` slots (position ``p`` in slot
-  ``p % capacity``). An append writes the new rows into their slots (one copy each for
-  K and V); a decode step is one :func:`pyfa.decode_attention` call for the whole batch
-  (``kv_len``, and ``ring_start`` once a ring wrapped).
+  ``p % capacity``). A decode step is pyfa's append of the new rows into their slot and
+  pyfa's decode of the whole batch (``kv_len``, and ``ring_start`` once a ring wrapped),
+  prepared at the layer's first step and submitted together (:class:`_DenseStep`); the
+  prompt's rows, and steps the prepared form does not fit (sinks, which need the LSE), are
+  a torch copy into the slots and a :func:`pyfa.decode_attention` call.
 - ``kind="turboquant"``: one :class:`pyfa.TurboQuantKVCache` per sequence (the codec
   holds a sequence), so a step appends and attends once per sequence.
 
@@ -92,7 +94,8 @@ class _DenseRows:
         """Whether a step can take the prepared form: no sinks (those need the LSE), and query
         and rows contiguous in the cache's dtype (projections and RoPE give them so)."""
         return (call.sinks is None and query.dtype == self.k.dtype == key.dtype == value.dtype
-                and cuda_interop.numpy_dtype(query.dtype) in dtypes.FLOAT_TYPES and query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
+                and cuda_interop.numpy_dtype(query.dtype) in dtypes.FLOAT_TYPES
+                and query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
 
     def decode(self, call, query):
         """One decode call for the batch: ``[B, 1, H, D]`` in query's dtype."""
