@@ -42,6 +42,18 @@ BLOCKS, PER_BLOCK, ATTEMPTS = 3, 4, 3
 # a kernel that lost its vectorisation or a call that fell to a slow path;
 # instruction counts (scripts/callgrind_gate.py) catch the small regressions.
 MIN_RATIO = {"decode-numpy": 4.0, "decode-torch": 4.0, "prefill-numpy": 2.0, "prefill-torch": 0.5}
+# torch's CPU kernels use AVX-512 (and AMX for bf16) where the CPU has them; pyfa's are AVX2.
+# On such a CPU (torch.backends.cpu.get_cpu_capability() == "AVX512") the ratio against torch
+# measures that ISA gap: a 2-core Xeon with AVX-512 and AMX measured decode-torch 2.22-2.35x
+# and prefill-torch 0.37x (three attempts of one CI run, no other job); these bounds sit about
+# 2x under, for the same purpose as the ones above.
+AVX512_TORCH_MIN_RATIO = {"decode-torch": 1.0, "prefill-torch": 0.18}
+
+
+def torch_bound(torch, case: str) -> float:
+    """The bound of a torch gate on this CPU (see AVX512_TORCH_MIN_RATIO)."""
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "")()
+    return AVX512_TORCH_MIN_RATIO[case] if capability.startswith("AVX512") else MIN_RATIO[case]
 
 
 def alternating_min(pyfa_call, peer_call):
@@ -64,15 +76,16 @@ def alternating_min(pyfa_call, peer_call):
     return best_pyfa, best_peer
 
 
-def gate(request, benchmark, case, pyfa_call, peer_call, shape):
-    """Times the pair; records and enforces the ratio when benchmarking is enabled."""
+def gate(request, benchmark, case, pyfa_call, peer_call, shape, bound=None):
+    """Times the pair; records and enforces the ratio (at least ``bound``, by default
+    MIN_RATIO's) when benchmarking is enabled."""
     benchmark.group = "cpu-gates"
     benchmark.extra_info.update(case=case, shape=shape)
     benchmark.pedantic(pyfa_call, rounds=3 if not benchmark.disabled else 1, warmup_rounds=1)
     if benchmark.disabled:
         return
     peer_call()  # warm-up outside the timed rounds
-    bound, tries = MIN_RATIO[case], []
+    bound, tries = MIN_RATIO[case] if bound is None else bound, []
     for _ in range(ATTEMPTS):
         t_pyfa, t_peer = alternating_min(pyfa_call, peer_call)
         ratio = t_peer / t_pyfa
@@ -123,7 +136,7 @@ def test_decode_vs_torch(request, benchmark, cpu):
     torch.set_num_threads(cpu.compute_units)  # the same cores pyfa's pool uses
     try:
         np.testing.assert_allclose(run(), peer()[:, :, 0].float().numpy(), rtol=1e-2, atol=1e-2)
-        gate(request, benchmark, "decode-torch", run, peer, DEC_SHAPE)
+        gate(request, benchmark, "decode-torch", run, peer, DEC_SHAPE, torch_bound(torch, "decode-torch"))
     finally:
         torch.set_num_threads(threads)
 
@@ -163,6 +176,6 @@ def test_prefill_vs_torch(request, benchmark, cpu):
     torch.set_num_threads(cpu.compute_units)
     try:
         assert np.abs(run().astype(np.float32) - peer().float().numpy()).max() < 3e-2
-        gate(request, benchmark, "prefill-torch", run, peer, PF_SHAPE)
+        gate(request, benchmark, "prefill-torch", run, peer, PF_SHAPE, torch_bound(torch, "prefill-torch"))
     finally:
         torch.set_num_threads(threads)

@@ -65,6 +65,29 @@ def test_plan_is_reused_as_the_cache_grows(cpu, rng):
     assert _delta(before, pyfa.counters())["plans_created"] == 0
 
 
+def test_plan_runs_follow_host_memory_rewritten_replaced_or_resized(cpu, rng):
+    """A plan keeps its wraps of caller memory per argument and reuses them when a run passes
+    the same memory: results follow arrays rewritten in place, other arrays in an argument's
+    place, and memory of another size at the same address (a smaller cache over k's bytes)."""
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 32, 64)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 32, 64)).astype(np.float32)
+    out = np.empty((1, 4, 64), np.float32)
+    for _ in range(3):
+        got = pyfa.decode_attention(q, k, v, 32, device=cpu, out=out)
+        np.testing.assert_allclose(got, _ref(q, k, v, [32]), atol=2e-5, rtol=0)
+        q[...] = rng.standard_normal(q.shape)
+        k[...] = rng.standard_normal(k.shape)
+    k2, v2 = k * 2 + 1, v - 1
+    np.testing.assert_allclose(pyfa.decode_attention(q, k2, v2, 30, device=cpu, out=out), _ref(q, k2, v2, [30]),
+                               atol=2e-5, rtol=0)
+    small_k = k.reshape(-1)[:2 * 24 * 64].reshape(1, 2, 24, 64)  # k's first bytes: the same address
+    small_v = v.reshape(-1)[:2 * 24 * 64].reshape(1, 2, 24, 64)
+    assert small_k.ctypes.data == k.ctypes.data
+    np.testing.assert_allclose(pyfa.decode_attention(q, small_k, small_v, 20, device=cpu, out=out),
+                               _ref(q, small_k, small_v, [20]), atol=2e-5, rtol=0)
+
+
 def test_host_lengths_are_checked_per_call(device, rng):
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     k = rng.standard_normal((2, 2, 50, 64)).astype(np.float32)

@@ -14,6 +14,13 @@ public protocol BufferMemory: AnyObject {
     var deviceAddress: UInt64 { get }
     func write(offset: Int, from: UnsafeRawPointer, count: Int) throws
     func read(offset: Int, into: UnsafeMutableRawPointer, count: Int) throws
+    /// True for a view of caller memory made without a copy or a check, so wrapping the
+    /// same memory again would give an equal view (a plan's runs may reuse it).
+    var isPlainView: Bool { get }
+}
+
+extension BufferMemory {
+    public var isPlainView: Bool { false }
 }
 
 /// A typed, shaped span of memory on one device.

@@ -29,6 +29,12 @@ public class OpPlan {
     private let ownWorkspace: Buffer?
     private let lock = Lock()
     private var captured = false
+    /// Views of caller memory that earlier runs wrapped, by argument name. A run passing the
+    /// same memory again (a decode loop's cache; an allocator handing back the block it just
+    /// freed) reuses that Buffer: wrapping costs a few allocations per argument, a large part
+    /// of a tiny run. Only plain views are kept (BufferMemory.isPlainView: the CPU's); GPU
+    /// backends check or copy at every wrap, so their memory is wrapped anew each run.
+    private var wrapped: [(name: String, data: Bool, buffer: Buffer)] = []
 
     init(device: Device, workspaceBytes: Int) throws {
         self.device = device
@@ -52,11 +58,37 @@ public class OpPlan {
         try require(!t.isAbsent || needed == 0, "\(name): address is 0")
         try require(t.nbytes >= UInt64(needed),
                     "\(name): \(t.nbytes) bytes cannot hold \(elements) \(dtype.name) values (\(needed) bytes)")
+        let data = !perElement
+        if let kept = lock.withLock({ keptBuffer(name, data: data, address: t.address, nbytes: needed, dtype: dtype) }) {
+            return kept
+        }
+        let buffer: Buffer
         do {
-            return try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements],
-                                         data: !perElement)
+            buffer = try device.wrapBuffer(address: t.address, nbytes: needed, dtype: dtype, shape: [elements],
+                                           data: data)
         } catch let e as PyfaError {
             throw PyfaError(e.status, "\(name): \(e.message)")  // the backend's refusal, for this argument
+        }
+        if buffer.memory.isPlainView { lock.withLock { keep(buffer, name, data: data) } }
+        return buffer
+    }
+
+    /// The Buffer an earlier run wrapped for `name` over exactly this memory, if any (call under `lock`).
+    private func keptBuffer(_ name: String, data: Bool, address: UInt64, nbytes: Int, dtype: DType) -> Buffer? {
+        for entry in wrapped where entry.name == name {
+            let b = entry.buffer
+            return entry.data == data && b.memory.deviceAddress == address && b.nbytes == nbytes && b.dtype == dtype
+                ? b : nil
+        }
+        return nil
+    }
+
+    /// Keeps `buffer` as `name`'s, replacing the one kept before (call under `lock`).
+    private func keep(_ buffer: Buffer, _ name: String, data: Bool) {
+        if let i = wrapped.firstIndex(where: { $0.name == name }) {
+            wrapped[i] = (name, data, buffer)
+        } else {
+            wrapped.append((name, data, buffer))
         }
     }
 

@@ -30,6 +30,8 @@ final class HostMemory: BufferMemory {
 
     deinit { if owned { free(pointer) } }
 
+    var isPlainView: Bool { !owned }
+
     var hostPointer: UnsafeMutableRawPointer? { pointer }
     var deviceAddress: UInt64 { UInt64(UInt(bitPattern: pointer)) }
 
