@@ -103,10 +103,10 @@ def discard_encoder(device) -> None:
         encoders.pop(device, None)
 
 
-def run(device, runner, plan, enc, args) -> None:
-    """Records a run and finishes it (commit; wait unless on a caller's stream),
-    in one call into the library."""
-    args.flags = lib.PYFA_RUN_FINISH
+def run(device, runner, plan, enc, args, finish: bool = True) -> None:
+    """Records a run and, with `finish`, finishes it (commit; wait unless on a caller's
+    stream), in one call into the library. A failed run drops this thread's encoder."""
+    args.flags = lib.PYFA_RUN_FINISH if finish else 0
     status = runner(plan, enc, args)
     if status != 0:
         discard_encoder(device)

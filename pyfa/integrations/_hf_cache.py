@@ -46,7 +46,7 @@ except ImportError as e:  # the per-layer cache API of transformers 5
 import pyfa
 from pyfa import _args, _plans, cuda_interop, dtypes
 from pyfa._native import ffi, lib
-from pyfa.errors import check, invalid
+from pyfa.errors import invalid
 
 from . import transformers as hf
 
@@ -82,11 +82,12 @@ class _DenseRows:
         """A decode step: the new rows ``key``/``value [B, H_kv, 1, D]`` appended, then the batch's
         decode of ``query [B, H, 1, D]``; ``[B, 1, H, D]`` in query's dtype. The prepared form
         (:class:`_DenseStep`) when the step fits it, else a torch copy and a decode call."""
-        prepared = self.prepared
-        if prepared is None and self.prepared_fits(call, query, key, value):
-            prepared = self.prepared = _DenseStep(self, call, query)
-        if prepared is not None and prepared.fits(call, query, key, value):
-            return prepared.run(self, query, key, value)
+        if self.prepared_fits(call, query, key, value):
+            prepared = self.prepared
+            if prepared is None:
+                prepared = self.prepared = _DenseStep(self, call, query)
+            if prepared.fits(call, query, key):
+                return prepared.run(self, query, key, value)
         self.append(key, value)
         return self.decode(call, query)
 
@@ -163,11 +164,11 @@ class _DenseStep:
         d.kv_capacity = cap
         self.out_shape = (B, H, D)
 
-    def fits(self, call, query, key, value) -> bool:
-        return (call.scale == self.scale and call.softcap == self.softcap and call.sinks is None
-                and query.shape == self.query_shape and key.shape == self.rows_shape
-                and value.shape == self.rows_shape and query.dtype == key.dtype == value.dtype
-                and query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
+    def fits(self, call, query, key) -> bool:
+        """Whether a step that fits the prepared form at all (_DenseRows.prepared_fits: dtypes,
+        contiguity, no sinks) has the options and shapes this one was made for."""
+        return (call.scale == self.scale and call.softcap == self.softcap
+                and query.shape == self.query_shape and key.shape == self.rows_shape)
 
     def _plan(self, length: int):
         """The decode plan for ``length`` valid slots (by its power-of-two bucket, as decode_attention's)."""
@@ -195,10 +196,7 @@ class _DenseStep:
         enc = _plans.encoder(self.device, cuda_interop.torch_stream_handle(0) if self.cuda else 0)
         # What was recorded is dropped if anything below raises: the next call's encoder() resets it.
         _plans.begin_recording(enc)
-        status = lib.pyfa_kv_append_run(self.append_plan, enc, a)
-        if status != 0:
-            _plans.discard_encoder(self.device)
-            check(status)
+        _plans.run(self.device, lib.pyfa_kv_append_run, self.append_plan, enc, a, finish=False)
         _plans.run(self.device, lib.pyfa_decode_run, plan, enc, d)
         _plans.end_recording(enc)
         rows.stored = stored
