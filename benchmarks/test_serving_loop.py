@@ -11,8 +11,9 @@ Cases (shapes in the test ids; bf16, H_q / H_kv = 32 / 8, D = 128 on the GPU):
   torch.cuda.synchronize()), B = 1, 8 and L = 4K, 32K: torch flash, torch cuDNN,
   pyfa, and the pyfa step captured in a CUDA graph with kv_len a device int32 tensor.
 - cache: pyfa.KVCache / pyfa.TurboQuantKVCache on the cuda device fed torch tensors:
-  append one token, then attend, against the GPU time of the step's kernels (the append's
-  and the attend's; the attend's alone is recorded beside it); and the same step captured
+  append one token, then attend, as two calls and as one (attend(q, k=, v=): "-fused"),
+  against the GPU time of the step's kernels (the append's and the attend's; the attend's
+  alone is recorded beside it); and the two-call step captured
   in a CUDA graph (the cache keeps its length on the device) and replayed ("-graph").
 - cpu: a tiny decode on numpy (B=1, H=1, D=64, kv_len=1, f32) on the CPU backend,
   beside the same arithmetic in numpy. Runs without torch (CI runs it once).
@@ -429,8 +430,10 @@ def _cache_case(gpu, full_size, kind, L):
     return _cache(kind, L, dev), new(L, HKV, D), new(1, HKV, D), new(1, HKV, D), new(HQ, D)
 
 
+@pytest.mark.parametrize("form", ["calls", "fused"])
 @pytest.mark.parametrize("kind,L", CACHE_CASES, ids=[f"{k}-{_shape(1, L)}" for k, L in CACHE_CASES])
-def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
+def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L, form):
+    """calls: cache.append(k, v) then cache.attend(q); fused: cache.attend(q, k=k, v=v), one call."""
     cache, rows, k1, v1, q = _cache_case(gpu, full_size, kind, L)
     try:
         cache.append(rows, rows)
@@ -444,6 +447,8 @@ def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
     n = 50 if full_size else 2
 
     def step():
+        if form == "fused":
+            return cache.attend(q, k=k1, v=v1)
         cache.append(k1, v1)
         return cache.attend(q)
 
@@ -452,7 +457,8 @@ def test_cache_append_attend(benchmark, request, gpu, full_size, kind, L):
     # The step's kernels (the append's and the attend's) are the peer; the attend's alone is recorded beside.
     step_us = kernel_us(step) if full_size else None
     attend_us = kernel_us(lambda: cache.attend(q)) if full_size else None
-    _record(benchmark, "cache", shape, kind, n, us, kernel_us=None if step_us is None else round(step_us, 3))
+    _record(benchmark, "cache", shape, kind if form == "calls" else f"{kind}-fused", n, us,
+            kernel_us=None if step_us is None else round(step_us, 3))
     if attend_us is not None:
         benchmark.extra_info["attend_kernel_us"] = round(attend_us, 3)
     if full_size and step_us is None:

@@ -80,6 +80,7 @@ def _note_torch(t) -> bool:
     return type(t) is _torch_tensor
 
 
+_SIDES = {"host": "a host array", "torch": "a torch CUDA tensor"}
 K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 _GRAPH_KEPT = []  # memory of caches a CUDA graph captured: a replay may come after the cache is gone
 
@@ -247,9 +248,57 @@ class _RingCache:
         buf = self._stage(part, role)
         return lib.pyfa_buffer_address(buf.handle), part.nbytes, buf
 
-    def _append_rows(self, k, v, like) -> None:
+    def _append(self, k, v, finish: bool = True, side: str | None = None):
+        """Appends ``k``, ``v`` (any rows ``append`` takes); returns (how many, what the run reads:
+        keep it alive until the run is submitted). ``finish=False`` leaves the run recorded on this
+        thread's encoder for the next run to submit. ``side``:
+        where the rows must be ("host", or a GPU array's framework: "torch", "cupy", ...), else
+        PyfaError before anything changes."""
+        if side in (None, "host") and self._fast_rows(k, v):
+            return k.shape[0], self._append_rows(k, v, None, finish)
+        if side in (None, "torch") and self._append_torch(k, v, finish):
+            return k.shape[0], None  # the caller's tensors
+        k, v, like = self._check_kv(k, v)
+        found = like.kind if like is not None else "host"
+        if side is not None and found != side:
+            raise invalid(f"k: {_SIDES.get(found, 'a ' + found + ' GPU array')} and q {_SIDES.get(side, 'a ' + side + ' GPU array')}: "
+                          "pass q, k and v from one side (one call's work runs on one stream)")
+        if like is None:  # float64 rounds once, on the host, to what the append reads
+            k, v = (a.astype(self._float64_rows_as) if a.dtype == np.float64 else a for a in (k, v))
+        return k.shape[0], self._append_rows(k, v, like, finish)
+
+    @staticmethod
+    def _side(q) -> str:
+        """Where ``q`` is: "host" (numpy, torch CPU tensors, anything read as a host array) or the
+        framework of a GPU array."""
+        if type(q) is np.ndarray:
+            return "host"
+        if _torch_tensor is not None and type(q) is _torch_tensor:
+            return "torch" if q.is_cuda else "host"
+        a = _io.as_array(q, "q", allowed=_ACCEPTED, ndims=(2,), gpu=True)
+        return a.kind if isinstance(a, GpuArray) else "host"
+
+    def _attend_after_append(self, q, k, v, attend):
+        """``attend()`` after appending ``k``, ``v``, both in one submission under the cache's lock.
+        If the attend raises, the recorded append is dropped with this thread's encoder and the
+        count goes back: nothing is stored."""
+        if k is None or v is None:
+            raise invalid(f"{'k' if k is None else 'v'}: pass k and v together (the rows appended before "
+                          "attending), or neither")
+        side = self._side(q)
+        with self._lock:
+            n, _read = self._append(k, v, finish=False, side=side)  # _read: alive until attend() submits
+            try:
+                return attend()
+            except BaseException:
+                _plans.discard_encoder(self.device)
+                self._total -= n
+                raise
+
+    def _append_rows(self, k, v, like, finish: bool = True):
         """Appends checked rows (``k``, ``v`` of dtypes the kernels read) in one run that encodes
-        K and V; nothing changes when it raises."""
+        K and V; nothing changes when it raises. Returns what the run reads (host rows or the
+        staging buffers)."""
         with self._lock:
             stream = like.stream if like is not None else 0
             enc = _plans.encoder(self.device, stream)
@@ -259,8 +308,9 @@ class _RingCache:
             args.k.address, args.k.nbytes, keep_k = self._source(k, skip, K)
             args.v.address, args.v.nbytes, keep_v = self._source(v, skip, V)
             args.num_tokens, args.write_pos = count if self._state is None else k.shape[0], slot
-            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args, finish)
             self._total += k.shape[0]
+        return keep_k, keep_v
 
     def _fast_rows(self, k, v) -> bool:
         """Whether ``k``, ``v`` are numpy rows an append takes as they are on a host-visible device
@@ -273,7 +323,7 @@ class _RingCache:
                 and v.shape == shape and k.dtype == v.dtype and k.dtype in _SOURCE_TYPES
                 and k.flags.c_contiguous and v.flags.c_contiguous)
 
-    def _append_torch(self, k, v) -> bool:
+    def _append_torch(self, k, v, finish: bool = True) -> bool:
         """Appends ``k``, ``v`` when they are torch CUDA tensors an append reads as they are (on
         CUDA device 0 with a GPU cache device, one float dtype the kernels read, ``[n >= 1,
         num_kv_heads, head_dim]``, contiguous), queued on torch's current stream, and returns True;
@@ -299,7 +349,7 @@ class _RingCache:
             args.k.address, args.k.nbytes = k.data_ptr() + skip * row, count * row
             args.v.address, args.v.nbytes = v.data_ptr() + skip * row, count * row
             args.num_tokens, args.write_pos = count if self._state is None else n, slot
-            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args)
+            _plans.run(self.device, lib.pyfa_kv_append_run, plan, enc, args, finish)
             self._total += n
         return True
 
@@ -558,14 +608,11 @@ class KVCache(_RingCache):
         (float16/bfloat16/float32, read in place, queued on the caller's stream). One kv_append
         dispatch each for K and V; rows are rounded to the cache dtype to nearest even. Raises
         PyfaError, changing nothing, on bad input or (without a window) overflow."""
-        if self._fast_rows(k, v):
-            return self._append_rows(k, v, None)
-        if self._append_torch(k, v):
-            return
-        k, v, like = self._check_kv(k, v)
-        if like is None:  # float64 rounds once, on the host, straight to the cache dtype
-            k, v = (a.astype(self.dtype) if a.dtype == np.float64 else a for a in (k, v))
-        self._append_rows(k, v, like)
+        self._append(k, v)
+
+    @property
+    def _float64_rows_as(self):  # float64 rows round once, on the host, straight to the cache dtype
+        return self.dtype
 
     def _append_desc(self) -> dict:
         return {"cache_dtype": dtypes.code(self.dtype)}
@@ -573,13 +620,22 @@ class KVCache(_RingCache):
     def _append_memory(self):
         return (("k_cache", self._k), ("v_cache", self._v))
 
-    def attend(self, q, *, scale=None, softcap=0.0, out_dtype=None, return_lse=False):
+    def attend(self, q, *, k=None, v=None, scale=None, softcap=0.0, out_dtype=None, return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the cache;
         returns ``[H, head_dim]`` of ``out_dtype`` (None: q's dtype, float32 for a float64 q), zeros
         for an empty cache, in q's array type: numpy, a torch CPU tensor, or (a CUDA ``q`` on a cuda
         device) an array of q's framework, queued on its current stream without waiting.
         ``return_lse``: also the float32 LSE ``[H]`` (as :func:`pyfa.decode_attention`'s; ``-inf``
-        for an empty cache), as ``(out, lse)``."""
+        for an empty cache), as ``(out, lse)``.
+
+        ``k``, ``v``: rows to append first, as :meth:`append` takes them, on q's side (host arrays
+        with a host ``q``, CUDA arrays of q's framework with a CUDA one); the attention then sees
+        them (flash-attn's ``flash_attn_with_kvcache(q, k_cache, v_cache, k, v)``). The append and
+        the attention are one submission, and the call is all or nothing: if either is refused,
+        nothing is appended."""
+        if k is not None or v is not None:
+            return self._attend_after_append(q, k, v, lambda: self.attend(
+                q, scale=scale, softcap=softcap, out_dtype=out_dtype, return_lse=return_lse))
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse)
         if repeat_key is not None:
             out = self._attend_repeat(q, scale)

@@ -322,16 +322,12 @@ class TurboQuantKVCache(_RingCache):
         cuda device, CUDA arrays (float16/bfloat16/float32, read in place, encoded on the caller's
         stream without waiting). Raises PyfaError, changing nothing, on bad input or (without a
         window) overflow."""
-        if self._fast_rows(k, v):
-            return self._append_rows(k, v, None)
-        if self._append_torch(k, v):
-            return
-        k, v, like = self._check_kv(k, v)
-        if like is None:  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)
-            k, v = (a.astype(np.float32) if a.dtype == np.float64 else a for a in (k, v))
-        self._append_rows(k, v, like)
+        self._append(k, v)
 
-    def attend(self, q, *, scale=None, softcap=0.0, fused=True, nwg=None, out_dtype=None, return_lse=False):
+    _float64_rows_as = np.dtype(np.float32)  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)
+
+    def attend(self, q, *, k=None, v=None, scale=None, softcap=0.0, fused=True, nwg=None, out_dtype=None,
+               return_lse=False):
         """Decode attention of ``q [H, head_dim]`` (float16/bfloat16/float32/float64) over the codes,
         in the rotated domain; returns ``[H, head_dim]`` in the original domain, of ``out_dtype``
         (None: q's dtype, float32 for a float64 q), zeros for an empty cache, in q's array type:
@@ -340,7 +336,14 @@ class TurboQuantKVCache(_RingCache):
         as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of the original-domain
         scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce + undo tail; both
         tails give identical bits. ``nwg`` overrides the backend plan's workgroups per sequence
-        (tests and tuning)."""
+        (tests and tuning).
+
+        ``k``, ``v``: rows to encode and append first, as :meth:`append` takes them, on q's side;
+        the attention then sees them. One submission, all or nothing (as
+        :meth:`pyfa.KVCache.attend`)."""
+        if k is not None or v is not None:
+            return self._attend_after_append(q, k, v, lambda: self.attend(
+                q, scale=scale, softcap=softcap, fused=fused, nwg=nwg, out_dtype=out_dtype, return_lse=return_lse))
         repeat_key = self._repeat_key(q, scale, softcap, out_dtype, return_lse) \
             if fused is True and nwg is None else None
         if repeat_key is not None:

@@ -45,10 +45,10 @@ def wrapped(monkeypatch):
     seen = []
     original = _plans.run
 
-    def run(device, runner, plan, enc, args):
+    def run(device, runner, plan, enc, args, finish=True):
         if runner == lib.pyfa_kv_append_run and not device.host_visible:
             seen.extend([(args.k.address, args.k.nbytes), (args.v.address, args.v.nbytes)])
-        return original(device, runner, plan, enc, args)
+        return original(device, runner, plan, enc, args, finish)
     monkeypatch.setattr(_plans, "run", run)
     return seen
 

@@ -141,6 +141,32 @@ def test_host_and_device_inputs_mix(rng, kind):
 
 
 @gpu
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_attend_with_rows_on_one_side(rng, kind):
+    """attend(q, k=, v=) on torch CUDA tensors gives what append then attend give on a twin, step
+    after step (the torch fast paths); rows and q on different sides are refused, naming k,
+    before anything is appended."""
+    torch = _torch()
+    ours, twin = _pair(kind, pyfa.Device("cuda"))
+    rows = _cuda(torch, rng.standard_normal((6, 2, 128)).astype(np.float16))
+    for c in (ours, twin):
+        c.append(rows, rows)
+    for t in range(50):  # past the window (40) and the capacity (48)
+        k, v = (_cuda(torch, rng.standard_normal((1, 2, 128)).astype(np.float16)) for _ in range(2))
+        q = _cuda(torch, rng.standard_normal((8, 128)).astype(np.float16))
+        twin.append(k, v)
+        assert torch.equal(ours.attend(q, k=k, v=v), twin.attend(q)), f"step {t}"
+    n = len(ours)
+    host_q = rng.standard_normal((8, 128)).astype(np.float32)
+    with pytest.raises(pyfa.PyfaError, match="k: a torch CUDA tensor and q a host array"):
+        ours.attend(host_q, k=k, v=v)
+    with pytest.raises(pyfa.PyfaError, match="k: a host array and q a torch CUDA tensor"):
+        ours.attend(q, k=host_q[None, :2], v=host_q[None, :2])
+    assert len(ours) == n
+    assert torch.equal(ours.attend(q), twin.attend(q))
+
+
+@gpu
 def test_host_appends_reuse_the_staging_buffer(rng, monkeypatch):
     allocated = []
     original = pyfa.Device.buffer

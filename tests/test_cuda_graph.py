@@ -107,9 +107,10 @@ def _cache(kind, cap, window):
     return pyfa.TurboQuantKVCache(HKV, D, cap, k_bits=4, v_bits=4, sliding_window=window, device=DEVICE)
 
 
-def _twins(kind, cap, window, seed):
+def _twins(kind, cap, window, seed, fused=False):
     """(eager, captured, feed, step): twin caches, the input tensors a graph captures (filled anew
-    by feed(t), as a decode loop writes them) and a step (append one token, attend) on either."""
+    by feed(t), as a decode loop writes them) and a step (append one token, attend) on either;
+    with `fused` the captured cache's step is one call, attend(q, k=, v=)."""
     dtype = torch.bfloat16
     eager, captured = _cache(kind, cap, window), _cache(kind, cap, window)
     k_in, v_in, q_in = (torch.empty(s, dtype=dtype, device="cuda") for s in ((1, HKV, D), (1, HKV, D), (H, D)))
@@ -119,21 +120,25 @@ def _twins(kind, cap, window, seed):
             x.copy_(_filled(x.shape, dtype, seed * t + j))
 
     def step(c):
+        if fused and c is captured:
+            return c.attend(q_in, k=k_in, v=v_in)
         c.append(k_in, v_in)
         return c.attend(q_in)
 
     return eager, captured, feed, step
 
 
+@pytest.mark.parametrize("form", ["calls", "fused"])
 @pytest.mark.parametrize("window", [None, 24], ids=["no-window", "ring"])
 @pytest.mark.parametrize("kind", ["dense", "tq"])
-def test_cache_step_replays_like_eager_steps(kind, window):
-    """A graph of (append one token, attend), replayed with new rows and q each time, gives what the
+def test_cache_step_replays_like_eager_steps(kind, window, form):
+    """A graph of (append one token, attend: two calls, or one attend with k and v), replayed with
+    new rows and q each time, gives what the
     same eager steps on a twin cache give, bit for bit, through the ring's wrap; len() reads the
     length the replays left; a replay into a full cache without a window writes nothing and is
     reported; the graph still replays after the cache object is gone."""
     cap = 32
-    eager, captured, feed, step = _twins(kind, cap, window, 3)
+    eager, captured, feed, step = _twins(kind, cap, window, 3, fused=form == "fused")
     t = 0
     for _ in range(3):  # eager warm-up on both: plans made, kernels compiled
         feed(t)

@@ -97,6 +97,117 @@ def test_bad_input(device, rng):
         pyfa.KVCache(2, 80, 8, device=device).attend(rng.standard_normal((2, 64)))
 
 
+def _small_cache(kind, device, capacity=16, window=None):
+    if kind == "dense":
+        return pyfa.KVCache(2, 64, capacity, dtype=np.float32, sliding_window=window, device=device)
+    return pyfa.TurboQuantKVCache(2, 64, capacity, k_bits=4, v_bits=3, sliding_window=window, device=device)
+
+
+def _stored_bytes(c):
+    return [b.view(np.uint8) for b in ([c._k.read(), c._v.read()] if isinstance(c, pyfa.KVCache) else c.codes())]
+
+
+@pytest.mark.parametrize("window", [None, 6], ids=["no-window", "ring"])
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_attend_with_rows_is_append_then_attend(device, rng, kind, window):
+    """attend(q, k=, v=) gives the bits of append(k, v) then attend(q) on a twin, and stores the same
+    bytes: from an empty cache, through the ring's wrap, with the repeat path (defaults) and the
+    full one (LSE, float64 rows)."""
+    # 14 rows in all: they fill the cache without a window exactly (slots never written hold whatever
+    # the allocation held) and wrap the ring of 8 slots.
+    ours, twin = (_small_cache(kind, device, capacity=14 if window is None else 8, window=window) for _ in range(2))
+    for i, n in enumerate((3, 1, 1, 5, 1, 1, 2)):
+        k, v = rng.standard_normal((n, 2, 64)), rng.standard_normal((n, 2, 64))
+        if i % 3:
+            k, v = k.astype(np.float32), v.astype(np.float32)
+        q = rng.standard_normal((4, 64)).astype(np.float32)
+        lse = i % 2 == 1
+        twin.append(k, v)
+        want = twin.attend(q, return_lse=lse)
+        got = ours.attend(q, k=k, v=v, return_lse=lse)
+        for a, b in zip(got if lse else [got], want if lse else [want]):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {i}")
+        assert len(ours) == len(twin)
+    for a, b in zip(_stored_bytes(ours), _stored_bytes(twin)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_attend_with_rows_refused_appends_nothing(device, rng, kind):
+    """Each refusal of attend(q, k=, v=), whether of the rows, of q or of an option, raises naming
+    the argument and leaves the cache as it was: same length, same bytes, same attention."""
+    c = _small_cache(kind, device, capacity=8)
+    rows = rng.standard_normal((5, 2, 64)).astype(np.float32)
+    c.append(rows, rows)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    before, stored = c.attend(q), _stored_bytes(c)
+    one = rows[:1]
+    cases = [
+        (dict(k=one), "v: pass k and v together"),
+        (dict(v=one), "k: pass k and v together"),
+        (dict(k=one, v=one, q=q[:, :32]), "q: expected shape"),
+        (dict(k=one, v=one, q=q[:3]), "q: expected shape"),
+        (dict(k=rows[:1, :1], v=rows[:1, :1]), "k: expected shape"),
+        (dict(k=one, v=rows[:2]), "v: 2 tokens, k has 1"),
+        (dict(k=one.astype(np.int32), v=one), "k:"),
+        (dict(k=one, v=one, out_dtype=np.int32), "out_dtype"),
+        (dict(k=one, v=one, return_lse=2), "return_lse"),
+        (dict(k=rows, v=rows), "exceed capacity 8"),
+    ]
+    for kwargs, match in cases:
+        query = kwargs.pop("q", q)
+        with pytest.raises(pyfa.PyfaError, match=match):
+            c.attend(query, **kwargs)
+        assert len(c) == 5, kwargs
+        for a, b in zip(_stored_bytes(c), stored):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c.attend(q), before)
+    np.testing.assert_array_equal(c.attend(q, k=one, v=one), _with_twin(kind, device, rows, one, q))
+
+
+def _with_twin(kind, device, rows, one, q):
+    twin = _small_cache(kind, device, capacity=8)
+    twin.append(rows, rows)
+    twin.append(one, one)
+    return twin.attend(q)
+
+
+@pytest.mark.parametrize("kind", ["dense", "tq"])
+def test_attend_with_rows_refused_by_the_library_appends_nothing(device, rng, kind, monkeypatch):
+    """An attend the library refuses after the append was recorded (its run is given a cache size
+    too small) raises that refusal; the recorded append is dropped with the encoder, not run with
+    the next call, and the count stays."""
+    import pyfa.kvcache as kvcache_module
+    import pyfa.turboquant as tq_module
+    module, runner, field = ((kvcache_module, "pyfa_decode_run", "k_cache") if kind == "dense"
+                             else (tq_module, "pyfa_tq_decode_run", "k_codes"))
+    c = _small_cache(kind, device, capacity=8)
+    rows = rng.standard_normal((5, 2, 64)).astype(np.float32)
+    c.append(rows, rows)
+    stored = _stored_bytes(c)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    real = module.lib
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    def refused(plan, enc, args):
+        getattr(args, field).nbytes = 1
+        return getattr(real, runner)(plan, enc, args)
+    setattr(Refusing, runner, staticmethod(refused))
+    monkeypatch.setattr(module, "lib", Refusing())
+    with pytest.raises(pyfa.InvalidArgumentError, match=field):
+        c.attend(q, k=rows[:1], v=rows[:1])
+    monkeypatch.setattr(module, "lib", real)
+    assert len(c) == 5
+    twin = _small_cache(kind, device, capacity=8)
+    twin.append(rows, rows)
+    np.testing.assert_array_equal(c.attend(q), twin.attend(q))  # another call on this thread's encoder
+    for a, b in zip(_stored_bytes(c), stored):
+        np.testing.assert_array_equal(a, b)
+
+
 class _FakeGpuArray:
     """Looks like a GPU array to pyfa (it has a __cuda_array_interface__)."""
 

@@ -1,0 +1,103 @@
+"""Where a decode call's host time goes, on the GPU machine: the public call on torch
+tensors, the same run through the C ABI alone (the plan and run arguments the public
+call kept), a no-op ABI call (cffi's own cost), a bare cuLaunchKernel of an empty
+kernel through ctypes (the driver's floor), and a one-element torch op (torch's
+floor); then the cache's append and attend alone, in turn, and as one call. Host µs per call of a
+loop with no sync inside (the GPU keeps up: each call's kernels are shorter).
+
+With --perf-loop N the script runs only N ABI-level decode runs (for a profiler).
+"""
+import argparse
+import ctypes
+import time
+
+import torch
+
+import pyfa
+from pyfa import _plans, cuda_interop, decode
+from pyfa._native import ffi, lib
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--perf-loop", type=int, default=0)
+ap.add_argument("--calls", type=int, default=3000)
+opts = ap.parse_args()
+
+dev = pyfa.Device("cuda")
+B, H, HKV, D, L = 1, 32, 8, 128, 4096
+q = torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda")
+k = torch.randn(B, HKV, L, D, dtype=torch.bfloat16, device="cuda")
+v = torch.randn(B, HKV, L, D, dtype=torch.bfloat16, device="cuda")
+scale = D ** -0.5
+
+
+def host_us(fn, n):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+public = lambda: pyfa.decode_attention(q, k, v, L, scale=scale, device=dev)
+public()
+(entry,) = decode._repeat.table.values()
+plan, args = entry[0], entry[1]
+out = torch.empty_like(q)
+args.out.address = out.data_ptr()
+enc = _plans.encoder(dev, cuda_interop.torch_stream_handle(0))
+args.flags = lib.PYFA_RUN_FINISH
+native = lambda: lib.pyfa_decode_run(plan, enc, args)
+
+if opts.perf_loop:
+    for _ in range(opts.perf_loop):
+        native()
+    torch.cuda.synchronize()
+    raise SystemExit(0)
+
+counters = ffi.new("pyfa_counters *")
+noop = lambda: lib.pyfa_counters_get(counters)
+
+cuda = ctypes.CDLL("libcuda.so.1")
+mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+ptx = b""".version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry nop() { ret; }
+"""
+assert cuda.cuModuleLoadData(ctypes.byref(mod), ptx) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"nop") == 0
+stream = ctypes.c_void_p(cuda_interop.torch_stream_handle(0))
+launch = cuda.cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+bare = lambda: launch(fn, 1, 1, 1, 32, 1, 1, 0, stream, None, None)
+one = torch.zeros(1, device="cuda")
+torch_op = lambda: one.add_(1)
+
+before = pyfa.counters()["kernel_launches"]
+n = opts.calls
+rows = {"public decode_attention": host_us(public, n)}
+launches = (pyfa.counters()["kernel_launches"] - before) / (n + 50)
+rows["C ABI pyfa_decode_run (kept plan + args)"] = host_us(native, n)
+rows["C ABI no-op (pyfa_counters_get)"] = host_us(noop, n)
+rows["ctypes cuLaunchKernel, empty kernel"] = host_us(bare, n)
+rows["torch one-element add_"] = host_us(torch_op, n)
+
+cache = pyfa.KVCache(HKV, D, L, dtype=pyfa.bfloat16, sliding_window=L, device=dev)
+rows_kv = torch.randn(L, HKV, D, dtype=torch.bfloat16, device="cuda")
+cache.append(rows_kv, rows_kv)
+k1 = torch.randn(1, HKV, D, dtype=torch.bfloat16, device="cuda")
+q1 = q[0]
+cache.attend(q1)
+rows["KVCache.append (1 token)"] = host_us(lambda: cache.append(k1, k1), n)
+rows["KVCache.attend"] = host_us(lambda: cache.attend(q1), n)
+rows["KVCache.append + attend"] = host_us(lambda: (cache.append(k1, k1), cache.attend(q1)), n)
+rows["KVCache.attend(q, k=, v=)"] = host_us(lambda: cache.attend(q1, k=k1, v=k1), n)
+
+print(f"{torch.cuda.get_device_name()}; B {B}, {H}/{HKV} heads, D {D}, {L} positions, bf16; "
+      f"{launches:.2f} launches per decode call; host µs per call, {n} calls")
+for name, us in rows.items():
+    print(f"  {name:45s} {us:8.2f}")
