@@ -176,3 +176,42 @@ def test_torch_prefill_and_merge_in_place(rng, mask_kind):
         o, _ = pyfa.merge_attention_states(oa, la, ob, lb, device=dev)
         assert isinstance(o, torch.Tensor)
         np.testing.assert_allclose(o.float().cpu().numpy(), reference.attention(q, k, v), atol=2e-2, rtol=0)
+
+
+MERGE_CASES = [  # (B, H, H_kv, D, capacity, kv_len, kv dtype, out dtype, lse, window, softcap, ring_start)
+    (1, 32, 8, 128, 4096, 4096, "bfloat16", None, False, None, 0.0, 0),
+    (1, 32, 8, 128, 32768, 30001, "float16", "float32", True, None, 0.0, 0),
+    (3, 16, 2, 64, 2048, 2048, "float32", None, True, 700, 0.0, 0),
+    (2, 8, 8, 256, 9000, 9000, "bfloat16", "float16", False, None, 30.0, 4321),
+    (1, 16, 2, 512, 16384, 16384, "float16", None, True, None, 0.0, 0),
+    (4, 64, 8, 96, 1024, 1024, "float16", "bfloat16", True, 64, 0.0, 0),
+]
+# kv_len a power of two or the capacity: the plan sizes its split for the length's power-of-two
+# bucket and the buffer ABI for the length, so both split alike (the same bits need the same nwg).
+
+
+@gpu
+@pytest.mark.parametrize("case", MERGE_CASES, ids=lambda c: "B{}-H{}x{}-D{}-L{}-{}".format(c[0], c[1], c[2], c[3], c[5], c[6]))
+def test_split_decode_merged_in_its_last_workgroups_matches_the_reduce(rng, case):
+    """A decode through a plan (torch tensors) whose split ends in its last workgroups (a launch:
+    tickets) gives the bits of the same decode through the buffer ABI (numpy arrays), which ends
+    with the reduce dispatch; five calls in a row, so each leaves the tickets as it found them."""
+    torch = pytest.importorskip("torch")
+    B, H, Hkv, D, cap, L, kv_dtype, out_dtype, lse, window, softcap, ring = case
+    dev = pyfa.Device("cuda")
+    dt = {"float32": np.float32, "float16": np.float16, "bfloat16": pyfa.bfloat16}[kv_dtype]
+    q = rng.standard_normal((B, H, D)).astype(np.float32).astype(dt)
+    k, v = (rng.standard_normal((B, Hkv, cap, D)).astype(np.float32).astype(dt) for _ in range(2))
+    kw = dict(scale=0.1, softcap=softcap, window=window, ring_start=ring if L == cap else 0, out_dtype=out_dtype,
+              return_lse=lse)
+    want = pyfa.decode_attention(q, k, v, L, device=dev, **kw)
+    tt = lambda a: torch.from_numpy(a.astype(np.float32)).to(getattr(torch, kv_dtype)).cuda()  # noqa: E731
+    tq, tk, tv = tt(q), tt(k), tt(v)
+    before = pyfa.counters()["kernel_launches"]
+    for _ in range(5):
+        got = pyfa.decode_attention(tq, tk, tv, L, device=dev, **kw)
+    torch.cuda.synchronize()
+    launches = (pyfa.counters()["kernel_launches"] - before) / 5
+    for a, b in zip(got if lse else [got], want if lse else [want]):
+        np.testing.assert_array_equal(a.float().cpu().numpy(), np.asarray(b, np.float32))
+    assert launches == 1, f"{launches} launches per call"

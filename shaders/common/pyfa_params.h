@@ -59,9 +59,14 @@
  * outside the cache: kv_len[b] negative as an int32 is 0 (no visible key:
  * out is 0, lse -inf), above kv_capacity is kv_capacity; ring_start[b] at or
  * above kv_capacity is 0.
- * nwg == 1 (PYFA_VEC_FC_DIRECT_OUT): the kernel normalises into out and
+ * nwg == 1 (PYFA_VEC_FC_DIRECT_OUT = 1): the kernel normalises into out and
  * writes lse. nwg > 1: it writes its partial state to tmp, and
- * flash_attn_vec_reduce writes out and lse.
+ * flash_attn_vec_reduce writes out and lse; or, with PYFA_VEC_FC_DIRECT_OUT
+ * = 2 (backends whose plan says so), the workgroup that finishes a row's
+ * partials last merges them as flash_attn_vec_reduce would (the same bits)
+ * into out and lse: tickets [batch * num_heads] u32 counts the workgroups
+ * done with each row, zero before a dispatch and left zero after it (a
+ * plan's memory, zeroed once: dispatches sharing it run in stream order).
  * Grid: (nwg, num_kv_heads, batch); one workgroup serves the
  * num_heads/num_kv_heads query heads that share a KV head.
  * ------------------------------------------------------------------------- */
@@ -87,15 +92,17 @@ typedef struct pyfa_flash_attn_vec_params {
 #define PYFA_VEC_ARG_TMP 6
 #define PYFA_VEC_ARG_OUT 7
 #define PYFA_VEC_ARG_LSE 8 /**< without an lse the dispatcher binds out here (never written) */
+#define PYFA_VEC_ARG_TICKETS 15 /**< DIRECT_OUT = 2 only (slots 9-14: TurboQuant's and the paged decode's) */
 
 /* Function constants of flash_attn_vec. OUT_DTYPE and HAS_LSE concern the
- * direct path only: without DIRECT_OUT they are PYFA_DTYPE_F32 and 0, so the
- * split path has one specialisation whatever the reduce writes. */
+ * kernels that write out (DIRECT_OUT 1 or 2): with DIRECT_OUT 0 they are
+ * PYFA_DTYPE_F32 and 0, so the split path has one specialisation whatever the
+ * reduce writes. */
 #define PYFA_VEC_FC_Q_DTYPE 0     /**< dtype code of q */
 #define PYFA_VEC_FC_KV_DTYPE 1    /**< dtype code of k and v */
 #define PYFA_VEC_FC_HEAD_DIM 2    /**< head_dim, so loops have a known trip count */
 #define PYFA_VEC_FC_HAS_SOFTCAP 3 /**< bool */
-#define PYFA_VEC_FC_DIRECT_OUT 4  /**< bool: nwg == 1, normalise into out, no reduce */
+#define PYFA_VEC_FC_DIRECT_OUT 4  /**< 1: nwg == 1, normalise into out; 2: nwg > 1, the last workgroup merges; 0: reduce */
 #define PYFA_VEC_FC_VARIANT 5     /**< kernel variant the backend's plan picked (below) */
 #define PYFA_VEC_FC_OUT_DTYPE 6   /**< dtype code of out (f32, f16 or bf16) */
 #define PYFA_VEC_FC_HAS_LSE 7     /**< bool: an lse buffer is bound */

@@ -322,10 +322,12 @@ __device__ __forceinline__ void flash_attn_vec_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_head_dim(D), "flash_attn_vec: head_dim");
     static_assert(VARIANT == PYFA_VEC_VARIANT_PORTABLE || VARIANT == PYFA_VEC_VARIANT_MMA, "flash_attn_vec: variant");
     static_assert(pyfa_is_float_dtype(ODT), "flash_attn_vec: out dtype");
+    /* DIRECT 2: split, the last workgroup of a row merges (attn_vec_write_states, tickets bound). */
+    static_assert(DIRECT >= 0 && DIRECT <= 2, "flash_attn_vec: DIRECT_OUT is 0, 1 or 2");
     if constexpr (VARIANT == PYFA_VEC_VARIANT_MMA && KVDT != PYFA_DTYPE_F32) {
-        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0, PAGED != 0);
+        flash_attn_vec_mma_impl<QDT, KVDT, D>(a, SOFTCAP != 0, DIRECT == 1, ODT, HAS_LSE != 0, PAGED != 0);
     } else {
-        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT != 0, ODT, HAS_LSE != 0, PAGED != 0);
+        flash_attn_vec_impl<KVDT, D>(a, QDT, SOFTCAP != 0, DIRECT == 1, ODT, HAS_LSE != 0, PAGED != 0);
     }
 }
 

@@ -17,29 +17,32 @@
  * [nwg, D]; writes element e through store(e, value) and returns the row's
  * lse (every thread gets it). scratch: shared float[2 * nwg]. A row whose
  * workgroups saw no key gives zeros and lse -inf. Every thread of the block
- * must call it (it synchronises). The pairs are read once, one per thread,
- * into shared memory: the scans over them then wait on shared loads, not on
- * nwg global loads in a row. */
-template <class Store>
+ * (WARP: of the warp) must call it (it synchronises them). The pairs are read
+ * once, one per thread, into shared memory: the scans over them then wait on
+ * shared loads, not on nwg global loads in a row. */
+template <bool WARP = false, class Store>
 __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
                                                      float *scratch, Store store) {
+    const uint32_t rank = WARP ? threadIdx.x & 31 : threadIdx.x, size = WARP ? 32 : blockDim.x;
+    auto sync = [] { if constexpr (WARP) __syncwarp(); else __syncthreads(); };
     float *s_total = scratch, *weight = scratch + nwg; /* S of each workgroup, then its weight */
-    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x) {
-        const float S = sm[2 * w], m = sm[2 * w + 1];
+    for (uint32_t w = rank; w < nwg; w += size) {
+        /* .cg loads (L2): other workgroups of the same launch may have written them (attn_vec_merge_last) */
+        const float S = __ldcg(sm + 2 * w), m = __ldcg(sm + 2 * w + 1);
         s_total[w] = S;
         weight[w] = S > 0.0f ? m : -INFINITY; /* the M candidates, until the weights replace them */
     }
-    __syncthreads();
+    sync();
     float M = -INFINITY;
     for (uint32_t w = 0; w < nwg; w++) M = fmaxf(M, weight[w]);
-    __syncthreads(); /* every thread has M before the weights overwrite the candidates */
-    for (uint32_t w = threadIdx.x; w < nwg; w += blockDim.x)
-        weight[w] = (s_total[w] > 0.0f && M != -INFINITY) ? __expf(sm[2 * w + 1] - M) : 0.0f;
-    __syncthreads();
+    sync(); /* every thread has M before the weights overwrite the candidates */
+    for (uint32_t w = rank; w < nwg; w += size)
+        weight[w] = (s_total[w] > 0.0f && M != -INFINITY) ? __expf(__ldcg(sm + 2 * w + 1) - M) : 0.0f;
+    sync();
     float total = 0.0f;
     for (uint32_t w = 0; w < nwg; w++) total = fmaf(s_total[w], weight[w], total);
     const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
-    for (uint32_t e = threadIdx.x; e < D; e += blockDim.x) {
+    for (uint32_t e = rank; e < D; e += size) {
         /* Accumulator i takes the partials w = i (mod 8); the loop is unrolled so
          * 32 independent loads are in flight per thread (it is latency-bound). */
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -48,14 +51,58 @@ __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const floa
         for (; w + 8 <= nwg; w += 8) {
             float x[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) x[i] = part[(size_t)(w + i) * D + e];
+            for (int i = 0; i < 8; i++) x[i] = __ldcg(part + (size_t)(w + i) * D + e);
 #pragma unroll
             for (int i = 0; i < 8; i++) acc[i] = fmaf(weight[w + i], x[i], acc[i]);
         }
-        for (; w < nwg; w++) acc[0] = fmaf(weight[w], part[(size_t)w * D + e], acc[0]);
+        for (; w < nwg; w++) acc[0] = fmaf(weight[w], __ldcg(part + (size_t)w * D + e), acc[0]);
         store(e, __fmul_rn(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])), inv));
     }
     return total > 0.0f ? M + logf(total) : -INFINITY;
+}
+
+/* After a workgroup wrote its partial states of rows [row0, row0 + gn): it
+ * takes a ticket of row0, and the workgroup that takes the last (nwg - 1)
+ * merges those rows, one warp a row at a time, with attn_vec_reduce_row (so
+ * out and lse get the bits flash_attn_vec_reduce writes: they do not depend
+ * on how many threads merge a row), and takes the nwg tickets back for the
+ * next dispatch (every other workgroup of the rows has taken its ticket).
+ * Each warp's scratch (2 nwg floats) lies at the start of dynamic shared
+ * memory, free by now (the plan checks that blockDim / 32 of them fit).
+ * Every thread of the block calls it; tmp, out and lse as flash_attn_vec's. */
+template <int D>
+__device__ __noinline__ void attn_vec_merge_last(const pyfa_cuda_args &a, uint32_t gn, size_t row0, uint32_t nrows,
+                                                 uint32_t nwg, int out_dtype, bool has_lse) {
+    extern __shared__ __align__(16) float attn_vec_merge_scratch[];
+    __shared__ uint32_t s_last;
+    __threadfence(); /* this thread's partials, visible to the device before the ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t *ticket = pyfa_ptr<uint32_t>(a, PYFA_VEC_ARG_TICKETS) + row0;
+        s_last = atomicAdd(ticket, 1u) == nwg - 1;
+        /* Taken back, not stored as 0: should dispatches sharing the tickets ever overlap (a
+         * plan run on two streams at once, against its contract), the count still returns to 0
+         * once they are done, so later dispatches merge right. */
+        if (s_last) atomicSub(ticket, nwg);
+    }
+    __syncthreads();
+    if (!s_last) return; /* uniform */
+    __threadfence(); /* the other workgroups' partials, seen after their tickets */
+    const float *tmp = pyfa_ptr<const float>(a, PYFA_VEC_ARG_TMP);
+    const uint32_t n = nwg < PYFA_REDUCE_MAX_NWG ? nwg : PYFA_REDUCE_MAX_NWG;
+    const uint32_t warp = threadIdx.x >> 5;
+    float *scratch = attn_vec_merge_scratch + warp * 2 * n;
+    void *out = pyfa_ptr<void>(a, PYFA_VEC_ARG_OUT);
+    for (uint32_t g = warp; g < gn; g += blockDim.x >> 5) {
+        const size_t row = row0 + g;
+        const float *sm = tmp + (size_t)nrows * nwg * D + row * nwg * 2;
+        const float *part = tmp + row * nwg * D;
+        const float lse = attn_vec_reduce_row<true>(sm, part, n, D, scratch, [&](uint32_t e, float x) {
+            pyfa_store_as(out, row * D + e, x, out_dtype);
+        });
+        if (has_lse && (threadIdx.x & 31) == 0) pyfa_ptr<float>(a, PYFA_VEC_ARG_LSE)[row] = lse;
+        __syncwarp(); /* this warp's scratch serves its next row */
+    }
 }
 
 /* The end of one decode workgroup (flash_attn_vec and flash_attn_vec_tq):
@@ -64,7 +111,8 @@ __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const floa
  * domain, s), s_acc[(state * GT + g) * D + e] = the unnormalised output — and
  * writes head g0 + g either normalised to out in dtype out_dtype, and its lse
  * when has_lse (direct: nwg == 1), or as this workgroup's partial (o, S, M)
- * in tmp (contract in pyfa_params.h). Every thread of the block takes part. */
+ * in tmp (contract in pyfa_params.h), then, with tickets bound, takes part in
+ * attn_vec_merge_last. Every thread of the block takes part. */
 template <int STATES, int GT, int D>
 __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, const float *s_ms, const float *s_acc,
                                                       uint32_t gn, size_t row0, uint32_t nrows, uint32_t nwg,
@@ -98,6 +146,8 @@ __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, c
             }
         }
     }
+    /* Split with the tickets bound (DIRECT_OUT 2, flash_attn_vec only): the last workgroup merges. */
+    if (!direct && a.arg[PYFA_VEC_ARG_TICKETS] != 0) attn_vec_merge_last<D>(a, gn, row0, nrows, nwg, out_dtype, has_lse);
 }
 
 /* The logical positions [begin, end) workgroup iwg of sequence b covers, and

@@ -99,6 +99,9 @@ public protocol BackendPlan {
     /// the grid stays (nwg, num_kv_heads, batch).
     func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
     func wrapAlignment(dtype: DType, data: Bool) -> Int
+    /// Whether a split decode given tickets lets its last workgroup of each row merge the row
+    /// (flash_attn_vec's DIRECT_OUT 2: one dispatch instead of the decode and its reduce).
+    var lastWorkgroupMerges: Bool { get }
 }
 
 extension BackendPlan {
@@ -107,6 +110,9 @@ extension BackendPlan {
     /// which kernels may copy in wide pieces; otherwise values read one at a
     /// time (lengths, tables, masks, scales). 1: any address.
     public func wrapAlignment(dtype: DType, data: Bool) -> Int { 1 }
+
+    /// Split decodes end with the reduce dispatch unless a backend says otherwise.
+    public var lastWorkgroupMerges: Bool { false }
 
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {

@@ -93,10 +93,12 @@ public enum FlashAttnVec {
     /// or [num_pages, Hkv, page_size, D] (HND), params.kv_capacity is taken
     /// from the pages (pages_per_seq * page_size), and ringStart must be nil
     /// (paged sequences are not rings; paged_kv_params.h).
+    /// `tickets` (a plan's, u32 [batch * num_heads], zero): where the backend's plan allows it
+    /// (mergesLast), a split decode's last workgroup of each row merges it, and no reduce is recorded.
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
                               q: Buffer?, k: Buffer?, v: Buffer?, kvLen: SequenceValues?,
                               ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?,
-                              paged: PagedKV? = nil) throws {
+                              paged: PagedKV? = nil, tickets: Buffer? = nil) throws {
         var p = paged == nil ? paramsIn : try Paged.params(paramsIn, paged!.pages)
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
@@ -139,9 +141,11 @@ public enum FlashAttnVec {
         try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
         try Check.noOverlap(lse, "lse", inputs: inputs, ("tmp", tmpBuffer), ("out", out))
 
+        let merge = tickets != nil && paged == nil && mergesLast(encoder.device, p, geometry)
+        let ticketBuffer = merge ? try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: B * H) : nil
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,
-                                         lse: lse != nil, paged: paged != nil)
+                                         lse: lse != nil, paged: paged != nil, merge: merge)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: .buffer(out))
         let args: [SlotArg] = [
@@ -159,11 +163,11 @@ public enum FlashAttnVec {
             .at(PYFA_VEC_ARG_TMP, .buffer(tmpBuffer ?? out)),
             .at(PYFA_VEC_ARG_LSE, .buffer(lse ?? out)),
             pagedArgs.table,
-        ]
+        ] + (ticketBuffer.map { [.at(PYFA_VEC_ARG_TICKETS, .buffer($0))] } ?? [])
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.nwg, p.num_kv_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
-        guard let t = tmpBuffer else { return }
+        guard let t = tmpBuffer, !merge else { return }
 
         encoder.memoryBarrier()
         let nrows = p.batch * p.num_heads  // fits 32 bits: validate
@@ -171,22 +175,34 @@ public enum FlashAttnVec {
                          headDim: p.head_dim, nwg: p.nwg)
     }
 
-    /// out and lse concern the direct path only (nwg == 1): the split path
-    /// writes partials and its reduce writes out and lse, so its constants
-    /// are f32 and no lse whatever the caller asked (one specialisation).
+    /// out and lse concern the kernels that write out: the direct path (nwg == 1) and a split
+    /// whose last workgroup merges (`merge`, DIRECT_OUT 2). Otherwise the split path writes
+    /// partials and its reduce writes out and lse, so its constants are f32 and no lse whatever
+    /// the caller asked (one specialisation).
     public static func vecConstants(q: DType, kv: DType, headDim: UInt32, softcap: Bool, direct: Bool,
-                                    variant: Int32, out: DType, lse: Bool, paged: Bool = false) throws -> FunctionConstants {
-        try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
+                                    variant: Int32, out: DType, lse: Bool, paged: Bool = false,
+                                    merge: Bool = false) throws -> FunctionConstants {
+        let writesOut = direct || merge
+        return try FunctionConstants(count: PYFA_VEC_FC_COUNT, [
             PYFA_VEC_FC_Q_DTYPE: q.rawValue,
             PYFA_VEC_FC_KV_DTYPE: kv.rawValue,
             PYFA_VEC_FC_HEAD_DIM: Int32(headDim),
             PYFA_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
-            PYFA_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
+            PYFA_VEC_FC_DIRECT_OUT: direct ? 1 : (merge ? 2 : 0),
             PYFA_VEC_FC_VARIANT: variant,
-            PYFA_VEC_FC_OUT_DTYPE: direct ? out.rawValue : DType.f32.rawValue,
-            PYFA_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
+            PYFA_VEC_FC_OUT_DTYPE: writesOut ? out.rawValue : DType.f32.rawValue,
+            PYFA_VEC_FC_HAS_LSE: writesOut && lse ? 1 : 0,
             PYFA_VEC_FC_PAGED: paged ? 1 : 0,
         ])
+    }
+
+    /// Whether a split dispatch of this geometry may merge in its last workgroups: the
+    /// backend's plan allows it and the merge's scratch (2 nwg floats per warp) fits the
+    /// dispatch's threadgroup memory.
+    static func mergesLast(_ device: Device, _ p: pyfa_flash_attn_vec_params, _ geometry: VecGeometry) -> Bool {
+        let warps = Int(max(1, geometry.threads / 32))
+        return p.nwg > 1 && device.backend.plan.lastWorkgroupMerges
+            && 8 * Int(p.nwg) * warps <= geometry.threadgroupMemory
     }
 
     /// Constants of both reduce kernels (dense and the fused TurboQuant undo).

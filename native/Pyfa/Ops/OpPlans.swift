@@ -27,6 +27,9 @@ public class OpPlan {
     public let device: Device
     public let workspaceBytes: Int
     private let ownWorkspace: Buffer?
+    /// u32 counters a split decode's workgroups take turns on (flash_attn_vec's tickets),
+    /// zeroed once; every dispatch leaves them zero.
+    let tickets: Buffer?
     private let lock = Lock()
     private var captured = false
     /// Views of caller memory that earlier runs wrapped, by argument name. A run passing the
@@ -36,18 +39,29 @@ public class OpPlan {
     /// backends check or copy at every wrap, so their memory is wrapped anew each run.
     private var wrapped: [(name: String, data: Bool, buffer: Buffer)] = []
 
-    init(device: Device, workspaceBytes: Int) throws {
+    init(device: Device, workspaceBytes: Int, tickets: Int = 0) throws {
         self.device = device
         self.workspaceBytes = workspaceBytes
         ownWorkspace = workspaceBytes == 0 ? nil
             : try device.makeBuffer(dtype: .f32, shape: [workspaceBytes / 4], storage: .private)
+        if tickets > 0 {
+            let t = try device.makeBuffer(dtype: .u32, shape: [tickets], storage: .private)
+            let zeros = [UInt32](repeating: 0, count: tickets)
+            try zeros.withUnsafeBytes { try t.write(offset: 0, from: $0.baseAddress!, count: $0.count) }
+            self.tickets = t
+        } else {
+            self.tickets = nil
+        }
         pyfa_count(PYFA_COUNT_PLAN)
     }
 
     deinit {
         // A graph that captured a run may replay after the plan is gone: the
-        // workspace it writes must outlive the plan.
-        if captured, let w = ownWorkspace { GraphRetained.keep(w) }
+        // workspace and tickets it writes must outlive the plan.
+        if captured {
+            if let w = ownWorkspace { GraphRetained.keep(w) }
+            if let t = tickets { GraphRetained.keep(t) }
+        }
     }
 
     /// Caller memory of `elements` values of `dtype` for one run: an op's rows,
@@ -114,10 +128,11 @@ public class OpPlan {
     }
 
     /// The caller's workspace when given, else the plan's own.
+    /// A capture of a run that uses the plan's own memory (its workspace or tickets) marks the plan.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
         guard workspaceBytes > 0 else { return nil }
+        if (t.isAbsent || tickets != nil) && encoder.isCapturing { lock.withLock { captured = true } }
         if !t.isAbsent { return try bind(t, "workspace", dtype: .f32, elements: workspaceBytes / 4) }
-        if encoder.isCapturing { lock.withLock { captured = true } }
         return ownWorkspace
     }
 }
@@ -145,15 +160,16 @@ public final class DecodePlan: OpPlan {
         try require(desc.return_lse <= 1, "return_lse: \(desc.return_lse) must be 0 or 1")
         try require(desc.reserved == 0, "reserved: must be 0")
         returnLse = desc.return_lse == 1
-        let (_, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
-                                             maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
+        let (geometry, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
+                                                    maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
         params = p
-        try super.init(device: device, workspaceBytes: tmp)
+        let merge = FlashAttnVec.mergesLast(device, p, geometry)
+        try super.init(device: device, workspaceBytes: tmp, tickets: merge ? Int(p.batch) * Int(p.num_heads) : 0)
         // Compiled now, so no run compiles.
         _ = try device.registry.pipeline(FlashAttnVec.kernel, constants: FlashAttnVec.vecConstants(
             q: qDType, kv: kvDType, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
             variant: device.backend.plan.flashAttnVec(p, kvDType: kvDType, maxKvLen: p.kv_capacity).variant,
-            out: outDType, lse: returnLse))
+            out: outDType, lse: returnLse, merge: merge))
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, out: TensorRef,
@@ -170,7 +186,7 @@ public final class DecodePlan: OpPlan {
             k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets)
     }
 }
 

@@ -76,6 +76,11 @@ public enum KernelSpecialisations {
                                                 q: q, kv: kv, headDim: d, softcap: softcap, direct: direct,
                                                 variant: variant, out: out, lse: lse, paged: paged))
                                         }
+                                        if !direct {  // a plan's split whose last workgroup merges
+                                            vec.append(try FlashAttnVec.vecConstants(
+                                                q: q, kv: kv, headDim: d, softcap: softcap, direct: false,
+                                                variant: variant, out: out, lse: lse, merge: true))
+                                        }
                                     }
                                 }
                             }

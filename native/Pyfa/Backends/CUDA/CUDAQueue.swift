@@ -242,6 +242,10 @@ struct CUDAPlan: BackendPlan {
     /// Overrides the occupancy query when set.
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 0)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
+    /// 0: split decodes end with the reduce dispatch even where a plan holds tickets.
+    static let vecMergeLast = envInt("PYFA_CUDA_VEC_MERGE_LAST", 1) != 0
+    /// The last workgroup of a row merges it (a launch less per decode; the same bits).
+    var lastWorkgroupMerges: Bool { CUDAPlan.vecMergeLast }
     /// The tensor-core decode (attn_vec_mma.cuh) for 16-bit caches:
     /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
     /// (vecVariant). Its ring depth in tiles (D <= 256, D = 512).
