@@ -3,7 +3,8 @@ racecheck): split (nwg > 1, reduce pass) and direct (nwg == 1) paths, GQA
 groups of 2 (vector kernel) and 4 (tensor-core kernel for 16-bit caches), a
 ring buffer, a window, softcap, 16-bit and f32 caches; paged decode over
 shuffled NHD and HND pools (the tensor-core kernel's tile-ahead block_table
-loads). Exits non-zero on a wrong result."""
+loads); with torch, the same dense cases on torch tensors, through a plan whose
+split merges in its last workgroups (tickets). Exits non-zero on a wrong result."""
 import sys
 
 import numpy as np
@@ -12,6 +13,15 @@ import pyfa
 from pyfa import reference
 
 dev = pyfa.Device("cuda")
+try:
+    import torch
+
+    torch_dtypes = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+                    np.dtype(pyfa.bfloat16): torch.bfloat16}
+    if not torch.cuda.is_available():
+        torch = None
+except ImportError:
+    torch = None
 rng = np.random.default_rng(0)
 worst = 0.0
 for H, D, dtype, kw in [(8, 128, np.float16, {}), (8, 256, pyfa.bfloat16, {"window": 100, "softcap": 30.0}),
@@ -23,6 +33,15 @@ for H, D, dtype, kw in [(8, 128, np.float16, {}), (8, 256, pyfa.bfloat16, {"wind
         out = pyfa.decode_attention(q, k, v, lens, ring_start=ring, device=dev, **kw)
         ref = reference.decode_attention(q, k, v, lens, ring_start=ring, **kw)
         worst = max(worst, float(np.abs(out - ref).max()))
+        if torch is not None:
+            t = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(torch_dtypes[np.dtype(dtype)]).cuda()  # noqa: E731
+            for _ in range(2):  # the second finds the tickets as the first left them
+                out, lse = pyfa.decode_attention(t(q.astype(dtype)), t(k), t(v), torch.tensor(lens, dtype=torch.int32,
+                                                 device="cuda"), ring_start=torch.tensor(ring if isinstance(ring, list)
+                                                 else [ring] * 2, dtype=torch.int32, device="cuda"), device=dev,
+                                                 out_dtype=np.float32, return_lse=True, **kw)
+            ref = reference.decode_attention(q.astype(dtype), k, v, lens, ring_start=ring, **kw)
+            worst = max(worst, float(np.abs(out.cpu().numpy() - ref).max()))
 for layout in ("nhd", "hnd"):
     H, Hkv, D, ps = 8, 2, 128, 16
     q = rng.standard_normal((2, H, D)).astype(np.float32)
