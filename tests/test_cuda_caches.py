@@ -304,3 +304,21 @@ def test_torch_decode_loop_matches_host_twin(rng, kind, monkeypatch):
     # torch tensors); most attends repeated one before them.
     assert checks["kv"] <= 1
     assert checks["q"] < len(steps) // 2, checks
+
+
+@gpu
+def test_a_dense_cache_step_is_two_launches(rng):
+    """On CUDA a dense cache's append is one launch (K, V and the length's advance) and its attend
+    one (the split merges in its last workgroups): pyfa.counters() counts two per step."""
+    torch = _torch()
+    c = pyfa.KVCache(2, 128, 64, dtype=pyfa.bfloat16, sliding_window=64, device=pyfa.Device("cuda"))
+    rows = _cuda(torch, rng.standard_normal((64, 2, 128)).astype(np.float32)).to(torch.bfloat16)
+    q = _cuda(torch, rng.standard_normal((8, 128)).astype(np.float32)).to(torch.bfloat16)
+    c.append(rows, rows)
+    c.attend(q)
+    before = pyfa.counters()["kernel_launches"]
+    for t in range(10):
+        c.append(rows[t:t + 1], rows[t:t + 1])
+        c.attend(q)
+    torch.cuda.synchronize()
+    assert (pyfa.counters()["kernel_launches"] - before) == 20

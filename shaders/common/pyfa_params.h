@@ -155,6 +155,13 @@ typedef struct pyfa_attn_reduce_params {
  * unspecified payload); equal dtypes copy the bits. src must not overlap
  * the cache. Any head_dim >= 1.
  * Grid: (num_tokens, num_kv_heads, 1); one workgroup writes one row.
+ * Backends whose plan says so (BackendPlan.appendsInOneDispatch) also take
+ * K and V in one dispatch: grid z = 2, workgroups of z = 1 writing src_v
+ * into cache_v (same dtypes, same positions); and, given tickets, the
+ * dispatch advances the state at POSITION itself (kv_advance's rule, params
+ * at ADVANCE): every workgroup writes at the advanced state's write_pos,
+ * and the last to finish (tickets u32 [1], zero before and after) stores
+ * the advanced state.
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_kv_append_params {
     uint32_t num_tokens;   /**< rows per KV head, 1..kv_capacity */
@@ -169,6 +176,10 @@ typedef struct pyfa_kv_append_params {
 #define PYFA_KV_APPEND_ARG_SRC 1
 #define PYFA_KV_APPEND_ARG_CACHE 2
 #define PYFA_KV_APPEND_ARG_POSITION 3 /**< int32 [1]: the slot of token 0 (launch bytes or memory) */
+#define PYFA_KV_APPEND_ARG_SRC_V 4    /**< one dispatch for K and V (grid z = 2): V's rows */
+#define PYFA_KV_APPEND_ARG_CACHE_V 5  /**< one dispatch for K and V: V's cache */
+#define PYFA_KV_APPEND_ARG_ADVANCE 6  /**< with TICKETS: pyfa_kv_advance_params of the state at POSITION */
+#define PYFA_KV_APPEND_ARG_TICKETS 7  /**< u32 [1]: the dispatch advances the state itself */
 
 /* ---------------------------------------------------------------------------
  * A single-sequence cache's length kept in device memory, so appends and

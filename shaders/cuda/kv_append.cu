@@ -25,22 +25,47 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
     const pyfa_kv_append_params &p = pyfa_param<pyfa_kv_append_params>(a, PYFA_KV_APPEND_ARG_PARAMS);
     constexpr int SSZ = SDT == PYFA_DTYPE_F32 ? 4 : 2, CSZ = CDT == PYFA_DTYPE_F32 ? 4 : 2;
     const uint32_t token = blockIdx.x, head = blockIdx.y, D = p.head_dim, cap = p.kv_capacity;
-    const int32_t position = pyfa_values<int32_t>(a, PYFA_KV_APPEND_ARG_POSITION)[0];
-    if (position < 0 || (uint32_t)position >= cap) return; /* a dropped append (kv_advance) */
-    /* (position + token) mod cap without forming a sum that may pass 2^32. */
-    const uint32_t pos = (uint32_t)position;
-    const uint32_t slot = token >= cap - pos ? token - (cap - pos) : token + pos;
-    const char *src = pyfa_ptr<const char>(a, PYFA_KV_APPEND_ARG_SRC) +
-                      ((size_t)token * p.num_kv_heads + head) * D * SSZ;
-    char *dst = pyfa_ptr<char>(a, PYFA_KV_APPEND_ARG_CACHE) +
-                (((size_t)p.sequence * p.num_kv_heads + head) * cap + slot) * D * CSZ;
-    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
-        if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
-            reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
-        } else if constexpr (SDT == CDT) {
-            reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
-        } else {
-            pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
+    const bool is_v = blockIdx.z != 0; /* one dispatch for K and V: z = 1 writes V */
+    /* With tickets the dispatch advances the state itself: each workgroup reads the state before
+     * taking its ticket, and only the last to take one stores the advanced state. */
+    const bool advances = a.arg[PYFA_KV_APPEND_ARG_TICKETS] != 0;
+    pyfa_kv_state next;
+    int32_t position;
+    if (advances) {
+        const int32_t *s = pyfa_ptr<const int32_t>(a, PYFA_KV_APPEND_ARG_POSITION); /* 4-byte aligned */
+        next = pyfa_kv_advanced(pyfa_kv_state{__ldcg(s), __ldcg(s + 1), __ldcg(s + 2), __ldcg(s + 3)},
+                                pyfa_param<pyfa_kv_advance_params>(a, PYFA_KV_APPEND_ARG_ADVANCE));
+        position = next.write_pos;
+    } else {
+        position = pyfa_values<int32_t>(a, PYFA_KV_APPEND_ARG_POSITION)[0];
+    }
+    if (position >= 0 && (uint32_t)position < cap) { /* else a dropped append (kv_advance) */
+        /* (position + token) mod cap without forming a sum that may pass 2^32. */
+        const uint32_t pos = (uint32_t)position;
+        const uint32_t slot = token >= cap - pos ? token - (cap - pos) : token + pos;
+        const char *src = pyfa_ptr<const char>(a, is_v ? PYFA_KV_APPEND_ARG_SRC_V : PYFA_KV_APPEND_ARG_SRC) +
+                          ((size_t)token * p.num_kv_heads + head) * D * SSZ;
+        char *dst = pyfa_ptr<char>(a, is_v ? PYFA_KV_APPEND_ARG_CACHE_V : PYFA_KV_APPEND_ARG_CACHE) +
+                    (((size_t)p.sequence * p.num_kv_heads + head) * cap + slot) * D * CSZ;
+        for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+            if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
+                reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
+            } else if constexpr (SDT == CDT) {
+                reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
+            } else {
+                pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
+            }
+        }
+    }
+    if (advances) {
+        __syncthreads(); /* every thread of the workgroup has read the state */
+        if (threadIdx.x == 0) {
+            const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
+            uint32_t *ticket = pyfa_ptr<uint32_t>(a, PYFA_KV_APPEND_ARG_TICKETS);
+            if (atomicAdd(ticket, 1u) == blocks - 1) {
+                *pyfa_ptr<pyfa_kv_state>(a, PYFA_KV_APPEND_ARG_POSITION) = next;
+                atomicSub(ticket, blocks); /* taken back for the next dispatch */
+            }
         }
     }
 }

@@ -102,6 +102,9 @@ public protocol BackendPlan {
     /// Whether a split decode given tickets lets its last workgroup of each row merge the row
     /// (flash_attn_vec's DIRECT_OUT 2: one dispatch instead of the decode and its reduce).
     var lastWorkgroupMerges: Bool { get }
+    /// Whether kv_append takes K and V in one dispatch (grid z = 2), advancing a cache's
+    /// state itself when given tickets (pyfa_params.h, kv_append).
+    var appendsInOneDispatch: Bool { get }
 }
 
 extension BackendPlan {
@@ -113,6 +116,9 @@ extension BackendPlan {
 
     /// Split decodes end with the reduce dispatch unless a backend says otherwise.
     public var lastWorkgroupMerges: Bool { false }
+
+    /// Appends are a dispatch for K and one for V (after kv_advance) unless a backend says otherwise.
+    public var appendsInOneDispatch: Bool { false }
 
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {

@@ -18,8 +18,13 @@ public enum KVAppend {
     /// `position`: where the kernels read the slot of token 0; nil sends
     /// p.write_pos with the launch, a buffer is a cache's device state
     /// (pyfa_kv_state, whose first field kv_advance set).
+    /// On backends that append in one dispatch (BackendPlan.appendsInOneDispatch):
+    /// `v` (V's rows and cache, of src's and cache's dtypes) joins the dispatch, and with
+    /// `advance` and `tickets` (u32 [1], zero) the dispatch advances the state at `position`
+    /// itself, as kv_advance would, instead of reading the slot kv_advance left there.
     public static func encode(_ encoder: CommandEncoder, _ p: pyfa_kv_append_params, src: Buffer?,
-                              cache: Buffer?, position: Buffer? = nil) throws {
+                              cache: Buffer?, position: Buffer? = nil, v: (src: Buffer, cache: Buffer)? = nil,
+                              advance: pyfa_kv_advance_params? = nil, tickets: Buffer? = nil) throws {
         try require(p.num_kv_heads > 0, "num_kv_heads: must be > 0")
         try require(p.head_dim > 0, "head_dim: must be > 0")
         try require(p.kv_capacity > 0, "kv_capacity: must be > 0")
@@ -35,16 +40,39 @@ public enum KVAppend {
         let cache = try Check.buffer(cache, "cache", dtypes: floatTypes, elements: cacheElements, rows: true)
         try Check.sameDevice([src, cache], encoder.device)
         try Check.noOverlap(cache, "cache", inputs: [("src", src)])
-        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants(src: src.dtype,
-                                                                                        cache: cache.dtype))
-        encoder.setOpKind(.other)
-        try encoder.dispatch(pipeline, args: [
+        var args: [SlotArg] = [
             .at(PYFA_KV_APPEND_ARG_PARAMS, .value(p)),
             .at(PYFA_KV_APPEND_ARG_SRC, .buffer(src)),
             .at(PYFA_KV_APPEND_ARG_CACHE, .buffer(cache)),
             .at(PYFA_KV_APPEND_ARG_POSITION, positionArg(position, p.write_pos)),
-        ], grid: (p.num_tokens, p.num_kv_heads, 1),
-           threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
+        ]
+        if v != nil || advance != nil || tickets != nil {
+            try require(encoder.device.backend.plan.appendsInOneDispatch,
+                        "v: this backend appends K and V in dispatches of their own")
+        }
+        if let v {
+            let vs = try Check.buffer(v.src, "src_v", dtypes: [src.dtype], elements: srcElements, rows: true)
+            let vc = try Check.buffer(v.cache, "cache_v", dtypes: [cache.dtype], elements: cacheElements, rows: true)
+            try Check.sameDevice([vs, vc], encoder.device)
+            try Check.noOverlap(vc, "cache_v", inputs: [("src", src), ("src_v", vs), ("cache", cache)])
+            try Check.noOverlap(cache, "cache", inputs: [("src_v", vs)])
+            args += [.at(PYFA_KV_APPEND_ARG_SRC_V, .buffer(vs)), .at(PYFA_KV_APPEND_ARG_CACHE_V, .buffer(vc))]
+        }
+        if advance != nil || tickets != nil {
+            guard let advance, let tickets, let position else {
+                throw PyfaError.invalid("advance: needs tickets and a state as the position (all three or none)")
+            }
+            try require(advance.kv_capacity == p.kv_capacity && advance.ring <= 1 && advance.num_tokens >= p.num_tokens,
+                        "advance: must describe this append's cache (kv_capacity, ring 0 or 1, num_tokens)")
+            let t = try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: 1)
+            _ = try Check.buffer(position, "state", dtypes: [.i32], elements: 4)
+            args += [.at(PYFA_KV_APPEND_ARG_ADVANCE, .value(advance)), .at(PYFA_KV_APPEND_ARG_TICKETS, .buffer(t))]
+        }
+        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants(src: src.dtype,
+                                                                                        cache: cache.dtype))
+        encoder.setOpKind(.other)
+        try encoder.dispatch(pipeline, args: args, grid: (p.num_tokens, p.num_kv_heads, v == nil ? 1 : 2),
+                             threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
     }
 
     /// The position argument of an append: the state's write_pos, or the

@@ -11,6 +11,8 @@ public final class KVAppendPlan: OpPlan {
     let desc: pyfa_kv_append_plan_desc
     let kDType: DType, vDType: DType, cacheDType: DType
     var turboQuant: Bool { desc.k_bits != 0 }
+    /// K and V (and a state's advance) in one dispatch (BackendPlan.appendsInOneDispatch).
+    let oneDispatch: Bool
 
     public init(device: Device, desc: pyfa_kv_append_plan_desc) throws {
         try require(desc.reserved == 0, "reserved: must be 0")
@@ -25,7 +27,10 @@ public final class KVAppendPlan: OpPlan {
         _ = try checkedProduct([Int(desc.num_kv_heads), Int(desc.kv_capacity), Int(max(desc.head_dim, 1)), 4],
                                what: "cache")
         self.desc = desc
-        try super.init(device: device, workspaceBytes: 0)
+        // Dense appends of one row dtype run as one dispatch where the backend can (the state's
+        // advance included: the plan's ticket tells the last workgroup).
+        oneDispatch = desc.k_bits == 0 && desc.k_dtype == desc.v_dtype && device.backend.plan.appendsInOneDispatch
+        try super.init(device: device, workspaceBytes: 0, tickets: oneDispatch ? 1 : 0)
         // Compiled now, so a run with a state cannot fail on first use after recording its advance.
         _ = try device.registry.pipeline(KVAdvance.kernel, constants: KVAdvance.constants())
         if desc.k_bits != 0 {
@@ -119,16 +124,26 @@ public final class KVAppendPlan: OpPlan {
             try Check.noOverlap(kc, "k_cache", inputs: [("k", sk), ("v", sv)])  // KVAppend.encode's rule, for V too
             try Check.noOverlap(vc, "v_cache", inputs: [("k", sk), ("v", sv)])  // before K is recorded
             try stateApart([(kc, "k_cache"), (vc, "v_cache")])
-            if let st { try advance(encoder, numTokens, ring, st) }
             let p = pyfa_kv_append_params(num_tokens: written, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
                                           kv_capacity: desc.kv_capacity, write_pos: writePos, sequence: 0)
-            try KVAppend.encode(encoder, p, src: sk, cache: kc, position: st)
-            try KVAppend.encode(encoder, p, src: sv, cache: vc, position: st)
+            if oneDispatch {
+                if st != nil { noteCapture(encoder) }  // a graph replaying this run writes the tickets
+                try KVAppend.encode(encoder, p, src: sk, cache: kc, position: st, v: (sv, vc),
+                                    advance: st.map { _ in advanceParams(numTokens, ring) },
+                                    tickets: st == nil ? nil : tickets)
+            } else {
+                if let st { try advance(encoder, numTokens, ring, st) }
+                try KVAppend.encode(encoder, p, src: sk, cache: kc, position: st)
+                try KVAppend.encode(encoder, p, src: sv, cache: vc, position: st)
+            }
         }
     }
 
+    private func advanceParams(_ numTokens: UInt32, _ ring: UInt32) -> pyfa_kv_advance_params {
+        pyfa_kv_advance_params(kv_capacity: desc.kv_capacity, num_tokens: numTokens, ring: ring, reserved: 0)
+    }
+
     private func advance(_ encoder: CommandEncoder, _ numTokens: UInt32, _ ring: UInt32, _ state: Buffer) throws {
-        try KVAdvance.encode(encoder, pyfa_kv_advance_params(kv_capacity: desc.kv_capacity, num_tokens: numTokens,
-                                                             ring: ring, reserved: 0), state: state)
+        try KVAdvance.encode(encoder, advanceParams(numTokens, ring), state: state)
     }
 }

@@ -128,6 +128,12 @@ public class OpPlan {
     }
 
     /// The caller's workspace when given, else the plan's own.
+    /// Marks the plan when `encoder` is being captured: the graph may replay after the plan is
+    /// gone, so its workspace and tickets are kept then.
+    func noteCapture(_ encoder: CommandEncoder) {
+        if encoder.isCapturing { lock.withLock { captured = true } }
+    }
+
     /// A capture of a run that uses the plan's own memory (its workspace or tickets) marks the plan.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
         guard workspaceBytes > 0 else { return nil }

@@ -246,6 +246,10 @@ struct CUDAPlan: BackendPlan {
     static let vecMergeLast = envInt("PYFA_CUDA_VEC_MERGE_LAST", 1) != 0
     /// The last workgroup of a row merges it (a launch less per decode; the same bits).
     var lastWorkgroupMerges: Bool { CUDAPlan.vecMergeLast }
+    /// 0: appends dispatch kv_advance, K and V apart.
+    static let appendOneDispatch = envInt("PYFA_CUDA_APPEND_ONE_DISPATCH", 1) != 0
+    /// K and V (and the state's advance) in one launch.
+    var appendsInOneDispatch: Bool { CUDAPlan.appendOneDispatch }
     /// The tensor-core decode (attn_vec_mma.cuh) for 16-bit caches:
     /// PYFA_CUDA_VEC_MMA=1 always, 0 never; unset, where it measured faster
     /// (vecVariant). Its ring depth in tiles (D <= 256, D = 512).
