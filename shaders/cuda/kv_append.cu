@@ -17,6 +17,22 @@ __device__ void kv_advance_body(const pyfa_cuda_args &a) {
     *st = pyfa_kv_advanced(*st, pyfa_param<pyfa_kv_advance_params>(a, PYFA_KV_ADVANCE_ARG_PARAMS));
 }
 
+/* One row of D elements from src (dtype SDT) to dst (CDT), the block's threads
+ * striding over it: bits copied for equal dtypes, else widened to f32 and
+ * rounded to nearest even. */
+template <int SDT, int CDT>
+__device__ __forceinline__ void kv_copy_row(char *dst, const char *src, uint32_t D) {
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+        if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
+            reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
+        } else if constexpr (SDT == CDT) {
+            reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
+        } else {
+            pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
+        }
+    }
+}
+
 constexpr int kv_append_max_threads = 128;
 
 template <int SDT, int CDT>
@@ -47,15 +63,7 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
                           ((size_t)token * p.num_kv_heads + head) * D * SSZ;
         char *dst = pyfa_ptr<char>(a, is_v ? PYFA_KV_APPEND_ARG_CACHE_V : PYFA_KV_APPEND_ARG_CACHE) +
                     (((size_t)p.sequence * p.num_kv_heads + head) * cap + slot) * D * CSZ;
-        for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
-            if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
-                reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
-            } else if constexpr (SDT == CDT) {
-                reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
-            } else {
-                pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
-            }
-        }
+        kv_copy_row<SDT, CDT>(dst, src, D);
     }
     if (advances) {
         __syncthreads(); /* every thread of the workgroup has read the state */
@@ -90,13 +98,5 @@ __device__ void kv_append_paged_body(const pyfa_cuda_args &a) {
                       ((size_t)token * p.num_kv_heads + head) * D * SSZ;
     char *dst = pyfa_ptr<char>(a, is_v ? PYFA_KV_APPEND_PAGED_ARG_V_PAGES : PYFA_KV_APPEND_PAGED_ARG_K_PAGES) +
                 row * D * CSZ;
-    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
-        if constexpr (SDT == CDT && SDT == PYFA_DTYPE_F32) {
-            reinterpret_cast<uint32_t *>(dst)[i] = reinterpret_cast<const uint32_t *>(src)[i];
-        } else if constexpr (SDT == CDT) {
-            reinterpret_cast<uint16_t *>(dst)[i] = reinterpret_cast<const uint16_t *>(src)[i];
-        } else {
-            pyfa_store_f32<CDT>(dst, i, pyfa_load_f32<SDT>(src, i));
-        }
-    }
+    kv_copy_row<SDT, CDT>(dst, src, D);
 }
