@@ -72,8 +72,12 @@ final class MetalQueue: CommandQueue {
                 case let m as MetalBufferMemory:
                     encoder.setBuffer(m.buffer, offset: offset, index: slot)
                 case let m as MetalCopiedMemory:
-                    copies[ObjectIdentifier(m)] = m
-                    encoder.setBuffer(m.buffer, offset: offset, index: slot)
+                    // Two wraps of the same caller memory in one submission (an append and the
+                    // attend after it, both binding a cache) share the first one's copy, so
+                    // the second reads what the first wrote and one copy goes back.
+                    let shared = copies.values.first { $0.host == m.host && $0.bytes == m.bytes } ?? m
+                    copies[ObjectIdentifier(shared)] = shared
+                    encoder.setBuffer(shared.buffer, offset: offset, index: slot)
                 default:
                     throw PyfaError.internal("dispatch \(pipeline.name): argument \(slot) is not Metal memory")
                 }
