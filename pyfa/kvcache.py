@@ -80,7 +80,11 @@ def _note_torch(t) -> bool:
     return type(t) is _torch_tensor
 
 
-_SIDES = {"host": "a host array", "torch": "a torch CUDA tensor"}
+def _side_name(side: str) -> str:
+    """What a side of _RingCache._side is, for messages."""
+    return {"host": "a host array", "torch": "a torch CUDA tensor"}.get(side, f"a {side} GPU array")
+
+
 K, V = 0, 1  # roles of a cache's two row streams (staging buffers, TurboQuant streams)
 _GRAPH_KEPT = []  # memory of caches a CUDA graph captured: a replay may come after the cache is gone
 
@@ -261,8 +265,8 @@ class _RingCache:
         k, v, like = self._check_kv(k, v)
         found = like.kind if like is not None else "host"
         if side is not None and found != side:
-            raise invalid(f"k: {_SIDES.get(found, 'a ' + found + ' GPU array')} and q {_SIDES.get(side, 'a ' + side + ' GPU array')}: "
-                          "pass q, k and v from one side (one call's work runs on one stream)")
+            raise invalid(f"k: {_side_name(found)} and q {_side_name(side)}: pass q, k and v from one side "
+                          "(one call's work runs on one stream)")
         if like is None:  # float64 rounds once, on the host, to what the append reads
             k, v = (a.astype(self._float64_rows_as) if a.dtype == np.float64 else a for a in (k, v))
         return k.shape[0], self._append_rows(k, v, like, finish)

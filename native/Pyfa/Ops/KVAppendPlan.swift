@@ -31,8 +31,9 @@ public final class KVAppendPlan: OpPlan {
         // advance included: the plan's ticket tells the last workgroup).
         oneDispatch = desc.k_bits == 0 && desc.k_dtype == desc.v_dtype && device.backend.plan.appendsInOneDispatch
         try super.init(device: device, workspaceBytes: 0, tickets: oneDispatch ? 1 : 0)
-        // Compiled now, so a run with a state cannot fail on first use after recording its advance.
-        _ = try device.registry.pipeline(KVAdvance.kernel, constants: KVAdvance.constants())
+        // Compiled now, so a run with a state cannot fail on first use after recording its advance
+        // (one-dispatch appends advance the state in kv_append itself).
+        if !oneDispatch { _ = try device.registry.pipeline(KVAdvance.kernel, constants: KVAdvance.constants()) }
         if desc.k_bits != 0 {
             try TurboQuant.checkCodecOptions(headDim: desc.head_dim, kBits: desc.k_bits, vBits: desc.v_bits,
                                              normCorrection: desc.norm_correction)

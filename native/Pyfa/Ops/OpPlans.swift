@@ -127,17 +127,17 @@ public class OpPlan {
         try require(!lse.isAbsent || !returnLse, "lse: the plan was made with return_lse; pass its memory")
     }
 
-    /// The caller's workspace when given, else the plan's own.
     /// Marks the plan when `encoder` is being captured: the graph may replay after the plan is
     /// gone, so its workspace and tickets are kept then.
     func noteCapture(_ encoder: CommandEncoder) {
         if encoder.isCapturing { lock.withLock { captured = true } }
     }
 
-    /// A capture of a run that uses the plan's own memory (its workspace or tickets) marks the plan.
+    /// The caller's workspace when given, else the plan's own. A run that uses the plan's own
+    /// memory (its workspace or tickets) notes a capture.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
         guard workspaceBytes > 0 else { return nil }
-        if (t.isAbsent || tickets != nil) && encoder.isCapturing { lock.withLock { captured = true } }
+        if t.isAbsent || tickets != nil { noteCapture(encoder) }
         if !t.isAbsent { return try bind(t, "workspace", dtype: .f32, elements: workspaceBytes / 4) }
         return ownWorkspace
     }
