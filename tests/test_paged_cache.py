@@ -13,6 +13,7 @@ import pyfa
 from pyfa import cuda_interop
 from pyfa import turboquant as tq
 from pyfa._io import to_device
+import tq_contract
 
 
 def _host(device, a):
@@ -243,8 +244,18 @@ def test_turboquant_pool_attend_matches_reference(device, rng):
     ids, k, v = _batch(rng, {seqs[0]: 30, seqs[1]: 7}, 2, 64)
     pool.append(ids, k, v)
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
-    gathered = {s: pool.gather(s) for s in seqs}
     out = pool.attend(q, seqs)
     # against the dequantised rows: the rotated-domain decode's float32 rounding (as the ring
-    # cache's test_rotated_domain_decode_equals_dense_on_dequantized bounds it)
-    np.testing.assert_allclose(_host(device, out), _reference(pool, q, seqs, gathered), atol=2e-5, rtol=0)
+    # cache's test_rotated_domain_decode_equals_dense_on_dequantized bounds it), with either
+    # codebook rounding the contract allows (tq_contract.py)
+    refs = []
+    for dt in tq_contract.CODEBOOK_DTYPES:
+        gathered = {}
+        for s in seqs:
+            kc, ks, vc, vs = pool.codes(s)
+            gathered[s] = tuple(tq_contract.decode_rows(c, sc, bits, pool.seed, stream, dt) for c, sc, bits, stream in
+                                ((kc, ks, pool.k_bits, tq.STREAM_K), (vc, vs, pool.v_bits, tq.STREAM_V)))
+        refs.append(_reference(pool, q, seqs, gathered))
+    np.testing.assert_allclose(refs[0].astype(np.float64), _reference(pool, q, seqs, {s: pool.gather(s) for s in seqs}),
+                               atol=1e-6, rtol=0)  # the model's rows are gather's
+    tq_contract.check(_host(device, out), refs, tol=2e-5)

@@ -6,6 +6,7 @@ import pytest
 import pyfa
 from pyfa import reference
 from pyfa import turboquant as tq
+import tq_contract
 
 # Tolerances: as tests/test_decode.py (TOL, HALF_ULP) — the kernels read the same rounded K/V
 # values the reference reads (gathered from the pool), so only f32 dot products and accumulation
@@ -142,13 +143,19 @@ def tq_rows(pool, table, b, n, layout):
 
 
 def tq_reference(q, kc, ks, vc, vs, table, b, n, k_bits, v_bits, seed, layout, **options):
-    """float64 decode of sequence b over the rows its codes decode to (reference_decode):
-    what TurboQuantKVCache.attend computes over the same codes."""
-    k = tq.reference_decode(tq.unpack_codes(tq_rows(kc, table, b, n, layout), k_bits), tq_rows(ks, table, b, n, layout),
-                            k_bits, seed=seed, stream=tq.STREAM_K)
-    v = tq.reference_decode(tq.unpack_codes(tq_rows(vc, table, b, n, layout), v_bits), tq_rows(vs, table, b, n, layout),
-                            v_bits, seed=seed, stream=tq.STREAM_V)
-    return reference.decode_attention(q, k, v, n, return_lse=True, **options)
+    """float64 decode of sequence b over the rows its codes decode to: what
+    TurboQuantKVCache.attend computes over the same codes, as ([out], [lse]) with one entry per
+    codebook rounding the contract allows (tq_contract.py)."""
+    outs, lses = [], []
+    for dt in tq_contract.CODEBOOK_DTYPES:
+        k = tq_contract.decode_rows(tq_rows(kc, table, b, n, layout), tq_rows(ks, table, b, n, layout), k_bits, seed,
+                                    tq.STREAM_K, dt)
+        v = tq_contract.decode_rows(tq_rows(vc, table, b, n, layout), tq_rows(vs, table, b, n, layout), v_bits, seed,
+                                    tq.STREAM_V, dt)
+        out, lse = reference.decode_attention(q, k, v, n, return_lse=True, **options)
+        outs.append(out)
+        lses.append(lse)
+    return outs, lses
 
 
 @pytest.mark.parametrize("k_bits,v_bits,D,layout", [(4, 4, 128, "nhd"), (2, 8, 64, "hnd"), (3, 4, 256, "nhd")])
@@ -162,8 +169,8 @@ def test_tq_paged_equals_cache_decode(device, rng, k_bits, v_bits, D, layout):
     for b, n in enumerate(lens):
         ref, ref_lse = tq_reference(q[b], kc, ks, vc, vs, table, b, n, k_bits, v_bits, seed, layout)
         # The bounds of tests/test_turboquant.py: the same codes, float32 rounding in the rotations.
-        np.testing.assert_allclose(out[b], ref, atol=2e-5, rtol=0)
-        np.testing.assert_allclose(lse[b], ref_lse, atol=2e-5, rtol=0)
+        tq_contract.check(out[b], ref, tol=2e-5)
+        tq_contract.assert_close_to_one(lse[b], ref_lse, 2e-5, "LSE")
 
 
 def test_tq_window_softcap_out_dtype(device, rng):
@@ -177,7 +184,7 @@ def test_tq_window_softcap_out_dtype(device, rng):
         assert out.dtype == np.float32
         for b, n in enumerate(lens):
             ref, _ = tq_reference(q[b], kc, ks, vc, vs, table, b, n, 4, 4, seed, "nhd", window=9, softcap=20.0)
-            np.testing.assert_allclose(out[b], ref, atol=2e-5, rtol=0)
+            tq_contract.check(out[b], ref, tol=2e-5)
 
 
 # ---- bad input: each rule a PyfaError naming the argument -------------------------------------
@@ -404,7 +411,7 @@ def test_cuda_tq_paged_with_device_values(rng):
     torch.cuda.synchronize()
     for b, n in enumerate(lens):
         ref, _ = tq_reference(q[b], kc, ks, vc, vs, table, b, n, 4, 4, 5, "nhd")
-        np.testing.assert_allclose(out[b].cpu().numpy(), ref, atol=2e-5, rtol=0)
+        tq_contract.check(out[b].cpu().numpy(), ref, tol=2e-5)
 
 
 @gpu

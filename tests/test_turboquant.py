@@ -13,6 +13,7 @@ import pyfa
 from pyfa import _io, reference
 from pyfa import turboquant as tq
 from pyfa._native import ffi, lib
+import tq_contract
 
 # Positive halves of the N(0,1) Lloyd-Max codebooks (7 s.f.), and the 4-bit one to 8 s.f.
 REFERENCE_CODEBOOKS = {
@@ -201,8 +202,9 @@ def test_golden_rows(device):
 def test_golden_rows_generic_isa():
     """The baseline-ISA kernels encode the same bytes as the AVX2 ones."""
     code = "import tests.test_turboquant as t; assert t._golden_now() == t.GOLDEN; print('ok')"
-    env = dict(os.environ, PYFA_CPU_ISA="generic")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))  # the tests' own modules import as pytest imports them
+    env = dict(os.environ, PYFA_CPU_ISA="generic", PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    root = os.path.dirname(here)
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
@@ -326,15 +328,39 @@ def test_rotated_domain_decode_equals_dense_on_dequantized(device, case):
     q = rng.standard_normal((H, D)).astype(np.float32) * 2
     ref = _dense_ref(cache, q, softcap=softcap)
     # Rotated vs original domain: same math, float32 rounding in the rotations and dots;
-    # outputs are convex combinations of rows with |v| ~ 1, so 2e-5 absolute is ~100 ulps.
+    # outputs are convex combinations of rows with |v| ~ 1, so 2e-5 absolute is ~100 ulps —
+    # against attention over the rows of the f32 codebook, or of its f16 rounding, which a
+    # kernel may multiply (tq_contract.py).
+    refs = tq_contract.cache_references(cache, q, softcap=softcap)
+    np.testing.assert_allclose(refs[0], ref, atol=1e-6, rtol=0)  # the model's rows are the library's
     for fused in (True, False):
-        out = cache.attend(q, softcap=softcap, fused=fused, nwg=nwg)
-        np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+        tq_contract.check(cache.attend(q, softcap=softcap, fused=fused, nwg=nwg), refs, tol=2e-5)
     # The dense kernel on the dequantized rows agrees too.
-    k, v = cache.dequantize()
-    dense = pyfa.decode_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), k.shape[0], softcap=softcap,
-                                  window=window, device=device)
-    np.testing.assert_allclose(cache.attend(q, softcap=softcap), dense, atol=2e-5, rtol=0)
+    dense = [pyfa.decode_attention(q, kk.astype(np.float32).transpose(1, 0, 2), vv.astype(np.float32).transpose(1, 0, 2),
+                                   kk.shape[0], softcap=softcap, window=window, device=device)
+             for kk, vv in (tq_contract.cache_rows(cache, dt) for dt in tq_contract.CODEBOOK_DTYPES)]
+    tq_contract.check(cache.attend(q, softcap=softcap), dense, tol=2e-5)
+
+
+def test_the_f16_codebook_model_is_near_the_f32_one(rng):
+    """The contract's second model (tq_contract.py), in float64: each bit width's codebook rounds to
+    f16 within 2^-11 relative, and attention over its rows differs from the f32 codebook's — so the
+    tests' either-model checks are not one check twice — by under 2e-3 for rows of unit-variance
+    coordinates and scores up to |s| ~ 10 (measured: 2-5e-4)."""
+    D, n = 128, 500
+    x = rng.standard_normal((2, n, D))
+    q = rng.standard_normal((4, D)) * 2
+    for bits in pyfa.supported("tq_bits"):
+        assert 0 < tq_contract.rounding(bits) <= 2.0**-11
+        idx, scales = zip(*(tq.reference_encode(x[s], bits, seed=5, stream=s) for s in (tq.STREAM_K, tq.STREAM_V)))
+        for softcap in (0.0, 3.0):
+            outs = []
+            for dt in tq_contract.CODEBOOK_DTYPES:
+                k, v = (tq_contract.decode_rows(tq.pack_codes(idx[s], bits), scales[s], bits, 5, s, dt)
+                        for s in (tq.STREAM_K, tq.STREAM_V))
+                outs.append(reference.decode_attention(q, k[None], v[None], n, softcap=softcap))
+            err = np.abs(outs[1] - outs[0]).max()
+            assert 0 < err < 2e-3, (bits, softcap, err)
 
 
 @pytest.mark.parametrize("D", pyfa.supported("tq_head_dims"))

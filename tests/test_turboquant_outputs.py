@@ -5,7 +5,8 @@ the cache's dequantized rows.
 
 Tolerances: test_turboquant.py's 2e-5 for the rotated-domain decode (float32
 rotations and dots), plus the rounding of the output type (HALF_ULP,
-test_decode.py). The rotation is orthogonal, so the rotated-domain scores
+test_decode.py), against either codebook rounding the contract allows
+(tq_contract.py). The rotation is orthogonal, so the rotated-domain scores
 equal the original-domain ones and the LSE is compared with the reference's
 over the dequantized rows, within test_decode_outputs.py's bound.
 """
@@ -13,11 +14,11 @@ import numpy as np
 import pytest
 
 import pyfa
-from pyfa import _io, reference
+from pyfa import _io
 from pyfa._native import ffi, lib
 from pyfa.errors import check as check_status
-from test_decode import check
 from test_decode_outputs import FLOATS, check_lse, check_rounded_once
+from tq_contract import cache_references, check
 
 TQ_TOL = 2e-5
 TAILS = [(1, True), (3, False), (3, True)]  # (nwg, fused): direct, reduce + undo, fused reduce + undo
@@ -31,11 +32,11 @@ def filled_cache(device, rng, Hkv, D, cap, n, bits=(4, 4), window=None):
     return cache
 
 
-def dense_ref(cache, q, **kw):
-    """(out, lse) of float64 attention over the cache's dequantized rows."""
-    k, v = cache.dequantize()
-    return reference.decode_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), k.shape[0],
-                                      window=cache.sliding_window, return_lse=True, **kw)
+def dense_refs(cache, q, **kw):
+    """(outs, lse): float64 attention over the cache's dequantized rows, an output per codebook
+    rounding (tq_contract.py), and the LSE over the f32 codebook's rows."""
+    refs = cache_references(cache, q, return_lse=True, **kw)
+    return [o for o, _ in refs], refs[0][1]
 
 
 @pytest.mark.parametrize("nwg,fused", TAILS)
@@ -44,7 +45,7 @@ def test_every_output_dtype_and_lse_on_every_tail(device, rng, nwg, fused, bits)
     # (4, 4) takes CUDA's tensor-core TurboQuant decode, (3, 8) the vector one; a wrapped ring with a window.
     cache = filled_cache(device, rng, 2, 128, 256, 400, bits, window=200)
     q = rng.standard_normal((6, 128)).astype(np.float32) * 2
-    ref, ref_lse = dense_ref(cache, q, softcap=8.0)
+    ref, ref_lse = dense_refs(cache, q, softcap=8.0)
     out32, lse32 = cache.attend(q, softcap=8.0, nwg=nwg, fused=fused, return_lse=True)
     check(out32, ref, tol=TQ_TOL)
     check_lse(lse32, ref_lse)
@@ -67,7 +68,7 @@ def test_default_output_dtype_and_empty_cache(device, rng, qdtype):
     cache.append(rng.standard_normal((5, 2, 64)), rng.standard_normal((5, 2, 64)))
     out = cache.attend(q)
     assert out.dtype == want
-    check(out, dense_ref(cache, q.astype(np.float32))[0], tol=TQ_TOL, dtype=want)
+    check(out, dense_refs(cache, q.astype(np.float32))[0], tol=TQ_TOL, dtype=want)
 
 
 def test_split_caches_merge_into_whole(device, rng):
@@ -121,6 +122,6 @@ def test_rows_without_keys_are_zero_with_lse_minus_inf(device, rng, nwg, fused):
     o, l = out.read(), lse.read()
     assert not np.isnan(o.astype(np.float32)).any() and not np.isnan(l).any()
     assert (o[1] == 0).all() and np.isneginf(l[1]).all()
-    ref, ref_lse = dense_ref(caches[0], q[0], scale=0.125)
+    ref, ref_lse = dense_refs(caches[0], q[0], scale=0.125)
     check(o[0], ref, tol=TQ_TOL, dtype=np.float16)
     check_lse(l[0], ref_lse)

@@ -23,10 +23,11 @@
 #define PYFA_CUDA_MMA_HEADS 8
 /* Positions per tile of the TurboQuant tensor-core decode. */
 #define PYFA_CUDA_TQ_MMA_TILE 64
-/* Lane copies of its code-byte table (interleaved so lanes hit distinct banks),
- * and the bytes of one entry (the copies in two orders, K and V). */
-#define PYFA_CUDA_TQ_MMA_TABLE_COPIES 16
-#define PYFA_CUDA_TQ_MMA_TABLE_ENTRY 256
+/* Lane copies of its code-byte table (one per lane, so a warp's lookups hit
+ * distinct banks whatever the codes), and the bytes of one entry (the copies
+ * of the byte's two f16 codebook values). */
+#define PYFA_CUDA_TQ_MMA_TABLE_COPIES 32
+#define PYFA_CUDA_TQ_MMA_TABLE_ENTRY 128
 
 PYFA_LAYOUT_FN int32_t pyfa_layout_max(int32_t a, int32_t b) { return a > b ? a : b; }
 
@@ -99,8 +100,8 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_vec_smem_bytes(int32_t D, int32_t k_bits, in
 }
 
 /* turboquant_mma.cuh: the ring depth in tiles, `knob` when positive, else
- * by head dim (two at D = 256, so that two blocks fit on an SM beside the
- * 64 KB table), and the dynamic shared bytes of one block: the code-byte
+ * by head dim (two at D = 256, measured faster than three on the H200), and
+ * the dynamic shared bytes of one block: the code-byte
  * table (256 entries of PYFA_CUDA_TQ_MMA_TABLE_ENTRY bytes), Qᵀ fragments,
  * scores, (m, s) pairs, then the larger of the ring (code rows padded to
  * D/2 + 16 bytes, K and V scales) and the merge area; up to D = 256 every warp

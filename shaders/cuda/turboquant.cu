@@ -39,8 +39,8 @@ constexpr int flash_attn_vec_tq_max_threads = 128;
 constexpr int tq_quantize_paged_max_threads = 32;
 /* Blocks per SM the decode kernel's registers allow: for the vector kernel 4
  * caps them at 128 (no spills when K and V bits are equal; a few dozen bytes
- * otherwise); the tensor-core kernel (4-bit K and V), which shared memory
- * holds to 2 blocks per SM, takes the registers of 2 (it measured faster). */
+ * otherwise); the tensor-core kernel (4-bit K and V) takes the registers of
+ * the blocks its shared memory holds (below). */
 #ifndef PYFA_TQ_VEC_MIN_BLOCKS
 #define PYFA_TQ_VEC_MIN_BLOCKS 4
 #endif
@@ -50,7 +50,7 @@ constexpr int tq_quantize_paged_max_threads = 32;
 /* Blocks per SM the tensor-core kernel's registers allow at D <= 128, where
  * shared memory holds 3 (at D >= 256 it holds 2). */
 #ifndef PYFA_TQ_MMA_MIN_BLOCKS
-#define PYFA_TQ_MMA_MIN_BLOCKS 2
+#define PYFA_TQ_MMA_MIN_BLOCKS 3
 #endif
 #ifdef PYFA_COMPILE_CHECK /* the body sits behind a call there, compiled without the entry's cap */
 #define PYFA_MIN_BLOCKS_flash_attn_vec_tq(...) 1

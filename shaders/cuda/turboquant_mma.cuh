@@ -6,25 +6,24 @@
  * cp.async ring of packed codes and scales, phase A = scores Sᵀ = K̂ · Qᵀ
  * (16 positions per warp), phase B = the online softmax, then Oᵀ += V̂ᵀ · Pᵀ.
  *
- * Dequantisation is one byte permute and one shared-memory load per code
- * byte (two coordinates). The table maps the byte to both codebook values as
- * f16 hi + lo halves (hi = rn(c), lo = rn(c - hi)), so products keep the
- * codebook exact to about 2^-22 relative. Each byte's entry is ENTRY = 256
- * bytes: COPIES = 16 copies of the pair in the K order {hi hi, lo lo}, then
- * 16 in the V order {hi lo, hi lo}. Lane l reads copy l mod 16, so a
- * half-warp's 8-byte loads hit distinct bank pairs whatever the codes, and
- * the entry stride of 256 lets one byte permute form the whole offset (the
- * code byte over the lane's copy offset). K and V share the table: the op
- * passes the codebook of their common bit width for both.
+ * Dequantisation is one shared-memory load per code byte (two coordinates):
+ * a table maps the byte to its two codebook values as one f16 pair (low
+ * nibble = the even coordinate in the low half). The codebook is the one
+ * rounding this kernel adds: q and P stay split in f16 hi + lo, so every
+ * product of a rounded codebook value is kept to about 2^-22, and the output
+ * is attention over the cache dequantized with f16 codebook values (within
+ * 2^-11 relative of the f32 codebook; the tests' bounds are derived from that
+ * rounding per bit width). Each entry holds COPIES = 32 copies of the pair,
+ * lane l reading copy l, so a warp's lookups hit distinct banks whatever the
+ * codes. K and V share the table: the op passes the codebook of their common
+ * bit width for both.
  *
- * The hi and lo halves go where one load feeds a fragment with no register
- * moves or permutes:
- * - K: the m-block's rows g and g + 8 are the hi and lo values of one
- *   position (so a fragment covers 8 positions); the two rows' scores add.
- * - V: the k-steps pair (position, hi) with (position, lo), and the Pᵀ
- *   fragment carries the weight twice, so a fragment covers 8 positions; the
- *   output rows g and g + 8 are the two coordinates of a code byte.
- * With q and P split in hi + lo as well, every product term is kept.
+ * Fragments:
+ * - K: an m-block is 16 positions of one warp, a register one looked-up pair
+ *   (two dims of one position), straight from the load.
+ * - V: an m-block is 16 dims; a register pairs two positions at one dim, so
+ *   the pairs of positions p and p + 1 at the same byte make two registers
+ *   (dims d and d + 1) by two byte permutes.
  *
  * The k-step columns and the output rows map to coordinates so that a lane
  * uses all four bytes of every code word it reads (32-bit loads, one
@@ -39,8 +38,8 @@
 #endif
 
 namespace tq_mma {
-constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, TP = 64, COPIES = 16;
-constexpr int ENTRY = 256, V_ORDER = COPIES * 8; /* an entry's bytes; the offset of its V-order copies */
+constexpr int NW = vec_mma::NW, HEADS = vec_mma::HEADS, TP = 64, COPIES = 32;
+constexpr int ENTRY = COPIES * 4; /* an entry's bytes: COPIES f16 pairs */
 constexpr int STAGES_KNOB = PYFA_TQ_MMA_STAGES;
 
 template <int D>
@@ -74,17 +73,15 @@ struct shape {
                   "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
 };
 
-/* The table pair of byte `byte` of `word` in this lane's copy, in the K
- * order (ORDER = 0) or the V order (ORDER = V_ORDER): tab = the table's
- * shared address, lane_off = (lane % 16) * 8. The permute puts the code byte
- * in bits 8..15 (ENTRY = 256) over lane_off in bits 0..7. */
-template <int ORDER>
-__device__ __forceinline__ uint2 lookup(uint32_t tab, uint32_t lane_off, uint32_t word, int byte) {
-    static_assert(ENTRY == 256 && COPIES * 8 <= 128, "the offset is (byte << 8) | lane_off");
-    uint2 v;
-    asm("ld.shared.v2.u32 {%0, %1}, [%2+%3];" /* reads the table, which is written once before any lookup */
-        : "=r"(v.x), "=r"(v.y)
-        : "r"(tab + __byte_perm(word, lane_off, 0x5504u | ((uint32_t)byte << 4))), "n"(ORDER));
+/* The f16 pair of byte `byte` of `word` in this lane's copy: lane_tab = the
+ * table's shared address + 4 lane. */
+__device__ __forceinline__ uint32_t lookup(uint32_t lane_tab, uint32_t word, int byte) {
+    static_assert(ENTRY == 128, "the offset is byte << 7");
+    const uint32_t code = __byte_perm(word, 0u, 0x4440u | (uint32_t)byte);
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" /* reads the table, which is written once before any lookup */
+        : "=r"(v)
+        : "r"(lane_tab + (code << 7)));
     return v;
 }
 } // namespace tq_mma
@@ -182,27 +179,23 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     if (PAGED) look_up(begin);
     for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
     { /* thread t computes entries t and t + 128 once (low nibble: the even
-       * coordinate) and writes their COPIES copies in both orders, starting at
-       * copy t so a warp's stores spread over the banks */
-        static_assert(NW * 32 == 128 && COPIES == 16, "two entries per thread, 16 copies");
+       * coordinate) and writes their COPIES copies, starting at copy t so a
+       * warp's stores spread over the banks */
+        static_assert(NW * 32 == 128 && COPIES == 32, "two entries per thread, 32 copies");
         const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
-        const float even = cb[tid & 15], odd0 = cb[tid >> 4], odd1 = cb[(tid >> 4) + 8];
-        uint2 k0, k1;
-        pyfa_split2<PYFA_DTYPE_F16>(even, odd0, k0.x, k0.y);
-        pyfa_split2<PYFA_DTYPE_F16>(even, odd1, k1.x, k1.y);
-        const uint2 v0 = make_uint2(__byte_perm(k0.x, k0.y, 0x5410), __byte_perm(k0.x, k0.y, 0x7632));
-        const uint2 v1 = make_uint2(__byte_perm(k1.x, k1.y, 0x5410), __byte_perm(k1.x, k1.y, 0x7632));
-        char *e0 = smem_tq + tid * tq_mma::ENTRY, *e1 = e0 + 128 * tq_mma::ENTRY;
+        const float even = cb[tid & 15];
+        const uint32_t pair0 = pyfa_pack2<PYFA_DTYPE_F16>(even, cb[tid >> 4]);
+        const uint32_t pair1 = pyfa_pack2<PYFA_DTYPE_F16>(even, cb[(tid >> 4) + 8]);
+        uint32_t *e0 = reinterpret_cast<uint32_t *>(smem_tq + tid * tq_mma::ENTRY);
+        uint32_t *e1 = reinterpret_cast<uint32_t *>(smem_tq + (tid + 128) * tq_mma::ENTRY);
 #pragma unroll
         for (int k = 0; k < COPIES; k++) {
             const int copy = (k + tid) & (COPIES - 1);
-            *reinterpret_cast<uint2 *>(e0 + copy * 8) = k0;
-            *reinterpret_cast<uint2 *>(e0 + tq_mma::V_ORDER + copy * 8) = v0;
-            *reinterpret_cast<uint2 *>(e1 + copy * 8) = k1;
-            *reinterpret_cast<uint2 *>(e1 + tq_mma::V_ORDER + copy * 8) = v1;
+            e0[copy] = pair0;
+            e1[copy] = pair1;
         }
     }
-    const uint32_t tab = smem_addr(smem_tq), lane_off = (lane & 15) * 8;
+    const uint32_t lane_tab = smem_addr(smem_tq) + 4 * lane;
 
     bool first_pass = true;
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
@@ -245,12 +238,12 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             const float *tscale = reinterpret_cast<const float *>(tile + S::S_OFF);
             stage = stage + 1 == STAGES ? 0 : stage + 1;
 
-            /* A. Sᵀ of positions 16 warp + [0, 16): fragment f covers position
-             * 16 warp + 8 f + g, its rows g and g + 8 the hi and lo products.
-             * Eight accumulators (fragment x k-step parity x q term) keep the
-             * chains of dependent mmas short. */
+            /* A. Sᵀ of positions 16 warp + [0, 16): rows g and g + 8 of the
+             * m-block are positions 16 warp + g and 16 warp + g + 8. Four
+             * accumulators (k-step parity x q term) keep the chains of
+             * dependent mmas short. */
             {
-                float sp[2][2][2][4] = {};
+                float sp[2][2][4] = {};
                 /* lane c reads code word 4j + c of its two rows: bytes 0, 1 feed
                  * k-step 2j, bytes 2, 3 k-step 2j + 1 (the q fragments' order) */
                 const char *r0 = tile + (warp * 16 + g) * LDC + 4 * c, *r1 = r0 + 8 * LDC;
@@ -260,27 +253,18 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                     const uint32_t w1 = *reinterpret_cast<const uint32_t *>(r1 + 16 * j);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const uint2 l0 = tq_mma::lookup<0>(tab, lane_off, w0, 2 * h);
-                        const uint2 l1 = tq_mma::lookup<0>(tab, lane_off, w0, 2 * h + 1);
-                        const uint2 l2 = tq_mma::lookup<0>(tab, lane_off, w1, 2 * h);
-                        const uint2 l3 = tq_mma::lookup<0>(tab, lane_off, w1, 2 * h + 1);
-                        const uint32_t f0[4] = {l0.x, l0.y, l1.x, l1.y}, f1[4] = {l2.x, l2.y, l3.x, l3.y};
+                        const uint32_t f[4] = {tq_mma::lookup(lane_tab, w0, 2 * h), tq_mma::lookup(lane_tab, w1, 2 * h),
+                                               tq_mma::lookup(lane_tab, w0, 2 * h + 1),
+                                               tq_mma::lookup(lane_tab, w1, 2 * h + 1)};
                         const uint4 fq = Q_REGS ? fq_reg[Q_REGS ? 2 * j + h : 0] : s_q[(2 * j + h) * 32 + lane];
-                        mma16816<PYFA_DTYPE_F16>(sp[0][h][0], f0, fq.x, fq.y);
-                        mma16816<PYFA_DTYPE_F16>(sp[1][h][0], f1, fq.x, fq.y);
-                        mma16816<PYFA_DTYPE_F16>(sp[0][h][1], f0, fq.z, fq.w);
-                        mma16816<PYFA_DTYPE_F16>(sp[1][h][1], f1, fq.z, fq.w);
+                        mma16816<PYFA_DTYPE_F16>(sp[h][0], f, fq.x, fq.y);
+                        mma16816<PYFA_DTYPE_F16>(sp[h][1], f, fq.z, fq.w);
                     }
                 }
                 /* sc: position g at heads 2c, 2c + 1, then position g + 8 */
                 float sc[4];
 #pragma unroll
-                for (int f = 0; f < 2; f++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        sc[2 * f + e] = ((sp[f][0][0][e] + sp[f][1][0][e]) + (sp[f][0][1][e] + sp[f][1][1][e])) +
-                                        ((sp[f][0][0][e + 2] + sp[f][1][0][e + 2]) +
-                                         (sp[f][0][1][e + 2] + sp[f][1][1][e + 2]));
+                for (int e = 0; e < 4; e++) sc[e] = (sp[0][0][e] + sp[1][0][e]) + (sp[0][1][e] + sp[1][1][e]);
                 const float k0 = tscale[warp * 16 + g] * inv_sqrt_d, k1 = tscale[warp * 16 + g + 8] * inv_sqrt_d;
                 float *dst = s_score + (warp * 16 + g) * HEADS + 2 * c;
                 *reinterpret_cast<float2 *>(dst) = make_float2(sc[0] * k0, sc[1] * k0);
@@ -294,15 +278,14 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 vec_mma::tile_scores<1, 1>(s_score + warp * 16 * HEADS, base + 16 * warp, end, SOFTCAP, p, x);
                 const float2 alpha = vec_mma::softmax_step<1>(x, m, s);
                 const float *vscale = tscale + TP + 16 * warp;
-                /* Pᵀ fragments, the weight twice per k pair (hi, then lo): fragment
-                 * e of positions 2c + e and 2c + 8 + e, slot s of the k-step is
-                 * position 2s + e. */
-                uint32_t phi[4], plo[4];
+                /* Pᵀ fragments in hi + lo: k rows 2c, 2c + 1 (b0) and 2c + 8, 2c + 9
+                 * (b1) of column g, the weights x[0][e] of positions 2c + (e & 1) + 8 (e >> 1). */
+                float w[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float w = x[0][e] * (vscale[2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
-                    pyfa_split2<PYFA_DTYPE_F16>(w, w, phi[e], plo[e]);
-                }
+                for (int e = 0; e < 4; e++) w[e] = x[0][e] * (vscale[2 * c + (e & 1) + (e >> 1) * 8] * inv_sqrt_d);
+                uint32_t phi[2], plo[2];
+                pyfa_split2<PYFA_DTYPE_F16>(w[0], w[1], phi[0], plo[0]);
+                pyfa_split2<PYFA_DTYPE_F16>(w[2], w[3], phi[1], plo[1]);
                 /* Oᵀ rows of m-block i: row g = coordinate 2 vbyte(i), row g + 8 the
                  * next, vbyte(i) = 4 (8 (i / 4) + g) + i % 4: the four m-blocks
                  * 4q..4q + 3 take the four bytes of word 8q + g of a row. */
@@ -315,6 +298,7 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 }
 #pragma unroll
                 for (int q4 = 0; q4 < S::KSTEPS / 4; q4++) {
+                    /* positions 2c, 2c + 1, 2c + 8, 2c + 9 of the warp's 16 */
                     const uint32_t w0 = *reinterpret_cast<const uint32_t *>(vrows + 32 * q4);
                     const uint32_t w1 = *reinterpret_cast<const uint32_t *>(vrows + LDC + 32 * q4);
                     const uint32_t w8 = *reinterpret_cast<const uint32_t *>(vrows + 8 * LDC + 32 * q4);
@@ -322,15 +306,12 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         const int i = 4 * q4 + u;
-                        const uint2 l0 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w0, u);
-                        const uint2 l8 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w8, u);
-                        const uint2 l1 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w1, u);
-                        const uint2 l9 = tq_mma::lookup<tq_mma::V_ORDER>(tab, lane_off, w9, u);
-                        const uint32_t f0[4] = {l0.x, l0.y, l8.x, l8.y}, f1[4] = {l1.x, l1.y, l9.x, l9.y};
-                        mma16816<PYFA_DTYPE_F16>(acc[i], f0, phi[0], phi[2]);
-                        mma16816<PYFA_DTYPE_F16>(acc[i], f1, phi[1], phi[3]);
-                        mma16816<PYFA_DTYPE_F16>(acc[i], f0, plo[0], plo[2]);
-                        mma16816<PYFA_DTYPE_F16>(acc[i], f1, plo[1], plo[3]);
+                        const uint32_t l0 = tq_mma::lookup(lane_tab, w0, u), l1 = tq_mma::lookup(lane_tab, w1, u);
+                        const uint32_t l8 = tq_mma::lookup(lane_tab, w8, u), l9 = tq_mma::lookup(lane_tab, w9, u);
+                        const uint32_t f[4] = {__byte_perm(l0, l1, 0x5410), __byte_perm(l0, l1, 0x7632),
+                                               __byte_perm(l8, l9, 0x5410), __byte_perm(l8, l9, 0x7632)};
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f, phi[0], phi[1]);
+                        mma16816<PYFA_DTYPE_F16>(acc[i], f, plo[0], plo[1]);
                     }
                 }
             } else {
@@ -357,29 +338,25 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                 const char *vt = tile + S::V_OFF;
 #pragma unroll
                 for (int i = 0; i < S::MB; i++) acc[i][0] *= a0, acc[i][1] *= a1, acc[i][2] *= a0, acc[i][3] *= a1;
-                /* Per 16 positions: every m-block's fragments, then the three product
+                /* Per 16 positions: every m-block's fragments, then the two product
                  * terms each over all m-blocks, so consecutive mmas are independent. */
 #pragma unroll
                 for (int j = 0; j < J; j++) {
-                    uint32_t ahi[S::MB][4], alo[S::MB][4];
+                    uint32_t f[S::MB][4];
 #pragma unroll
                     for (int i = 0; i < S::MB; i++) {
                         const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
-                        const uint2 l0 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp), g & 3);
-                        const uint2 l1 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
-                        const uint2 l2 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
-                        const uint2 l3 = tq_mma::lookup<0>(tab, lane_off, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
-                        ahi[i][0] = __byte_perm(l0.x, l1.x, 0x5410), ahi[i][1] = __byte_perm(l0.x, l1.x, 0x7632);
-                        ahi[i][2] = __byte_perm(l2.x, l3.x, 0x5410), ahi[i][3] = __byte_perm(l2.x, l3.x, 0x7632);
-                        alo[i][0] = __byte_perm(l0.y, l1.y, 0x5410), alo[i][1] = __byte_perm(l0.y, l1.y, 0x7632);
-                        alo[i][2] = __byte_perm(l2.y, l3.y, 0x5410), alo[i][3] = __byte_perm(l2.y, l3.y, 0x7632);
+                        const uint32_t l0 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
+                        const uint32_t l1 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
+                        const uint32_t l2 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
+                        const uint32_t l3 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
+                        f[i][0] = __byte_perm(l0, l1, 0x5410), f[i][1] = __byte_perm(l0, l1, 0x7632);
+                        f[i][2] = __byte_perm(l2, l3, 0x5410), f[i][3] = __byte_perm(l2, l3, 0x7632);
                     }
 #pragma unroll
-                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], phi[j][0], phi[j][1]);
+                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], f[i], phi[j][0], phi[j][1]);
 #pragma unroll
-                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], ahi[i], plo[j][0], plo[j][1]);
-#pragma unroll
-                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], alo[i], phi[j][0], phi[j][1]);
+                    for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], f[i], plo[j][0], plo[j][1]);
                 }
             }
         }

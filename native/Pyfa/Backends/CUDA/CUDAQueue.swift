@@ -284,12 +284,12 @@ struct CUDAPlan: BackendPlan {
     /// on unless PYFA_CUDA_TQ_VEC_MMA=0; its ring depth in tiles (0: by head dim, cuda_layout.h).
     static let tqVecMma = getenv("PYFA_CUDA_TQ_VEC_MMA").flatMap { Int(String(cString: $0)) } ?? 1
     static let tqMmaStages = { (n: Int) in n > 0 ? max(2, n) : 0 }(envInt("PYFA_CUDA_TQ_MMA_STAGES", 0))
-    static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 2))
+    static let tqMmaMinBlocks = max(1, envInt("PYFA_CUDA_TQ_MMA_MIN_BLOCKS", 3))
 
     /// The head dims (pyfa_cuda_tq_uses_mma's bits) at which the tensor-core
-    /// TurboQuant decode runs: where its knob allows and its block, a 64 KB
-    /// table beside its ring, fits `maxShared` (99 KB devices keep D = 64, A100
-    /// all but 512); the vector kernel runs at the others.
+    /// TurboQuant decode runs: where its knob allows and its block, a 32 KB
+    /// table beside its ring, fits `maxShared` (99 KB devices keep D <= 256, A100
+    /// all); the vector kernel runs at the others.
     static func tqMmaDims(maxShared: Int) -> Int32 {
         guard tqVecMma != 0 else { return 0 }
         return [64, 128, 256, 512].filter { tqMmaSharedBytes(headDim: $0) <= maxShared }
