@@ -1,15 +1,19 @@
 """Small prefill, merge and TurboQuant cases on the CUDA device, for
 compute-sanitizer (memcheck, racecheck): masks with blk, causal + window,
 softcap, LSE, GQA, an odd length, the f32 path, D = 512; merge of two halves; a
-TurboQuant cache append + fused and unfused attend (the vector kernel, and the
-tensor-core kernel at D = 64 to 512). Exits non-zero on a wrong
-result."""
+TurboQuant cache append + fused and unfused attend of a split (the vector
+kernel, and the tensor-core kernel at D = 64 to 512; the fused one merges and
+undoes in its last workgroups). Exits non-zero on a wrong result."""
 import sys
+from pathlib import Path
 
 import numpy as np
 
 import pyfa
 from pyfa import reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import tq_contract  # noqa: E402
 
 dev = pyfa.Device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
 rng = np.random.default_rng(0)
@@ -44,16 +48,19 @@ for D, dtype in [(128, pyfa.bfloat16), (64, np.float16), (96, np.float32), (512,
 
 try:
     # the vector kernel (4/3 bits), then the tensor-core kernel (4/4) at every head dim
-    for kb, vb, D in [(4, 3, 128), (4, 4, 64), (4, 4, 128), (4, 4, 256), (4, 4, 512)]:
+    # (query heads 8: four a KV head, a warp merges a row; 4 and 2: two warps, the whole block)
+    for kb, vb, D, H in [(4, 3, 128, 8), (4, 4, 64, 8), (4, 4, 128, 8), (4, 4, 256, 8), (4, 4, 512, 8),
+                         (4, 4, 128, 4), (4, 4, 256, 2)]:
         cache = pyfa.TurboQuantKVCache(2, D, 256, k_bits=kb, v_bits=vb, device=dev)
         cache.append(rng.standard_normal((200, 2, D)).astype(np.float32),
                      rng.standard_normal((200, 2, D)).astype(np.float32))
-        q = rng.standard_normal((8, D)).astype(np.float32)
-        a, b = cache.attend(q, fused=True), cache.attend(q, fused=False)
-        kd, vd = cache.dequantize()
-        check(f"turboquant {kb}/{vb} bits D={D} fused == unfused", a, b, 0.0)
-        check(f"turboquant {kb}/{vb} bits D={D} vs dense on dequantized K/V", a,
-              reference.decode_attention(q, kd.transpose(1, 0, 2), vd.transpose(1, 0, 2), 200), 1e-4)
+        q = rng.standard_normal((H, D)).astype(np.float32)
+        a, b = cache.attend(q, fused=True, nwg=3), cache.attend(q, fused=False, nwg=3)
+        check(f"turboquant {kb}/{vb} bits D={D} H={H} fused == unfused", a, b, 0.0)
+        # against the dequantized rows of the f32 codebook or of its f16 rounding (tests/tq_contract.py)
+        refs = tq_contract.cache_references(cache, q)
+        err = [float(np.abs(a - r).max()) for r in refs]
+        check(f"turboquant {kb}/{vb} bits D={D} H={H} vs dense on dequantized K/V", a, refs[int(np.argmin(err))], 1e-4)
 except pyfa.UnsupportedError as e:
     print(f"TurboQuant skipped: {e}")
 print(f"small prefill/merge/TurboQuant on {dev.backend}: {len(failures)} failed")

@@ -221,11 +221,49 @@ class Recorder:
         check(lib.pyfa_encoder_commit(self.enc))
 
 
-def dense_recorder(dev, fw, B, Hq, Hkv, D, L):
+class PlanRecorder:
+    """Runs of a prepared op (pyfa_*_plan_new) on framework arrays, recorded on the framework's stream."""
+
+    def __init__(self, dev, arrays, plan):
+        self.keep, self.plan = arrays, plan
+        self.enc = _io.encoder(dev, pyfa.cuda_interop.describe(arrays[0], "x"))
+
+    @staticmethod
+    def tensor(a):
+        d = pyfa.cuda_interop.describe(a, "x")
+        return {"address": d.ptr, "nbytes": d.nbytes}
+
+    def commit(self):
+        check(lib.pyfa_encoder_commit(self.enc))
+
+    def __del__(self):
+        lib.pyfa_plan_free(self.plan)
+
+
+def dense_recorder(dev, fw, B, Hq, Hkv, D, L, planned=False):
     q, k, v = fw.randn((B, Hq, D), "f16"), fw.randn((B, Hkv, L, D), "f16"), fw.randn((B, Hkv, L, D), "f16")
     params = ffi.new("pyfa_flash_attn_vec_params *", {
         "batch": B, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": L, "nwg": 0,
         "window": 0, "scale": 1.0 / math.sqrt(D), "softcap": 0.0})
+    if planned:  # the prepared op a plan runs (DecodePlan: the split merged in its last workgroups)
+        plan = ffi.new("pyfa_plan **")
+        check(lib.pyfa_decode_plan_new(plan, dev.handle, ffi.new("pyfa_decode_plan_desc *", {
+            "attn": params[0], "q_dtype": lib.PYFA_DTYPE_F16, "kv_dtype": lib.PYFA_DTYPE_F16,
+            "out_dtype": lib.PYFA_DTYPE_F16, "max_kv_len": L})))
+        out, lens = fw.randn((B, Hq, D), "f16"), fw.full_i32(B, L)
+        rings = ffi.new("int32_t[]", B)  # zeros on the host, kept alive with the recorder
+        r = PlanRecorder(dev, [q, k, v, out, lens, rings], plan[0])
+        t = PlanRecorder.tensor
+        args = ffi.new("pyfa_decode_run_args *", {
+            "q": t(q), "k_cache": t(k), "v_cache": t(v), "out": t(out), "kv_len": {"host": ffi.NULL, "device": t(lens)},
+            "ring_start": {"host": rings, "device": {"address": 0, "nbytes": 0}}})
+
+        def record_planned(n):
+            for _ in range(n):
+                check(lib.pyfa_decode_run(r.plan, r.enc, args))
+        nwg = ffi.new("pyfa_flash_attn_vec_params *", params[0])
+        check(lib.pyfa_flash_attn_vec_plan(dev.handle, nwg, lib.PYFA_DTYPE_F16, L, ffi.new("uint64_t *")))
+        return r, record_planned, 2 * B * Hkv * L * D * 2, int(nwg.nwg)
     tmp_bytes = ffi.new("uint64_t *")
     check(lib.pyfa_flash_attn_vec_plan(dev.handle, params, lib.PYFA_DTYPE_F16, L, tmp_bytes))
     r = Recorder(dev, [q, k, v, fw.full_i32(B, L), fw.full_i32(B, 0), fw.empty_f32(max(1, tmp_bytes[0] // 4)),
@@ -240,7 +278,7 @@ def dense_recorder(dev, fw, B, Hq, Hkv, D, L):
     return r, record, 2 * B * Hkv * L * D * 2, int(params.nwg)
 
 
-def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits):
+def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits, planned=False):
     rb = D * bits // 8
     q = fw.randn((B, Hq, D), "f16")
     kc, vc = fw.randbytes((B, Hkv, L, rb)), fw.randbytes((B, Hkv, L, rb))
@@ -250,6 +288,25 @@ def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits):
         "attn": {"batch": B, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": L, "nwg": 0,
                  "window": 0, "scale": 1.0 / math.sqrt(D), "softcap": 0.0},
         "k_bits": bits, "v_bits": bits, "seed_lo": 7, "fused": 1})
+    if planned:  # the prepared op a plan runs (TQDecodePlan: the split merged and undone in its last workgroups)
+        plan = ffi.new("pyfa_plan **")
+        check(lib.pyfa_tq_decode_plan_new(plan, dev.handle, ffi.new("pyfa_tq_decode_plan_desc *", {
+            "tq": params[0], "q_dtype": lib.PYFA_DTYPE_F16, "out_dtype": lib.PYFA_DTYPE_F32, "max_kv_len": L})))
+        out, lens = fw.empty_f32(B * Hq * D), fw.full_i32(B, L)
+        rings = ffi.new("int32_t[]", B)  # zeros on the host, kept alive with the recorder
+        r = PlanRecorder(dev, [q, kc, ks, vc, vs, out, lens, rings], plan[0])
+        t = PlanRecorder.tensor
+        args = ffi.new("pyfa_tq_decode_run_args *", {
+            "q": t(q), "k_codes": t(kc), "k_scales": t(ks), "v_codes": t(vc), "v_scales": t(vs), "out": t(out),
+            "kv_len": {"host": ffi.NULL, "device": t(lens)},
+            "ring_start": {"host": rings, "device": {"address": 0, "nbytes": 0}}})
+
+        def record_planned(n):
+            for _ in range(n):
+                check(lib.pyfa_tq_decode_run(r.plan, r.enc, args))
+        sized = ffi.new("pyfa_flash_attn_vec_tq_params *", params[0])
+        check(lib.pyfa_flash_attn_vec_tq_plan(dev.handle, sized, L, ffi.new("uint64_t *")))
+        return r, record_planned, 2 * B * Hkv * L * (rb + 4), int(sized.attn.nwg), out
     tmp_bytes = ffi.new("uint64_t *")
     check(lib.pyfa_flash_attn_vec_tq_plan(dev.handle, params, L, tmp_bytes))
     out = fw.empty_f32(B * Hq * D)
@@ -265,19 +322,22 @@ def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits):
 def check_timing(gpu, iters, reps):
     fw = Frame()
     L = 32768
-    for B, Hq, Hkv, D in [(1, 16, 8, 256), (1, 16, 8, 128), (8, 16, 8, 256), (8, 16, 8, 128)]:
-        dr, drec, dbytes, dnwg = dense_recorder(gpu, fw, B, Hq, Hkv, D, L)
-        d_us = fw.timed(dr.commit, iters, reps, lambda: drec(iters))
-        del dr
-        tr, trec, tbytes, tnwg, out = tq_recorder(gpu, fw, B, Hq, Hkv, D, L, 4)
-        t_us = fw.timed(tr.commit, iters, reps, lambda: trec(iters))
-        finite = bool(np.all(np.isfinite(np.asarray(out.cpu() if fw.name == "torch" else out.get()))))
-        del tr
-        ratio = d_us / t_us
-        report(f"time B={B} H={Hq}/{Hkv} D={D} len={L}", finite,
-               f"dense f16 {d_us:.1f} us ({dbytes / d_us / 1e3:.0f} GB/s, nwg {dnwg}) | TQ-4 {t_us:.1f} us "
-               f"({tbytes / t_us / 1e3:.0f} GB/s of codes+scales, nwg {tnwg}) | speed-up {ratio:.2f}x "
-               f"(aim >= 2.5x) [{fw.name}]")
+    # Each op as the buffer ABI records it (decode + reduce dispatches), then through its plan
+    # (pyfa_*_plan_new / run: what decode_attention on torch tensors and the caches run).
+    for planned in (False, True):
+        for B, Hq, Hkv, D in [(1, 16, 8, 256), (1, 16, 8, 128), (8, 16, 8, 256), (8, 16, 8, 128)]:
+            dr, drec, dbytes, dnwg = dense_recorder(gpu, fw, B, Hq, Hkv, D, L, planned)
+            d_us = fw.timed(dr.commit, iters, reps, lambda: drec(iters))
+            del dr
+            tr, trec, tbytes, tnwg, out = tq_recorder(gpu, fw, B, Hq, Hkv, D, L, 4, planned)
+            t_us = fw.timed(tr.commit, iters, reps, lambda: trec(iters))
+            finite = bool(np.all(np.isfinite(np.asarray(out.cpu() if fw.name == "torch" else out.get()))))
+            del tr
+            ratio = d_us / t_us
+            report(f"time{' plan' if planned else ''} B={B} H={Hq}/{Hkv} D={D} len={L}", finite,
+                   f"dense f16 {d_us:.1f} us ({dbytes / d_us / 1e3:.0f} GB/s, nwg {dnwg}) | TQ-4 {t_us:.1f} us "
+                   f"({tbytes / t_us / 1e3:.0f} GB/s of codes+scales, nwg {tnwg}) | speed-up {ratio:.2f}x "
+                   f"(target >= 2x, aim 3x) [{fw.name}]")
 
 
 def main():

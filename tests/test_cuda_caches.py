@@ -322,3 +322,36 @@ def test_a_dense_cache_step_is_two_launches(rng):
         c.attend(q)
     torch.cuda.synchronize()
     assert (pyfa.counters()["kernel_launches"] - before) == 20
+
+
+@gpu
+@pytest.mark.parametrize("case", [  # H, Hkv, D, k_bits, v_bits, capacity, appended, window, softcap, nwg, out dtype, lse
+    (16, 8, 128, 4, 4, 4096, 4000, None, 0.0, 7, np.float16, True),
+    (8, 2, 64, 4, 4, 1000, 1500, 600, 5.0, 5, np.float32, False),     # ring wrapped, window, softcap
+    (32, 2, 256, 4, 4, 2048, 2048, None, 0.0, 9, pyfa.bfloat16, True),  # GQA 16: two passes of heads
+    (4, 4, 512, 4, 4, 512, 500, None, 0.0, 3, np.float32, True),
+    (8, 2, 128, 3, 8, 800, 800, None, 2.0, 4, np.float16, True),      # the vector kernel
+    (8, 2, 128, 4, 4, 800, 800, None, 0.0, 300, np.float32, True),    # nwg past the merge's cap: the fused tail
+])
+def test_tq_split_merged_in_its_last_workgroups_matches_the_tails(rng, case):
+    """A TurboQuantKVCache's split decode (fused = True, through its plan) ends in its last
+    workgroups — each merges its rows and takes them through the undo: the q rotation and the
+    decode, two launches — with the bits of the reduce + undo tail (fused = False, four
+    launches), five calls in a row, so each leaves the tickets as it found them; past the CUDA
+    plan's 16 workgroups (PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG) the fused tail runs (three launches)."""
+    H, Hkv, D, kb, vb, cap, n, window, softcap, nwg, out_dtype, lse = case
+    cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=kb, v_bits=vb, seed=7, sliding_window=window,
+                                   device=pyfa.Device("cuda"))
+    for part in np.array_split(np.arange(n), 2):
+        cache.append(rng.standard_normal((len(part), Hkv, D)), rng.standard_normal((len(part), Hkv, D)))
+    q = rng.standard_normal((H, D)).astype(np.float32)
+    kw = dict(nwg=nwg, softcap=softcap, out_dtype=out_dtype, return_lse=lse)
+    want = cache.attend(q, fused=False, **kw)
+    got = [cache.attend(q, fused=True, **kw) for _ in range(5)]
+    before = pyfa.counters()["kernel_launches"]
+    cache.attend(q, fused=True, **kw)
+    launches = pyfa.counters()["kernel_launches"] - before
+    for g in got:
+        for a, b in zip(g if lse else [g], want if lse else [want]):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert launches == (3 if nwg > 16 else 2), f"{launches} launches per call"

@@ -86,6 +86,11 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_uses_mma(int32_t k_bits, int32_t v_bits, int
     return k_bits == 4 && v_bits == 4 && (dims & pyfa_cuda_tq_mma_dim_bit(D)) != 0;
 }
 
+/* flash_attn_vec_tq splits whose last workgroups merge (DIRECT_OUT 2): at most
+ * this many workgroups per row, so the merge's scratch (2 floats per workgroup
+ * and warp, 8 KB) fits the drained ring of every TurboQuant decode kernel. */
+#define PYFA_CUDA_TQ_MERGE_MAX_NWG 256
+
 /* turboquant.cu (vector kernel): dynamic shared bytes of one block: both
  * codebooks (256 floats each), the (m, s) pairs, then the larger of the
  * cp.async ring and the merge area. A row spans D/16 lanes, so a warp loads

@@ -215,7 +215,12 @@ typedef struct pyfa_tq_fwht_params {
  *   nwg > 1, fused = 0: flash_attn_vec_reduce into (o_rot f32, lse) ->
  *                       fwht_sign_undo(o_rot) into out
  *   nwg > 1, fused = 1: flash_attn_vec_reduce_tq_hb_undo into (out, lse)
- * so out (f32 | f16 | bf16) is stored once, by the last kernel.
+ * so out (f32 | f16 | bf16) is stored once, by the last kernel. Where the
+ * backend's plan allows it (a plan's run with its tickets, fused = 1, not
+ * paged), a split's last workgroup of each row instead merges the row into
+ * o_rot (flash_attn_vec's DIRECT_OUT 2: attn_vec_merge_last) and takes it
+ * through the undo into out (slot PYFA_TQ_VEC_ARG_MERGED_OUT, dtype
+ * PYFA_TQ_VEC_FC_OUT_DTYPE), with the bits of the fused tail.
  * tmp layout: [the flash_attn_vec tmp layout (empty when nwg == 1)], padded
  *             to 16 bytes, then q_rot [batch * num_heads * head_dim] f32,
  *             then o_rot [batch * num_heads * head_dim] f32.
@@ -234,15 +239,17 @@ typedef struct pyfa_flash_attn_vec_tq_params {
 #define PYFA_TQ_VEC_ARG_V_SCALES 10
 #define PYFA_TQ_VEC_ARG_K_CODEBOOK 11 /**< inline f32[2^k_bits] */
 #define PYFA_TQ_VEC_ARG_V_CODEBOOK 12 /**< inline f32[2^v_bits] */
+#define PYFA_TQ_VEC_ARG_MERGED_OUT 13 /**< DIRECT_OUT 2: the op's out (a paged decode's PYFA_VEC_ARG_PAGES slot: never both) */
 
 #define PYFA_TQ_VEC_FC_K_BITS 0
 #define PYFA_TQ_VEC_FC_V_BITS 1
 #define PYFA_TQ_VEC_FC_HEAD_DIM 2    /**< == PYFA_VEC_FC_HEAD_DIM */
 #define PYFA_TQ_VEC_FC_HAS_SOFTCAP 3 /**< == PYFA_VEC_FC_HAS_SOFTCAP */
-#define PYFA_TQ_VEC_FC_DIRECT_OUT 4  /**< == PYFA_VEC_FC_DIRECT_OUT */
+#define PYFA_TQ_VEC_FC_DIRECT_OUT 4  /**< as PYFA_VEC_FC_DIRECT_OUT (2: the last workgroup merges and undoes) */
 #define PYFA_TQ_VEC_FC_HAS_LSE 5     /**< bool: lse is bound (read only with DIRECT_OUT, else 0) */
 #define PYFA_TQ_VEC_FC_PAGED 6       /**< bool: codes and scales are paged pools (paged_kv_params.h) */
-#define PYFA_TQ_VEC_FC_COUNT 7
+#define PYFA_TQ_VEC_FC_OUT_DTYPE 7   /**< dtype code of the op's out with DIRECT_OUT 2 (f32 otherwise) */
+#define PYFA_TQ_VEC_FC_COUNT 8
 
 /* ---------------------------------------------------------------------------
  * flash_attn_vec_reduce_tq_hb_undo: flash_attn_vec_reduce then

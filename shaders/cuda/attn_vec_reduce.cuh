@@ -17,14 +17,20 @@
  * [nwg, D]; writes element e through store(e, value) and returns the row's
  * lse (every thread gets it). scratch: shared float[2 * nwg]. A row whose
  * workgroups saw no key gives zeros and lse -inf. Every thread of the block
- * (WARP: of the warp) must call it (it synchronises them). The pairs are read
- * once, one per thread, into shared memory: the scans over them then wait on
- * shared loads, not on nwg global loads in a row. */
-template <bool WARP = false, class Store>
+ * (GROUP > 0: of its group of GROUP threads, a warp or warps 32-aligned, which
+ * synchronise on named barrier 1 + threadIdx.x / GROUP) must call it. The
+ * pairs are read once, one per thread, into shared memory: the scans over them
+ * then wait on shared loads, not on nwg global loads in a row. */
+template <int GROUP = 0, class Store>
 __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const float *part, uint32_t nwg, uint32_t D,
                                                      float *scratch, Store store) {
-    const uint32_t rank = WARP ? threadIdx.x & 31 : threadIdx.x, size = WARP ? 32 : blockDim.x;
-    auto sync = [] { if constexpr (WARP) __syncwarp(); else __syncthreads(); };
+    static_assert(GROUP % 32 == 0, "groups of whole warps");
+    const uint32_t rank = GROUP ? threadIdx.x % GROUP : threadIdx.x, size = GROUP ? GROUP : blockDim.x;
+    auto sync = [] {
+        if constexpr (GROUP == 32) __syncwarp();
+        else if constexpr (GROUP == 0) __syncthreads();
+        else asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / GROUP), "n"(GROUP) : "memory");
+    };
     float *s_total = scratch, *weight = scratch + nwg; /* S of each workgroup, then its weight */
     for (uint32_t w = rank; w < nwg; w += size) {
         /* .cg loads (L2): other workgroups of the same launch may have written them (attn_vec_merge_last) */
@@ -61,18 +67,47 @@ __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const floa
     return total > 0.0f ? M + logf(total) : -INFINITY;
 }
 
+/* attn_vec_merge_last's merge of rows [row0, row0 + gn), a group of GROUP
+ * threads a row (0: the whole block), each group's scratch 2 nwg floats. */
+template <int GROUP, int D>
+__device__ __forceinline__ void attn_vec_merge_rows(const pyfa_cuda_args &a, uint32_t gn, size_t row0, uint32_t nrows,
+                                                    uint32_t nwg, int out_dtype, bool has_lse, float *scratch_base) {
+    const float *tmp = pyfa_ptr<const float>(a, PYFA_VEC_ARG_TMP);
+    const uint32_t n = nwg < PYFA_REDUCE_MAX_NWG ? nwg : PYFA_REDUCE_MAX_NWG;
+    const uint32_t group = GROUP ? threadIdx.x / GROUP : 0, groups = GROUP ? blockDim.x / GROUP : 1;
+    float *scratch = scratch_base + group * 2 * n;
+    void *out = pyfa_ptr<void>(a, PYFA_VEC_ARG_OUT);
+    for (uint32_t g = group; g < gn; g += groups) {
+        const size_t row = row0 + g;
+        const float *sm = tmp + (size_t)nrows * nwg * D + row * nwg * 2;
+        const float *part = tmp + row * nwg * D;
+        const float lse = attn_vec_reduce_row<GROUP>(sm, part, n, D, scratch, [&](uint32_t e, float x) {
+            pyfa_store_as(out, row * D + e, x, out_dtype);
+        });
+        if (has_lse && (GROUP ? threadIdx.x % GROUP : threadIdx.x) == 0) pyfa_ptr<float>(a, PYFA_VEC_ARG_LSE)[row] = lse;
+        /* this group's scratch serves its next row */
+        if constexpr (GROUP == 32) __syncwarp();
+        else if constexpr (GROUP == 0) __syncthreads();
+        else asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / GROUP), "n"(GROUP) : "memory");
+    }
+}
+
 /* After a workgroup wrote its partial states of rows [row0, row0 + gn): it
  * takes a ticket of row0, and the workgroup that takes the last (nwg - 1)
- * merges those rows, one warp a row at a time, with attn_vec_reduce_row (so
- * out and lse get the bits flash_attn_vec_reduce writes: they do not depend
- * on how many threads merge a row), and takes the nwg tickets back for the
- * next dispatch (every other workgroup of the rows has taken its ticket).
- * Each warp's scratch (2 nwg floats) lies at the start of dynamic shared
- * memory, free by now (the plan checks that blockDim / 32 of them fit).
- * Every thread of the block calls it; tmp, out and lse as flash_attn_vec's. */
+ * merges those rows with attn_vec_reduce_row (so out and lse get the bits
+ * flash_attn_vec_reduce writes: they do not depend on how many threads merge
+ * a row), and takes the nwg tickets back for the next dispatch (every other
+ * workgroup of the rows has taken its ticket). A row is merged by a warp, or,
+ * with fewer rows than warps, by two warps or the whole block: the merge is a
+ * chain of loads over the partials, and more threads shorten it.
+ * Each warp's scratch (2 nwg floats) lies at `scratch` in shared memory, by
+ * default the start of dynamic shared memory, free by now (the plan checks
+ * that blockDim / 32 of them fit). Every thread of the block calls it; tmp,
+ * out and lse as flash_attn_vec's. Returns whether this workgroup merged
+ * (alike in every thread). */
 template <int D>
-__device__ __noinline__ void attn_vec_merge_last(const pyfa_cuda_args &a, uint32_t gn, size_t row0, uint32_t nrows,
-                                                 uint32_t nwg, int out_dtype, bool has_lse) {
+__device__ __noinline__ bool attn_vec_merge_last(const pyfa_cuda_args &a, uint32_t gn, size_t row0, uint32_t nrows,
+                                                 uint32_t nwg, int out_dtype, bool has_lse, float *scratch_area) {
     extern __shared__ __align__(16) float attn_vec_merge_scratch[];
     __shared__ uint32_t s_last;
     __threadfence(); /* this thread's partials, visible to the device before the ticket */
@@ -86,23 +121,17 @@ __device__ __noinline__ void attn_vec_merge_last(const pyfa_cuda_args &a, uint32
         if (s_last) atomicSub(ticket, nwg);
     }
     __syncthreads();
-    if (!s_last) return; /* uniform */
+    if (!s_last) return false; /* uniform */
     __threadfence(); /* the other workgroups' partials, seen after their tickets */
-    const float *tmp = pyfa_ptr<const float>(a, PYFA_VEC_ARG_TMP);
-    const uint32_t n = nwg < PYFA_REDUCE_MAX_NWG ? nwg : PYFA_REDUCE_MAX_NWG;
-    const uint32_t warp = threadIdx.x >> 5;
-    float *scratch = attn_vec_merge_scratch + warp * 2 * n;
-    void *out = pyfa_ptr<void>(a, PYFA_VEC_ARG_OUT);
-    for (uint32_t g = warp; g < gn; g += blockDim.x >> 5) {
-        const size_t row = row0 + g;
-        const float *sm = tmp + (size_t)nrows * nwg * D + row * nwg * 2;
-        const float *part = tmp + row * nwg * D;
-        const float lse = attn_vec_reduce_row<true>(sm, part, n, D, scratch, [&](uint32_t e, float x) {
-            pyfa_store_as(out, row * D + e, x, out_dtype);
-        });
-        if (has_lse && (threadIdx.x & 31) == 0) pyfa_ptr<float>(a, PYFA_VEC_ARG_LSE)[row] = lse;
-        __syncwarp(); /* this warp's scratch serves its next row */
-    }
+    float *scratch = scratch_area ? scratch_area : attn_vec_merge_scratch;
+    const uint32_t warps = blockDim.x >> 5;
+    if (gn == 1)
+        attn_vec_merge_rows<0, D>(a, gn, row0, nrows, nwg, out_dtype, has_lse, scratch);
+    else if (2 * gn <= warps)
+        attn_vec_merge_rows<64, D>(a, gn, row0, nrows, nwg, out_dtype, has_lse, scratch);
+    else
+        attn_vec_merge_rows<32, D>(a, gn, row0, nrows, nwg, out_dtype, has_lse, scratch);
+    return true;
 }
 
 /* The end of one decode workgroup (flash_attn_vec and flash_attn_vec_tq):
@@ -112,11 +141,13 @@ __device__ __noinline__ void attn_vec_merge_last(const pyfa_cuda_args &a, uint32
  * writes head g0 + g either normalised to out in dtype out_dtype, and its lse
  * when has_lse (direct: nwg == 1), or as this workgroup's partial (o, S, M)
  * in tmp (contract in pyfa_params.h), then, with tickets bound, takes part in
- * attn_vec_merge_last. Every thread of the block takes part. */
+ * attn_vec_merge_last (its scratch at merge_scratch when given) and returns
+ * whether this workgroup merged. Every thread of the block takes part. */
 template <int STATES, int GT, int D>
-__device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, const float *s_ms, const float *s_acc,
+__device__ __forceinline__ bool attn_vec_write_states(const pyfa_cuda_args &a, const float *s_ms, const float *s_acc,
                                                       uint32_t gn, size_t row0, uint32_t nrows, uint32_t nwg,
-                                                      uint32_t iwg, bool direct, int out_dtype, bool has_lse) {
+                                                      uint32_t iwg, bool direct, int out_dtype, bool has_lse,
+                                                      float *merge_scratch = nullptr) {
     for (uint32_t i = threadIdx.x; i < gn * D; i += blockDim.x) {
         const uint32_t g = i / D, e = i % D;
         float M = -INFINITY;
@@ -147,7 +178,9 @@ __device__ __forceinline__ void attn_vec_write_states(const pyfa_cuda_args &a, c
         }
     }
     /* Split with the tickets bound (DIRECT_OUT 2, flash_attn_vec only): the last workgroup merges. */
-    if (!direct && a.arg[PYFA_VEC_ARG_TICKETS] != 0) attn_vec_merge_last<D>(a, gn, row0, nrows, nwg, out_dtype, has_lse);
+    if (!direct && a.arg[PYFA_VEC_ARG_TICKETS] != 0)
+        return attn_vec_merge_last<D>(a, gn, row0, nrows, nwg, out_dtype, has_lse, merge_scratch);
+    return false;
 }
 
 /* The logical positions [begin, end) workgroup iwg of sequence b covers, and

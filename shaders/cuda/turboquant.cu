@@ -218,6 +218,31 @@ __device__ void flash_attn_vec_reduce_tq_hb_undo_body(const pyfa_cuda_args &a) {
     for (int k = 0; k < E; k++) pyfa_store_f32<ODT>(o, lane * E + k, u[k]);
 }
 
+/* DIRECT_OUT 2 (flash_attn_vec_tq): after attn_vec_merge_last wrote the
+ * merged rotated rows [row0, row0 + gn) to o_rot (the OUT slot, f32) in this
+ * workgroup, the last of their rows, each warp takes a row through
+ * fwht_sign_undo's transform into the op's out (PYFA_TQ_VEC_ARG_MERGED_OUT,
+ * dtype out_dtype): the bits of the reduce + undo tails, which read the same
+ * f32 rows. Every thread of the block calls it. */
+template <int D>
+__device__ __noinline__ void tq_undo_merged_rows(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_tq_params &tp,
+                                                 uint32_t gn, size_t row0, int out_dtype) {
+    constexpr int E = D / 32;
+    __syncthreads(); /* every warp's merged rows are written (global memory, this block's) */
+    const int lane = threadIdx.x & 31;
+    const float *o_rot = pyfa_ptr<const float>(a, PYFA_VEC_ARG_OUT);
+    void *out = pyfa_ptr<void>(a, PYFA_TQ_VEC_ARG_MERGED_OUT);
+    for (uint32_t g = threadIdx.x >> 5; g < gn; g += blockDim.x >> 5) {
+        const size_t row = row0 + g;
+        float u[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) u[k] = __ldcg(o_rot + row * D + lane * E + k);
+        tq::transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_UNDO, tq::seed64(tp.seed_lo, tp.seed_hi), PYFA_TQ_STREAM_V, lane);
+#pragma unroll
+        for (int k = 0; k < E; k++) pyfa_store_as(out, row * D + lane * E + k, u[k], out_dtype);
+    }
+}
+
 /* ------------------------------------------------------------------ codec */
 
 #ifdef PYFA_COMPILE_CHECK /* one encoder per (bits, head dim) behind a call, whatever the input dtype */
@@ -410,6 +435,8 @@ struct shape {
     /* Dynamic shared memory: codebooks, (m, s) pairs, then the ring, which the merge area overlays. */
     static constexpr int MS_FLOATS = NW * PW * GT * 2;
     static constexpr int SMEM_BYTES = (CB_FLOATS + MS_FLOATS) * 4 + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
+    static_assert((RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES) >= 8 * PYFA_CUDA_TQ_MERGE_MAX_NWG * NW,
+                  "the last workgroup's merge scratch fits the drained ring");
     static_assert(SMEM_BYTES == pyfa_cuda_tq_vec_smem_bytes(D, KB, VB, U, STAGES, GT) && E == 16 &&
                       NW == PYFA_CUDA_DECODE_WARPS,
                   "the plan sizes this kernel with pyfa_cuda_tq_vec_smem_bytes");
@@ -536,7 +563,8 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void accumulate_values(float (&acc)[GT][E], c
 
 template <int KB, int VB, int D>
 __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                               const bool DIRECT, const bool LSE, const bool PAGED) {
+                                                               const bool DIRECT, const bool MERGE, const bool LSE,
+                                                               const bool PAGED, const int OUT_DTYPE) {
     using namespace tq_vec;
     using S = shape<KB, VB, D>;
     constexpr int LPR = S::LPR, PW = S::PW, STEP = S::STEP, KROW = S::KROW, VROW = S::VROW;
@@ -707,9 +735,13 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             }
         }
         __syncthreads();
-        /* The direct output is the rotated f32 row the undo reads (o_rot). */
-        attn_vec_write_states<NW * PW, GT, D>(a, s_ms, s_acc, gn, (size_t)b * p.num_heads + (size_t)kvh * G + g0,
-                                           p.batch * p.num_heads, nwg, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+        /* The direct output is the rotated f32 row the undo reads (o_rot); so is a merged one,
+         * which the merging workgroup then takes through the undo (the merge's scratch in the
+         * drained ring: the codebooks at the start of shared memory serve the next pass). */
+        const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
+        if (attn_vec_write_states<NW * PW, GT, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT,
+                                                  PYFA_DTYPE_F32, LSE, s_acc) && MERGE)
+            tq_undo_merged_rows<D>(a, tp, gn, row0, OUT_DTYPE);
         __syncthreads();
     }
 }
@@ -717,13 +749,18 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
 /* 4-bit K and V take the tensor-core decode (it copies scales with tq_vec::cp_async). */
 #include "turboquant_mma.cuh"
 
-template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE, int PAGED>
+/* DIRECT: 1 = nwg == 1 (o_rot, then the undo dispatch), 2 = split whose last
+ * workgroup of each row merges and undoes it (tickets bound, never paged),
+ * 0 = split (partials, then the reduce and undo dispatches). */
+template <int KB, int VB, int D, int SOFTCAP, int DIRECT, int HAS_LSE, int PAGED, int OUT_DTYPE>
 __device__ __forceinline__ void flash_attn_vec_tq_body(const pyfa_cuda_args &a) {
-    static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D),
-                  "flash_attn_vec_tq: k/v bits / head_dim");
+    static_assert(pyfa_is_tq_bits(KB) && pyfa_is_tq_bits(VB) && pyfa_is_tq_head_dim(D) && DIRECT >= 0 &&
+                      DIRECT <= 2 && !(DIRECT == 2 && PAGED) && pyfa_is_float_dtype(OUT_DTYPE),
+                  "flash_attn_vec_tq: k/v bits / head_dim / direct out / out dtype");
     if constexpr (pyfa_cuda_tq_uses_mma(KB, VB, D, PYFA_TQ_VEC_MMA)) {
-        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);
+        flash_attn_vec_tq_mma_impl<D>(a, SOFTCAP != 0, DIRECT == 1, DIRECT == 2, HAS_LSE != 0, PAGED != 0, OUT_DTYPE);
     } else {
-        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT != 0, HAS_LSE != 0, PAGED != 0);
+        flash_attn_vec_tq_impl<KB, VB, D>(a, SOFTCAP != 0, DIRECT == 1, DIRECT == 2, HAS_LSE != 0, PAGED != 0,
+                                          OUT_DTYPE);
     }
 }

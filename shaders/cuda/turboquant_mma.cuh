@@ -68,6 +68,7 @@ struct shape {
         TABLE_BYTES + Q_BYTES + SCORE_BYTES + MS_BYTES + (RING_BYTES > MERGE_BYTES ? RING_BYTES : MERGE_BYTES);
     static_assert(KSTEPS % NW == 0 && KSTEPS % 2 == 0, "D in {64, 128, 256, 512}");
     static_assert(RING_BYTES >= MERGE_BYTES, "the merge area overlays the drained ring");
+    static_assert(RING_BYTES >= 8 * PYFA_CUDA_TQ_MERGE_MAX_NWG * NW, "the last workgroup's merge scratch fits the ring");
     static_assert(SMEM_BYTES == pyfa_cuda_tq_mma_smem_bytes(D, STAGES_KNOB) && TP == PYFA_CUDA_TQ_MMA_TILE &&
                       COPIES == PYFA_CUDA_TQ_MMA_TABLE_COPIES && ENTRY == PYFA_CUDA_TQ_MMA_TABLE_ENTRY,
                   "the plan sizes this kernel with pyfa_cuda_tq_mma_smem_bytes");
@@ -88,7 +89,8 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_tab, uint32_t word, int
 
 template <int D>
 __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args &a, const bool SOFTCAP,
-                                                           const bool DIRECT, const bool LSE, const bool PAGED) {
+                                                           const bool DIRECT, const bool MERGE, const bool LSE,
+                                                           const bool PAGED, const int OUT_DTYPE) {
     using S = tq_mma::shape<D>;
     constexpr int NW = tq_mma::NW, HEADS = tq_mma::HEADS, TP = tq_mma::TP, COPIES = tq_mma::COPIES;
     constexpr int STAGES = S::STAGES, LDC = S::LDC, CPR = S::ROW / 16, J = TP / 16;
@@ -361,16 +363,23 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             }
         }
 
-        /* The direct output is the rotated f32 row the undo reads (o_rot). */
+        /* The direct output is the rotated f32 row the undo reads (o_rot); so is a merged
+         * one, which the merging workgroup then takes through the undo (the merge's scratch
+         * in the drained ring: the table at the start of shared memory serves the next pass). */
+        bool merged;
         if constexpr (S::PER_WARP) {
             /* Rows permuted: block i's fragment row g is dim 2 vbyte(i), g + 8 the next. */
-            vec_mma::finish_pass_per_warp<D, 1>(
+            merged = vec_mma::finish_pass_per_warp<D, 1>(
                 a, p, s_acc, s_ms, acc, [&](int i) { return 64 * (i >> 2) + 8 * g + 2 * (i & 3); }, m, s, gn,
-                row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+                row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE, s_acc);
         } else {
             /* Block i = m-block warp + NW i, rows permuted: g is dim 16 mb + 2g, g + 8 is the next. */
-            vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; }, m,
-                                       s, gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE);
+            merged = vec_mma::finish_pass<D, 1>(a, p, s_acc, s_ms, acc, [&](int i) { return (warp + NW * i) * 16 + 2 * g; },
+                                                m, s, gn, row0, iwg, DIRECT, PYFA_DTYPE_F32, LSE, s_acc);
+        }
+        if (MERGE && merged) {
+            tq_undo_merged_rows<D>(a, tp, gn, row0, OUT_DTYPE);
+            __syncthreads();
         }
     }
 }

@@ -92,13 +92,13 @@ __device__ __forceinline__ float2 softmax_step(float (&x)[J][4], float &m, float
  * overlays it), publishes each warp's Oᵀ blocks — block i's fragment rows g
  * and g + 8 are dims dim0(i) and dim0(i) + ROW8, dim0(i) < 0 for a block the
  * warp does not hold — and the (m, s) pairs, which every warp holds alike,
- * then writes heads [0, gn) through attn_vec_write_states (direct, out_dtype
- * and has_lse as there). */
+ * then writes heads [0, gn) through attn_vec_write_states (direct, out_dtype,
+ * has_lse, merge_scratch and the result as there). */
 template <int D, int ROW8, int MB, class Dim0>
-__device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p, float *s_acc,
+__device__ __forceinline__ bool finish_pass(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p, float *s_acc,
                                             float *s_ms, const float (&acc)[MB][4], Dim0 dim0, float m, float s,
                                             uint32_t gn, size_t row0, uint32_t iwg, bool direct, int out_dtype,
-                                            bool has_lse) {
+                                            bool has_lse, float *merge_scratch = nullptr) {
     const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
     pyfa_cp_async_wait<0>();
     __syncthreads();
@@ -117,9 +117,10 @@ __device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_
         s_ms[g * 2 + 1] = s;
     }
     __syncthreads();
-    attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, direct, out_dtype,
-                                       has_lse);
+    const bool merged = attn_vec_write_states<1, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg,
+                                                           direct, out_dtype, has_lse, merge_scratch);
     __syncthreads();
+    return merged;
 }
 /* The end of a pass when every warp keeps its own softmax state (the
  * tensor-core decodes up to D = 256): drains the ring (the merge area
@@ -127,12 +128,13 @@ __device__ __forceinline__ void finish_pass(const pyfa_cuda_args &a, const pyfa_
  * [NW][HEADS][D] — block i's fragment rows g and g + 8 are dims dim0(i) and
  * dim0(i) + ROW8 — and its (m, s) pairs in s_ms [NW][HEADS][2], then merges
  * the NW states of heads [0, gn) in warp order through attn_vec_write_states
- * (direct, out_dtype and has_lse as there). */
+ * (direct, out_dtype, has_lse, merge_scratch and the result as there). */
 template <int D, int ROW8, int MB, class Dim0>
-__device__ __forceinline__ void finish_pass_per_warp(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p,
+__device__ __forceinline__ bool finish_pass_per_warp(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_params &p,
                                                      float *s_acc, float *s_ms, const float (&acc)[MB][4], Dim0 dim0,
                                                      float m, float s, uint32_t gn, size_t row0, uint32_t iwg,
-                                                     bool direct, int out_dtype, bool has_lse) {
+                                                     bool direct, int out_dtype, bool has_lse,
+                                                     float *merge_scratch = nullptr) {
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
     pyfa_cp_async_wait<0>();
     __syncthreads();
@@ -150,8 +152,9 @@ __device__ __forceinline__ void finish_pass_per_warp(const pyfa_cuda_args &a, co
         s_ms[(warp * HEADS + g) * 2 + 1] = s;
     }
     __syncthreads();
-    attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg, iwg, direct,
-                                        out_dtype, has_lse);
+    const bool merged = attn_vec_write_states<NW, HEADS, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, p.nwg,
+                                                            iwg, direct, out_dtype, has_lse, merge_scratch);
     __syncthreads();
+    return merged;
 }
 } // namespace vec_mma

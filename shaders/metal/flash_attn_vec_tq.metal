@@ -23,6 +23,8 @@ constant int fc_has_softcap [[function_constant(PYFA_TQ_VEC_FC_HAS_SOFTCAP)]];
 constant int fc_direct_out [[function_constant(PYFA_TQ_VEC_FC_DIRECT_OUT)]];
 constant int fc_has_lse [[function_constant(PYFA_TQ_VEC_FC_HAS_LSE)]];
 constant int fc_paged [[function_constant(PYFA_TQ_VEC_FC_PAGED)]];
+// Read with DIRECT_OUT 2 only, which Metal's plan never asks for (lastWorkgroupMerges).
+constant int fc_out_dtype [[function_constant(PYFA_TQ_VEC_FC_OUT_DTYPE)]];
 
 // q is the pre-rotated query inside tmp (its q_rot region); tmp is bound in
 // every dispatch and only nwg > 1 writes it (the partials' region). out (the

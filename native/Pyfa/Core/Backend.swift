@@ -99,9 +99,10 @@ public protocol BackendPlan {
     /// the grid stays (nwg, num_kv_heads, batch).
     func flashAttnVecPaged(_ p: pyfa_flash_attn_vec_params, kvDType: DType, maxKvLen: UInt32) -> VecGeometry
     func wrapAlignment(dtype: DType, data: Bool) -> Int
-    /// Whether a split decode given tickets lets its last workgroup of each row merge the row
-    /// (flash_attn_vec's DIRECT_OUT 2: one dispatch instead of the decode and its reduce).
-    var lastWorkgroupMerges: Bool { get }
+    /// Whether a split decode of `nwg` workgroups given tickets lets its last workgroup of each
+    /// row merge the row (flash_attn_vec's DIRECT_OUT 2: one dispatch instead of the decode
+    /// and its reduce).
+    func lastWorkgroupMerges(nwg: UInt32) -> Bool
     /// Whether kv_append takes K and V in one dispatch (grid z = 2), advancing a cache's
     /// state itself when given tickets (pyfa_params.h, kv_append).
     var appendsInOneDispatch: Bool { get }
@@ -115,7 +116,7 @@ extension BackendPlan {
     public func wrapAlignment(dtype: DType, data: Bool) -> Int { 1 }
 
     /// Split decodes end with the reduce dispatch unless a backend says otherwise.
-    public var lastWorkgroupMerges: Bool { false }
+    public func lastWorkgroupMerges(nwg: UInt32) -> Bool { false }
 
     /// Appends are a dispatch for K and one for V (after kv_advance) unless a backend says otherwise.
     public var appendsInOneDispatch: Bool { false }

@@ -201,7 +201,7 @@ public enum FlashAttnVec {
     /// dispatch's threadgroup memory.
     static func mergesLast(_ device: Device, _ p: pyfa_flash_attn_vec_params, _ geometry: VecGeometry) -> Bool {
         let warps = Int(max(1, geometry.threads / 32))
-        return p.nwg > 1 && device.backend.plan.lastWorkgroupMerges
+        return p.nwg > 1 && device.backend.plan.lastWorkgroupMerges(nwg: p.nwg)
             && 8 * Int(p.nwg) * warps <= geometry.threadgroupMemory
     }
 

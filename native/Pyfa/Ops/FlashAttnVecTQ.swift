@@ -51,10 +51,12 @@ public enum FlashAttnVecTQ {
         return (geometry, TmpLayout(qRot: qRot, oRot: oRot, total: try checkedSum(oRot, rowBytes, what: "tmp")))
     }
 
+    /// `tickets` (a plan's, u32 [batch * num_heads], zero): where mergesLast allows it, a fused
+    /// split's last workgroup of each row merges and undoes it, and no tail is recorded.
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
                               q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
                               kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?,
-                              lse: Buffer?, paged: PagedKV? = nil) throws {
+                              lse: Buffer?, paged: PagedKV? = nil, tickets: Buffer? = nil) throws {
         // With `paged`: codes [num_pages * page_size * Hkv, row_bytes] and scales
         // [num_pages * page_size * Hkv] are pools in the pages' layout, as FlashAttnVec.encode's.
         var p = paramsIn
@@ -110,8 +112,11 @@ public enum FlashAttnVecTQ {
         encoder.memoryBarrier()
 
         let direct = p.attn.nwg == 1
+        let merge = tickets != nil && paged == nil && mergesLast(encoder.device, p)
+        let ticketBuffer = merge ? try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: B * H) : nil
         let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
-                                         direct: direct, lse: lse != nil, paged: paged != nil)
+                                         direct: direct, lse: lse != nil, paged: paged != nil, merge: merge,
+                                         out: out.dtype)
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: oRot)
         let args: [SlotArg] = [
@@ -137,10 +142,12 @@ public enum FlashAttnVecTQ {
             // there (PYFA_TQ_VEC_FC_HAS_LSE = 0).
             .at(PYFA_VEC_ARG_TMP, .buffer(t)),
             pagedArgs.table,
-        ]
+        ] + (ticketBuffer.map { [.at(PYFA_TQ_VEC_ARG_MERGED_OUT, .buffer(out)), .at(PYFA_VEC_ARG_TICKETS, .buffer($0))] }
+             ?? [])
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.attn.nwg, a.num_kv_heads, a.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+        if merge { return }
         encoder.memoryBarrier()
 
         // The output back from the rotated domain of V, stored once in out's dtype.
@@ -159,19 +166,30 @@ public enum FlashAttnVecTQ {
         try TurboQuant.encodeFwht(encoder, undo, src: oRot, srcType: .f32, dst: .buffer(out), dstType: out.dtype)
     }
 
-    /// lse concerns the direct path only (as in FlashAttnVec.vecConstants); the
-    /// direct output is always the f32 rotated row the undo reads.
+    /// lse concerns the kernels that write it (as in FlashAttnVec.vecConstants): the direct
+    /// path, whose output is the f32 rotated row the undo reads, and a split whose last
+    /// workgroup merges and undoes (`merge`, DIRECT_OUT 2), the only one storing out's dtype.
     static func vecConstants(kBits: UInt32, vBits: UInt32, headDim: UInt32, softcap: Bool,
-                             direct: Bool, lse: Bool, paged: Bool = false) throws -> FunctionConstants {
+                             direct: Bool, lse: Bool, paged: Bool = false, merge: Bool = false,
+                             out: DType = .f32) throws -> FunctionConstants {
         try FunctionConstants(count: PYFA_TQ_VEC_FC_COUNT, [
             PYFA_TQ_VEC_FC_K_BITS: Int32(kBits),
             PYFA_TQ_VEC_FC_V_BITS: Int32(vBits),
             PYFA_TQ_VEC_FC_HEAD_DIM: Int32(headDim),
             PYFA_TQ_VEC_FC_HAS_SOFTCAP: softcap ? 1 : 0,
-            PYFA_TQ_VEC_FC_DIRECT_OUT: direct ? 1 : 0,
-            PYFA_TQ_VEC_FC_HAS_LSE: direct && lse ? 1 : 0,
+            PYFA_TQ_VEC_FC_DIRECT_OUT: direct ? 1 : (merge ? 2 : 0),
+            PYFA_TQ_VEC_FC_HAS_LSE: (direct || merge) && lse ? 1 : 0,
             PYFA_TQ_VEC_FC_PAGED: paged ? 1 : 0,
+            PYFA_TQ_VEC_FC_OUT_DTYPE: merge ? out.rawValue : DType.f32.rawValue,
         ])
+    }
+
+    /// Whether a split of these params may merge and undo in its last workgroups: the
+    /// backend's plan allows it (FlashAttnVec.mergesLast), the tail is the fused one, and
+    /// the merge's scratch fits every kernel's drained ring (PYFA_CUDA_TQ_MERGE_MAX_NWG).
+    static func mergesLast(_ device: Device, _ p: pyfa_flash_attn_vec_tq_params) -> Bool {
+        p.attn.nwg > 1 && p.attn.nwg <= UInt32(PYFA_CUDA_TQ_MERGE_MAX_NWG) && p.fused == 1
+            && device.backend.plan.lastWorkgroupMerges(nwg: p.attn.nwg)
     }
 
     static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, lse: Buffer?, nrows: UInt32,

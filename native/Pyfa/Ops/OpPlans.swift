@@ -213,7 +213,9 @@ public final class TQDecodePlan: OpPlan {
         let (_, layout) = try FlashAttnVecTQ.plan(device, &p,
                                                   maxKvLen: desc.max_kv_len == 0 ? p.attn.kv_capacity : desc.max_kv_len)
         params = p
-        try super.init(device: device, workspaceBytes: layout.total)
+        let merge = FlashAttnVecTQ.mergesLast(device, p)
+        try super.init(device: device, workspaceBytes: layout.total,
+                       tickets: merge ? Int(p.attn.batch) * Int(p.attn.num_heads) : 0)
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, kCodes: TensorRef, kScales: TensorRef, vCodes: TensorRef,
@@ -235,7 +237,7 @@ public final class TQDecodePlan: OpPlan {
             vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets)
     }
 }
 

@@ -176,6 +176,11 @@ public enum KernelSpecialisations {
                                                                                softcap: softcap, direct: direct,
                                                                                lse: lse, paged: paged))
                                 }
+                                for out in TurboQuant.floatTypes where !direct {  // a plan's split merged last
+                                    vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
+                                                                               softcap: softcap, direct: false,
+                                                                               lse: lse, merge: true, out: out))
+                                }
                             }
                         }
                     }

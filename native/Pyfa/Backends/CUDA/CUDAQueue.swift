@@ -244,8 +244,12 @@ struct CUDAPlan: BackendPlan {
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
     /// 0: split decodes end with the reduce dispatch even where a plan holds tickets.
     static let vecMergeLast = envInt("PYFA_CUDA_VEC_MERGE_LAST", 1) != 0
+    /// The most workgroups per row whose last one merges: the merge is a chain of loads over
+    /// the partials in one block, where the reduce dispatch spreads rows over blocks; past
+    /// 16 it measured slower on the H200 (B 1, 32K: 49 workgroups, 2-3 µs more GPU time).
+    static let vecMergeLastMaxNwg = envInt("PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG", 16)
     /// The last workgroup of a row merges it (a launch less per decode; the same bits).
-    var lastWorkgroupMerges: Bool { CUDAPlan.vecMergeLast }
+    func lastWorkgroupMerges(nwg: UInt32) -> Bool { CUDAPlan.vecMergeLast && Int(nwg) <= CUDAPlan.vecMergeLastMaxNwg }
     /// 0: appends dispatch kv_advance, K and V apart.
     static let appendOneDispatch = envInt("PYFA_CUDA_APPEND_ONE_DISPATCH", 1) != 0
     /// K and V (and the state's advance) in one launch.
