@@ -335,8 +335,8 @@ class TurboQuantKVCache(_RingCache):
         queued on its current stream without waiting. ``return_lse``: also the float32 LSE ``[H]``
         as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of the original-domain
         scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce + undo tail (on
-        CUDA a split's last workgroups merge and undo instead: no tail launch); every tail gives
-        identical bits. ``nwg`` overrides the backend plan's workgroups per sequence (tests and
+        CUDA a split of up to 16 workgroups merges and undoes in its last workgroups instead: no
+        tail launch); every tail gives identical bits. ``nwg`` overrides the backend plan's workgroups per sequence (tests and
         tuning).
 
         Accuracy: float32 attention over the rows :meth:`dequantize` gives, except that a kernel

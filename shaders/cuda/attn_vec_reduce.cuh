@@ -13,6 +13,15 @@
 
 #define PYFA_REDUCE_MAX_NWG 1024 /* FlashAttnVec.maxWorkgroups */
 
+/* Synchronises this thread's group of GROUP threads: 0 = the block, 32 = the
+ * warp, else the 32-aligned warps on named barrier 1 + threadIdx.x / GROUP. */
+template <int GROUP>
+__device__ __forceinline__ void attn_vec_group_sync() {
+    if constexpr (GROUP == 32) __syncwarp();
+    else if constexpr (GROUP == 0) __syncthreads();
+    else asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / GROUP), "n"(GROUP) : "memory");
+}
+
 /* Merges one row: sm = its (S, M) pairs, part = its nwg partial outputs
  * [nwg, D]; writes element e through store(e, value) and returns the row's
  * lse (every thread gets it). scratch: shared float[2 * nwg]. A row whose
@@ -26,11 +35,6 @@ __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const floa
                                                      float *scratch, Store store) {
     static_assert(GROUP % 32 == 0, "groups of whole warps");
     const uint32_t rank = GROUP ? threadIdx.x % GROUP : threadIdx.x, size = GROUP ? GROUP : blockDim.x;
-    auto sync = [] {
-        if constexpr (GROUP == 32) __syncwarp();
-        else if constexpr (GROUP == 0) __syncthreads();
-        else asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / GROUP), "n"(GROUP) : "memory");
-    };
     float *s_total = scratch, *weight = scratch + nwg; /* S of each workgroup, then its weight */
     for (uint32_t w = rank; w < nwg; w += size) {
         /* .cg loads (L2): other workgroups of the same launch may have written them (attn_vec_merge_last) */
@@ -38,13 +42,13 @@ __device__ __forceinline__ float attn_vec_reduce_row(const float *sm, const floa
         s_total[w] = S;
         weight[w] = S > 0.0f ? m : -INFINITY; /* the M candidates, until the weights replace them */
     }
-    sync();
+    attn_vec_group_sync<GROUP>();
     float M = -INFINITY;
     for (uint32_t w = 0; w < nwg; w++) M = fmaxf(M, weight[w]);
-    sync(); /* every thread has M before the weights overwrite the candidates */
+    attn_vec_group_sync<GROUP>(); /* every thread has M before the weights overwrite the candidates */
     for (uint32_t w = rank; w < nwg; w += size)
         weight[w] = (s_total[w] > 0.0f && M != -INFINITY) ? __expf(__ldcg(sm + 2 * w + 1) - M) : 0.0f;
-    sync();
+    attn_vec_group_sync<GROUP>();
     float total = 0.0f;
     for (uint32_t w = 0; w < nwg; w++) total = fmaf(s_total[w], weight[w], total);
     const float inv = total > 0.0f ? __frcp_rn(total) : 0.0f;
@@ -85,10 +89,7 @@ __device__ __forceinline__ void attn_vec_merge_rows(const pyfa_cuda_args &a, uin
             pyfa_store_as(out, row * D + e, x, out_dtype);
         });
         if (has_lse && (GROUP ? threadIdx.x % GROUP : threadIdx.x) == 0) pyfa_ptr<float>(a, PYFA_VEC_ARG_LSE)[row] = lse;
-        /* this group's scratch serves its next row */
-        if constexpr (GROUP == 32) __syncwarp();
-        else if constexpr (GROUP == 0) __syncthreads();
-        else asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / GROUP), "n"(GROUP) : "memory");
+        attn_vec_group_sync<GROUP>(); /* this group's scratch serves its next row */
     }
 }
 
@@ -100,9 +101,9 @@ __device__ __forceinline__ void attn_vec_merge_rows(const pyfa_cuda_args &a, uin
  * workgroup of the rows has taken its ticket). A row is merged by a warp, or,
  * with fewer rows than warps, by two warps or the whole block: the merge is a
  * chain of loads over the partials, and more threads shorten it.
- * Each warp's scratch (2 nwg floats) lies at `scratch` in shared memory, by
- * default the start of dynamic shared memory, free by now (the plan checks
- * that blockDim / 32 of them fit). Every thread of the block calls it; tmp,
+ * Each merging group's scratch (2 nwg floats, at most one group a warp) lies
+ * at `scratch_area` in shared memory, by default the start of dynamic shared
+ * memory, free by now (the plan checks that blockDim / 32 of them fit). Every thread of the block calls it; tmp,
  * out and lse as flash_attn_vec's. Returns whether this workgroup merged
  * (alike in every thread). */
 template <int D>
@@ -177,7 +178,7 @@ __device__ __forceinline__ bool attn_vec_write_states(const pyfa_cuda_args &a, c
             }
         }
     }
-    /* Split with the tickets bound (DIRECT_OUT 2, flash_attn_vec only): the last workgroup merges. */
+    /* Split with the tickets bound (DIRECT_OUT 2): the last workgroup merges. */
     if (!direct && a.arg[PYFA_VEC_ARG_TICKETS] != 0)
         return attn_vec_merge_last<D>(a, gn, row0, nrows, nwg, out_dtype, has_lse, merge_scratch);
     return false;
