@@ -27,14 +27,16 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         dtype for both; ``H % H_kv == 0`` (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
         Head-major: flash-attn's ``[B, capacity, H_kv, D]`` cache is ``k_cache.transpose(1, 2)``,
         copied per call when not contiguous.
-    kv_len : int or ``[B]`` ints in ``1..capacity``: valid slots per sequence (slot ``s < kv_len``).
+    kv_len : int or ``[B]`` ints in ``1..capacity``: positions per sequence, from slot ``ring_start``.
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores; 0 disables.
     window : None, or a positive int: only the last ``window`` positions are visible
         (flash-attn's ``window_size=(window - 1, 0)``).
-    ring_start : int or ``[B]``: physical slot of the oldest entry of a ring-buffer cache;
-        slot ``s`` holds logical position ``(s - ring_start) % capacity``. Non-zero only for a
-        full ring (``kv_len == capacity``).
+    ring_start : int or ``[B]`` ints in ``0..capacity-1``: the slot of each sequence's oldest
+        position; position ``p`` (0 the oldest) is in slot ``(ring_start + p) % capacity``, so
+        slots ``ring_start ..`` hold the ``kv_len`` positions, wrapping at ``capacity``. A full
+        ring's start, or where a shorter run begins (a left-padded sequence's first real token);
+        slots outside the run are not read.
     out : optional array of the output's shape and dtype to write into: numpy or a contiguous torch
         CPU tensor (a GPU array when the inputs are); it is returned.
     out_dtype : None (q's dtype), float32, float16 or bfloat16: the output's dtype. Accumulation is

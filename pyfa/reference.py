@@ -51,14 +51,14 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
     lse = np.full((B, H), -np.inf)
     for b in range(B):
         n, r = int(lens[b]), int(rings[b])
-        slots = np.arange(n)  # only slots < kv_len are read, whatever the rest holds
-        logical = (slots - r) % cap
+        logical = np.arange(n)  # position p is in slot (r + p) % cap; no other slot is read
+        slots = (logical + r) % cap
         visible = np.ones(n, bool) if not window else logical >= n - window
         for h in range(H):
             kv = h // group
-            s = capped(k[b, kv, :n] @ q[b, h] * scale, softcap)
+            s = capped(k[b, kv, slots] @ q[b, h] * scale, softcap)
             w, row_lse = softmax_rows(s[None], visible[None])
-            out[b, h] = w[0] @ v[b, kv, :n]
+            out[b, h] = w[0] @ v[b, kv, slots]
             lse[b, h] = row_lse[0]
     if single:
         out, lse = out[0], lse[0]

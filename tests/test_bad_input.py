@@ -59,8 +59,8 @@ def test_ring_start_rules(dev):
            device=dev)
     raises("ring_start\\[0\\]: -2 must be in 0..<kv_capacity", pyfa.decode_attention, q, k, v, 32, ring_start=-2,
            device=dev)
-    raises("ring_start\\[0\\]: 3 must be 0 unless the ring is full", pyfa.decode_attention, q, k, v, 10,
-           ring_start=3, device=dev)
+    # A run shorter than the cache may start anywhere (pyfa_params.h): not refused.
+    assert pyfa.decode_attention(q, k, v, 10, ring_start=3, device=dev).shape == q.shape
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64, np.uint8])

@@ -94,8 +94,8 @@ def test_host_lengths_are_checked_per_call(device, rng):
     pyfa.decode_attention(q, k, k, [50, 10], device=device)
     with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len\[1\]: 51 must be in 1...kv_capacity \(50\)"):
         pyfa.decode_attention(q, k, k, [50, 51], device=device)
-    with pytest.raises(pyfa.InvalidArgumentError, match=r"ring_start\[0\]: 3 must be 0 unless the ring is full"):
-        pyfa.decode_attention(q, k, k, [20, 10], ring_start=[3, 0], device=device)
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"ring_start\[0\]: 50 must be in 0..<kv_capacity \(50\)"):
+        pyfa.decode_attention(q, k, k, [20, 10], ring_start=[50, 0], device=device)
     # The thread's encoder is usable after a refused call.
     got = pyfa.decode_attention(q, k, k, [50, 10], device=device)
     np.testing.assert_allclose(got, _ref(q, k, k, [50, 10]), atol=2e-5, rtol=0)

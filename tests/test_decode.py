@@ -130,6 +130,35 @@ def test_slots_past_kv_len_are_never_read(device, rng):
     check(out, reference.decode_attention(q, k, v, [40, 17]))
 
 
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_a_run_of_positions_from_ring_start(device, rng, window, D):
+    """kv_len positions from slot ring_start, wrapping at capacity: a left-padded sequence's
+    run (slots 20..59), one that wraps (slots 90..95, 0..9), one of one slot, a full ring.
+    Slots outside each run hold NaN / inf, so reading one shows."""
+    cap = 96
+    q, k, v = make(rng, 4, 8, 2, D, cap, np.float16)
+    lens, rings = [40, 16, 1, 96], [20, 90, 95, 7]
+    for b, (n, r) in enumerate(zip(lens, rings)):
+        outside = np.ones(cap, bool)
+        outside[(r + np.arange(n)) % cap] = False
+        k[b, :, outside], v[b, :, outside] = np.nan, np.inf
+    for q_in in (q, q.astype(np.float16)):  # the tensor-core and vector decodes
+        out = pyfa.decode_attention(q_in, k, v, lens, ring_start=rings, window=window, device=device)
+        check(out, reference.decode_attention(q_in, k, v, lens, ring_start=rings, window=window), dtype=q_in.dtype)
+
+
+def test_a_run_equals_the_same_rows_at_slot_zero(device, rng):
+    """A run of positions from slot r (wrapping) gives the bits of the same rows moved to slots 0.."""
+    cap, r = 2048, 2000
+    q, k, v = make(rng, 1, 4, 2, 128, cap, pyfa.bfloat16)
+    moved_k, moved_v = np.roll(k, -r, axis=2), np.roll(v, -r, axis=2)
+    for n in (50, 1500):  # one workgroup's run, and a split one
+        a = pyfa.decode_attention(q, k, v, n, ring_start=r, device=device)
+        b = pyfa.decode_attention(q, moved_k, moved_v, n, device=device)
+        np.testing.assert_array_equal(a, b)
+
+
 def test_long_context_many_workgroups(device, rng):
     q, k, v = make(rng, 1, 16, 8, 256, 4096, np.float16)
     check(pyfa.decode_attention(q, k, v, 4001, device=device), reference.decode_attention(q, k, v, 4001))

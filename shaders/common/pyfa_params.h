@@ -42,8 +42,10 @@
  *       (never written there)
  *   out [batch, num_heads, head_dim]                 f32 | f16 | bf16
  *   lse [batch * num_heads]                          f32, optional
- * A slot s of sequence b is valid iff s < kv_len[b]; its logical position is
- * (s - ring_start[b]) mod kv_capacity. With window > 0 only the last `window`
+ * Sequence b holds kv_len[b] positions; logical position p (0 the oldest) is
+ * in slot (ring_start[b] + p) mod kv_capacity. A full ring starts anywhere;
+ * a shorter run may too (e.g. a left-padded sequence's first real token), and
+ * slots outside the run are not read. With window > 0 only the last `window`
  * logical positions are visible.
  * Scores s = scale * q.k, then softcap * tanh(s / softcap) if softcap > 0.
  * Accumulation and softmax statistics are f32; only the final store converts

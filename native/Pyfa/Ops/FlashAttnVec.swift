@@ -60,7 +60,9 @@ public enum FlashAttnVec {
     }
 
     /// kv_len and ring_start rules, checked where their values are on the
-    /// host (given as values, or in host-visible buffers); values the device
+    /// host (given as values, or in host-visible buffers): any run of kv_len
+    /// positions from slot ring_start, wrapping at kv_capacity, is a valid
+    /// sequence (pyfa_params.h); values the device
     /// holds are read when the dispatch runs and clamped by the kernels.
     /// Returns the largest checked kv_len (kv_capacity when one is unknown)
     /// and the kernel arguments of both.
@@ -80,10 +82,6 @@ public enum FlashAttnVec {
             if let r {
                 try require(r >= 0 && UInt32(r) < p.kv_capacity,
                             "ring_start[\(b)]: \(r) must be in 0..<kv_capacity (\(p.kv_capacity))")
-            }
-            if let n, let r {
-                try require(r == 0 || UInt32(n) == p.kv_capacity,
-                            "ring_start[\(b)]: \(r) must be 0 unless the ring is full (kv_len == kv_capacity), got kv_len \(n)")
             }
         }
         return (maxLen, kvLen.argument, ringStart.argument)

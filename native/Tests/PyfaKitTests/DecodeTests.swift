@@ -14,10 +14,11 @@ final class DecodeTests: XCTestCase {
         for b in 0..<B {
             for h in 0..<H {
                 let base = (b * Hkv + h / (H / Hkv)) * cap
-                // Slot s holds logical position (s - ringStart) mod cap; a window keeps the last `window`.
+                // Slot s holds logical position (s - ringStart) mod cap, one of the kvLen positions
+                // when that is below kvLen; a window keeps the last `window`.
                 let visible = (0..<cap).map { s -> Bool in
                     let pos = (s - ringStart[b] + cap) % cap
-                    return s < kvLen[b] && (window.map { pos >= kvLen[b] - $0 } ?? true)
+                    return pos < kvLen[b] && (window.map { pos >= kvLen[b] - $0 } ?? true)
                 }
                 let (o, l) = Ref.row(q: qs[b * H + h], keys: Array(ks[base..<base + cap]),
                                      values: Array(vs[base..<base + cap]), scale: scale, softcap: softcap,
@@ -163,11 +164,14 @@ final class DecodeTests: XCTestCase {
         }
     }
 
-    func testRingStartOnlyForAFullRing() throws {
+    /// kv_len positions from slot ring_start, wrapping at the capacity: a run shorter than the
+    /// cache may start anywhere (slots 6, 7, 0, 1, 2 here); a start outside the cache is refused.
+    func testRingStartBeginsARunOfPositions() throws {
         let q = try filled(device, [2, 64], seed: 1), k = try filled(device, [1, 8, 64], seed: 2)
-        assertPyfaError(.invalidArgument, "ring_start[0]: 3 must be 0 unless the ring is full") {
-            try decodeAttention(q: q, k: k, v: k, kvLen: 5, options: DecodeOptions(ringStart: [3]))
-        }
+        let v = try filled(device, [1, 8, 64], seed: 3)
+        let result = try decodeAttention(q: q, k: k, v: v, kvLen: 5, options: DecodeOptions(ringStart: [6]))
+        let (out, _) = try reference(q: q, k: k, v: v, kvLen: [5], ringStart: [6], scale: 1 / 8)
+        assertClose(try result.out.floats(), out, tol: 2e-5, "out")
         assertPyfaError(.invalidArgument, "ring_start[0]: 8 must be in 0..<kv_capacity (8)") {
             try decodeAttention(q: q, k: k, v: k, kvLen: 8, options: DecodeOptions(ringStart: [8]))
         }
