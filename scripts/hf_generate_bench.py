@@ -10,7 +10,8 @@ runs out of GPU memory is reported as OOM and the others go on.
 Implementations (``--impls``, the first is the baseline): any attn_implementation
 name ("sdpa", "eager", "pyfa": transformers' DynamicCache, which concatenates each
 layer's K and V with the new rows at every step), that name with "-static"
-(transformers' StaticCache, written in place: "sdpa-static"), "pyfa-cache" (pyfa
+(transformers' StaticCache, written in place, whose decode steps generate compiles with
+torch.compile and CUDA graphs: "sdpa-static", "pyfa-static"), "pyfa-cache" (pyfa
 attention over a dense PyfaCache: the batch's K and V written in place, one decode
 call a layer) and "pyfa-tq4" (a 4-bit TurboQuant PyfaCache).
 
@@ -55,7 +56,7 @@ def parse(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (median reported)")
-    ap.add_argument("--impls", nargs="+", default=["sdpa", "sdpa-static", "pyfa", "pyfa-cache"],
+    ap.add_argument("--impls", nargs="+", default=["sdpa", "sdpa-static", "pyfa", "pyfa-static", "pyfa-cache"],
                     help="first is the baseline of the ratio; attn_implementation names (+ -static), pyfa-cache, "
                          "pyfa-tq4")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

@@ -66,12 +66,14 @@ def torch_device(request):
 
 class Calls:
     """Counts the pyfa calls the integration makes: decode, unmasked prefill and
-    masked prefill, with the windows they were given, attends of pyfa caches, and
-    the prepared decode steps of dense PyfaCache layers (append + decode)."""
+    masked prefill, with the windows they were given, attends of pyfa caches, the
+    prepared decode steps of dense PyfaCache layers (append + decode), and decode
+    steps over runs of slots (``runs``: static caches, padded batches)."""
 
     def __init__(self, monkeypatch):
         self.decode, self.prefill, self.masked, self.windows, self.attend, self.step = 0, 0, 0, set(), 0, 0
-        decode, attention = pyfa.decode_attention, pyfa.attention
+        self.runs = 0
+        decode, attention, over_runs = pyfa.decode_attention, pyfa.attention, pyfa_hf._decode_over_runs
         if _hf_cache is not None:
             def counted_step(prepared, *a, _run=_hf_cache._DenseStep.run):
                 self.step += 1
@@ -98,7 +100,12 @@ class Calls:
                 self.masked += 1
             return attention(*a, **k)
 
+        def counted_runs(*a, **k):
+            self.runs += 1
+            return over_runs(*a, **k)
+
         monkeypatch.setattr(pyfa, "decode_attention", counted_decode)
+        monkeypatch.setattr(pyfa_hf, "_decode_over_runs", counted_runs)
         monkeypatch.setattr(pyfa, "attention", counted_attention)
 
 
@@ -204,7 +211,9 @@ def test_llama_padded_greedy_generation(torch_device, calls):
     ref = _generate(model, "eager", ids, mask)
     got = _generate(model, NAME, ids, mask)
     assert torch.equal(got, ref), (got, ref)
-    assert calls.decode == 0 and calls.masked > 0  # padded decode steps take the masked prefill path
+    # The padded prompt takes the masked prefill (one call a layer); each decode step reads each
+    # sequence's real tokens as one run of slots (ring_start at its first) with the decode kernel.
+    assert calls.masked == 2 and calls.prefill == 0 and calls.decode == 2 * (ref.shape[1] - 1)
 
 
 def test_cached_continuation_is_bottom_right(torch_device, calls):
@@ -224,16 +233,71 @@ def test_cached_continuation_is_bottom_right(torch_device, calls):
     assert calls.prefill == 2 and calls.masked == 0
 
 
-def test_static_cache_generation(torch_device):
-    """Static caches hand keys past the queries (zeros beyond the sequence): the mask says so."""
-    model, ids = _model("llama", torch_device), _ids(torch_device)
-    kw = dict(cache_implementation="static", disable_compile=True)
+def _static_generate(model, impl, ids, mask=None, n=8, **kw):
     try:
-        ref = _generate(model, "eager", ids, n=8, **kw)
+        return _generate(model, impl, ids, mask, n=n, cache_implementation="static", **kw)
     except (TypeError, ValueError) as e:  # this transformers has no such options
         pytest.skip(f"static-cache generation unavailable here: {e}")
-    got = _generate(model, NAME, ids, n=8, **kw)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_cache_generation(torch_device, calls, padded):
+    """Static caches hand the whole cache (zeros past the sequence) with a mask. The prompt is
+    causal over the cache's first keys (the masked prefill when padded); each decode step reads
+    each sequence's tokens as one run of slots (after its left padding) with the decode kernel,
+    through the torch operator."""
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    mask = _left_padded(ids) if padded else None
+    ref = _static_generate(model, "eager", ids, mask, disable_compile=True)
+    got = _static_generate(model, NAME, ids, mask, disable_compile=True)
     assert torch.equal(got, ref), (got, ref)
+    # The prompt: causal over the cache's first keys (unmasked) or, padded, the masked prefill.
+    assert (calls.masked, calls.prefill) == ((2, 0) if padded else (0, 2))
+    assert calls.decode == calls.runs == 2 * (ref.shape[1] - 1)
+    if not padded:
+        with torch.inference_mode():  # masks without a version counter: checked, not remembered by version
+            assert torch.equal(_static_generate(model, NAME, ids, mask, disable_compile=True), ref)
+
+
+def test_static_cache_generation_with_sinks_and_windows(torch_device, calls):
+    """gpt-oss over a static cache: its full layer's decode steps take the runs with the LSE
+    (sinks); its sliding layer (transformers' rolling static window) the masked path."""
+    model, ids = _model("gpt_oss", torch_device), _ids(torch_device, L=24)
+    mask = _left_padded(ids)
+    ref = _static_generate(model, "eager", ids, mask, disable_compile=True)
+    got = _static_generate(model, NAME, ids, mask, disable_compile=True)
+    assert torch.equal(got, ref), (got, ref)
+    # Both layers decode; the sliding one's built mask is recognised as causal with its window.
+    assert calls.runs == ref.shape[1] - 1 and calls.decode == 2 * (ref.shape[1] - 1)
+
+
+def _compile_config(device):
+    """generate's compile options: on a GPU transformers' defaults (inductor, CUDA graphs), whole
+    graph; on the CPU dynamo alone (the "eager" backend), so tracing is what is tested."""
+    config = transformers.CompileConfig(fullgraph=True)
+    if device.type == "cpu":
+        config = transformers.CompileConfig(fullgraph=True, backend="eager", mode=None)
+        config._compile_all_devices = True
+    return config
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_cache_compiled_generation(torch_device, calls, padded):
+    """generate compiles a static cache's decode steps (fullgraph: a graph break would raise);
+    pyfa's attention is one operator of that graph. Tokens equal eager attention's."""
+    from torch._dynamo.utils import counters
+
+    if not hasattr(transformers, "CompileConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no CompileConfig")
+    model, ids = _model("llama", torch_device), _ids(torch_device)
+    mask = _left_padded(ids) if padded else None
+    ref = _static_generate(model, "eager", ids, mask, disable_compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    got = _static_generate(model, NAME, ids, mask, compile_config=_compile_config(torch_device))
+    assert torch.equal(got, ref), (got, ref)
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert calls.decode == 2 * (ref.shape[1] - 1)  # the operator ran pyfa's decode at every step
 
 
 def test_mistral_sliding_window(torch_device, calls):
@@ -322,6 +386,7 @@ def test_mask_function_skips_only_what_the_kernels_do_exactly():
     assert padded is not None and not padded[1, 0, :, 0].any() and padded[0, 0, :, 0].all()
     static = pyfa_hf.attention_mask(**{**kw, "kv_length": 16})  # keys past the queries
     assert static is not None and not static[..., 12:].any()
+    assert pyfa_hf._PREFIX.get(static, (4, 16)) == (True, 12)  # ... causal over the first 12: unmasked
     from transformers import masking_utils as mu
 
     sliding = mu.sliding_window_causal_mask_function(3)
@@ -331,6 +396,58 @@ def test_mask_function_skips_only_what_the_kernels_do_exactly():
     blocks = pyfa_hf.attention_mask(**{**kw, "q_length": 2, "q_offset": 10}, local_size=3, mask_function=chunked)
     assert blocks is not None and pyfa_hf._CAUSAL.get(blocks, (2, 12)) == (False, None)
     assert pyfa_hf.attention_mask(**kw, allow_is_causal_skip=False) is not None
+
+
+def test_decode_runs_describe_each_sequences_visible_keys():
+    """A decode step's mask (q_length 1, plain causal): with a static cache's device offset, the
+    runs description (kv_len, ring_start, whole) without a host read; with a dynamic cache's int
+    offset None (no padding), the runs (left padding) or a built mask (a hole)."""
+    from transformers import masking_utils as mu
+
+    padding = torch.ones(3, 10, dtype=torch.bool)
+    padding[1, :4] = False  # left padding: positions 4..9
+    padding[2, 3:5] = False  # a hole (right padding, then generated tokens)
+    kw = dict(batch_size=3, q_length=1, kv_offset=0, mask_function=mu.causal_mask_function, device="cpu")
+    runs = pyfa_hf.attention_mask(**kw, kv_length=16, q_offset=torch.tensor(9), attention_mask=padding,
+                                  allow_is_causal_skip=False)
+    assert pyfa_hf.is_decode_runs(runs) and runs.shape == (3, 3, 1, 1)
+    assert runs.view(3, 3).tolist() == [[10, 6, 8], [0, 4, 0], [1, 1, 0]]
+    built = mu.sdpa_mask(**{**kw, "q_length": 1}, kv_length=16, q_offset=9, attention_mask=padding,
+                         allow_is_causal_skip=False)
+    assert torch.equal(pyfa_hf.runs_as_mask(runs, 16)[:2], built[:2])  # the whole sequences' masks
+    static = pyfa_hf.attention_mask(**kw, kv_length=16, q_offset=torch.tensor(9))
+    assert static.view(3, 3).tolist() == [[10] * 3, [0] * 3, [1] * 3]
+    dynamic = dict(kw, kv_length=10, q_offset=9)
+    assert pyfa_hf.attention_mask(**dynamic, attention_mask=torch.ones(3, 10, dtype=torch.bool)) is None
+    left = padding.clone()
+    left[2] = True
+    assert pyfa_hf.attention_mask(**dynamic, attention_mask=left).view(3, 3).tolist() == \
+        [[10, 6, 10], [0, 4, 0], [1, 1, 1]]
+    holes = pyfa_hf.attention_mask(**dynamic, attention_mask=padding)
+    assert holes.dtype == torch.bool and holes.shape == (3, 1, 1, 10)  # built: the masked path is exact
+    windowed = pyfa_hf.attention_mask(**{**dynamic, "mask_function": mu.sliding_window_causal_mask_function(4)},
+                                      local_size=4)
+    assert not pyfa_hf.is_decode_runs(windowed)
+
+
+def test_forward_over_decode_runs(torch_device):
+    """attention_forward given the runs of a static cache's step: each sequence equals eager
+    attention over its mask; a sequence with a hole is NaN, never a plausible wrong row."""
+    from transformers import masking_utils as mu
+
+    q, k, v = _qkv(torch_device, B=3, q_len=1, kv_len=16)
+    padding = torch.ones(3, 10, dtype=torch.bool, device=torch_device)
+    padding[1, :4] = False
+    padding[2, 3:5] = False
+    kw = dict(batch_size=3, q_length=1, kv_length=16, kv_offset=0, mask_function=mu.causal_mask_function,
+              attention_mask=padding, device=torch_device)
+    runs = pyfa_hf.attention_mask(**kw, q_offset=torch.tensor(9, device=torch_device), allow_is_causal_skip=False)
+    built = mu.sdpa_mask(**kw, q_offset=9, allow_is_causal_skip=False)
+    with torch.no_grad():
+        got, _ = pyfa_hf.attention_forward(_Module(2), q, k, v, runs, scaling=0.125)
+        ref = _eager(q, k, v, torch.where(built, 0.0, torch.finfo(torch.float32).min))
+    torch.testing.assert_close(got[:2], ref[:2], **F32_TOL)
+    assert got[2].isnan().all()
 
 
 def test_refusals(torch_device):

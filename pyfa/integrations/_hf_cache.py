@@ -322,6 +322,8 @@ class PyfaCacheLayer(CacheLayerMixin):
         n = key.shape[2]
         past = self.stored
         visible = past if self.sliding_window is None else min(past, self.sliding_window - 1)
+        if hf.is_decode_runs(mask):  # a padded batch's decode step: the mask it describes
+            mask = hf.runs_as_mask(mask, visible + n)
         plain, _ = call.unmasked(mask, query.shape[2], visible + n)
         if plain is None and query.shape[2] == 1 and past > 0 and call.causal:
             self._check_room(1)

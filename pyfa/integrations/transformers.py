@@ -22,10 +22,31 @@ What runs for each call:
 - no mask and ``q_len > 1``: :func:`pyfa.attention` with the layer's causality; pyfa's
   causal mask is bottom-right aligned (the last query row sees the last key), which is
   transformers' mask whenever the queries are the last ``q_len`` positions of the keys;
-- a mask (padding, static caches, packed sequences, overlays): :func:`pyfa.attention` with
-  that mask alone, as transformers' sdpa integration does (the mask then carries causality
-  and windows). Decode steps of a padded batch go this way too: correct first; a masked
-  decode kernel would make them fast.
+- a decode step whose keys are, per sequence, one run of positions (the "decode runs" below:
+  static caches, left-padded batches): :func:`pyfa.decode_attention` over that run, through
+  ``torch.ops.pyfa`` (:mod:`pyfa.integrations.torch_ops`), so ``torch.compile`` keeps it in
+  its graph;
+- any other mask (padded prompts, packed sequences, overlays, right padding, a static cache's
+  sliding-window layers): :func:`pyfa.attention` with that mask alone, as transformers' sdpa
+  integration does (the mask then carries causality and windows). Correct, not fast.
+
+Decode runs. For one query row under transformers' plain causal pattern (no window, no
+overlay) with a padding mask, the query at position ``q`` sees, in each sequence, its real
+tokens up to ``q``. With left padding (what ``generate`` pads with) those are one run of
+slots, from the first real token to ``q``, which pyfa's decode reads directly (``ring_start``
+the run's first slot, ``kv_len`` its length). :func:`attention_mask` then returns that
+description instead of a mask: int32 ``[3, B, 1, 1]`` of ``kv_len``, ``ring_start`` and
+``whole`` (1 when the sequence's visible keys are one run), which only pyfa's attention reads.
+
+- A static cache (``cache_implementation="static"``, whose offset is a device tensor) gets the
+  runs at every decode step, computed on the device without a host read: ``generate`` builds
+  the mask ahead of each step and compiles the step (``torch.compile``, CUDA graphs), and the
+  static tensors are the cache the decode reads in place. A sequence whose padding mask has a
+  hole (right padding, which ``generate`` warns against) cannot be one run: its rows are NaN,
+  not a plausible wrong answer. Sliding-window layers of a static cache (transformers rolls
+  their tensors) take the masked path.
+- A dynamic cache gets ``None`` without padding (as before) and the runs with left padding;
+  a mask with a hole is built as sdpa's and takes the masked path, exactly.
 
 Masks (:func:`attention_mask`): ``None`` when the pattern is exactly bottom-right causal,
 without padding and without a window that can bind; otherwise transformers' own bool mask
@@ -155,6 +176,7 @@ class _Remembered:
 
 
 _CAUSAL = _Remembered()   # made by attention_mask: key (q_len, kv_len)
+_PREFIX = _Remembered()   # made by attention_mask: key (q_len, kv_len); value: the keys a static prefill sees
 _CHECKED = _Remembered()  # compared in attention_forward: key (version, q_len, kv_len, window); value: bool
 
 
@@ -208,6 +230,57 @@ def _matches_causal(mask, q_len: int, kv_len: int, window) -> bool:
     return bool(torch.where(visible, mask == 0, blocked).all())
 
 
+def _plain_causal():
+    """transformers' causal mask function: the pattern without overlays, windows or chunks."""
+    from transformers import masking_utils
+
+    return masking_utils.causal_mask_function
+
+
+def _decode_runs(batch_size: int, q_offset, padding, device):
+    """A decode step's mask as pyfa reads it (module docstring, "Decode runs"): int32
+    ``[3, B, 1, 1]`` of each sequence's ``kv_len``, ``ring_start`` and ``whole``.
+
+    The query is position ``q_offset`` (an int, or a 0-d device tensor: read on the device) and
+    sees the keys at or before it that ``padding`` (2-D, True = real token; None: no padding)
+    lets through. When those are one run of slots, ``ring_start`` is its first and ``kv_len``
+    its length, and ``whole`` is 1; otherwise (a hole: right padding) ``whole`` is 0."""
+    import torch
+
+    if padding is None:
+        last = torch.as_tensor(q_offset, device=device)
+        kv_len = (last + 1).to(torch.int32).expand(batch_size)
+        first = torch.zeros(batch_size, dtype=torch.int32, device=last.device)
+        whole = torch.ones_like(first)
+    else:
+        pos = torch.arange(padding.shape[-1], device=padding.device)
+        seen = padding.bool() & (pos <= q_offset)
+        count = seen.sum(-1)
+        first = seen.to(torch.int32).argmax(-1)  # the first True; 0 for a row without one
+        whole = (count > 0) & (count == q_offset + 1 - first)
+        kv_len = count.clamp(min=1)
+    return torch.stack([kv_len.to(torch.int32), first.to(torch.int32), whole.to(torch.int32)]).view(
+        3, batch_size, 1, 1)
+
+
+def is_decode_runs(mask) -> bool:
+    """Whether ``mask`` is a :func:`_decode_runs` description (int32 ``[3, B, 1, 1]``), not a mask."""
+    import torch
+
+    return (isinstance(mask, torch.Tensor) and mask.dtype == torch.int32 and mask.dim() == 4
+            and mask.shape[0] == 3 and mask.shape[2] == 1 and mask.shape[3] == 1)
+
+
+def runs_as_mask(runs, kv_length: int):
+    """The bool mask ``[B, 1, 1, kv_length]`` (True = attend) a :func:`_decode_runs` description
+    stands for: slots ``ring_start .. ring_start + kv_len - 1`` of each sequence whose keys are one run."""
+    import torch
+
+    kv_len, first, whole = runs.view(3, -1)[:, :, None]
+    pos = torch.arange(kv_length, device=runs.device)[None, :]
+    return ((pos >= first) & (pos < first + kv_len) & whole.bool())[:, None, None, :]
+
+
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
     """transformers mask-interface function (the arguments of
@@ -226,9 +299,25 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
                                        q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
                                        local_size=local_size, allow_is_causal_skip=False, **kwargs)
 
+    static = hasattr(q_offset, "device")  # static caches count their tokens in a device tensor
+    if (q_length == 1 and local_size is None and type(kv_offset) is int and kv_offset == 0
+            and mask_function in (None, _plain_causal()) and (allow_is_causal_skip or static)):
+        if static:  # no host read: generate builds this mask ahead of each compiled step
+            return _decode_runs(batch_size, q_offset, attention_mask, kwargs.get("device"))
+        if q_offset + 1 == kv_length:  # a dynamic cache: the keys are the past and this step's row
+            if _no_padding(attention_mask, 0, kv_length):
+                return None
+            runs = _decode_runs(batch_size, q_offset, attention_mask, kwargs.get("device"))
+            return runs if bool(runs[2].bool().all()) else build()  # a hole: the masked path is exact
     if not allow_is_causal_skip:
         return build()
     q_off, kv_off = _as_int(q_offset), _as_int(kv_offset)
+    if kv_off == 0 and q_off + q_length < kv_length and local_size is None \
+            and mask_function in (None, _plain_causal()) and _no_padding(attention_mask, 0, q_off + q_length):
+        # Keys past the queries (a static cache's prompt): causal over the first keys (_Call.attend).
+        mask = build()
+        _PREFIX.put(mask, (q_length, kv_length), q_off + q_length)
+        return mask
     # Bottom-right: the last query is the last key (dynamic and sliding caches; not
     # static caches, whose keys run on past the queries).
     if q_off + q_length != kv_off + kv_length or not _no_padding(attention_mask, kv_off, kv_length):
@@ -247,11 +336,16 @@ def _unmasked_window(mask, q_len: int, kv_len: int, window):
     known, w = _CAUSAL.get(mask, (q_len, kv_len))
     if known:
         return True, w
-    key = (getattr(mask, "_version", None), q_len, kv_len, window)
-    known, same = _CHECKED.get(mask, key)
+    try:
+        version = mask._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: checked at each call
+        version = None
+    key = (version, q_len, kv_len, window)
+    known, same = _CHECKED.get(mask, key) if version is not None else (False, None)
     if not known:
         same = _matches_causal(mask, q_len, kv_len, window)
-        _CHECKED.put(mask, key, same)
+        if version is not None:
+            _CHECKED.put(mask, key, same)
     return (True, window) if same else (False, None)
 
 
@@ -357,6 +451,28 @@ def _decode(q, k, v, *, window, scale, softcap, device, lse):
     return _tensor(res).unsqueeze(1), None  # q's dtype: decode_attention's default
 
 
+def _decode_over_runs(q, k, v, runs, *, window, scale, softcap, lse):
+    """One query row per head over the runs of slots a :func:`_decode_runs` description gives
+    (``k``/``v [B, H_kv, capacity, D]``, a static cache's whole tensors), through the torch
+    operators (``torch.compile`` keeps them in its graph); returns as :func:`_prefill`. A sequence
+    whose keys are not one run (``whole`` 0) gets NaN rows: its mask has a hole pyfa's decode
+    cannot skip, and that is never silently a plausible result."""
+    import torch
+
+    from . import torch_ops  # noqa: F401  (registers torch.ops.pyfa)
+
+    kv_len, ring_start, whole = runs.view(3, -1).unbind(0)
+    k = k if k.is_contiguous() else k.contiguous()
+    v = v if v.is_contiguous() else v.contiguous()
+    opts = (scale, softcap, window or 0)
+    if lse:
+        out, l = torch.ops.pyfa.decode_attention_lse(q.select(2, 0), k, v, kv_len, ring_start, *opts)
+    else:
+        out, l = torch.ops.pyfa.decode_attention(q.select(2, 0), k, v, kv_len, ring_start, *opts), None
+    out = torch.where(whole.bool()[:, None, None], out, float("nan"))
+    return out.unsqueeze(1), (l.unsqueeze(2) if lse else None)
+
+
 def with_sinks(out, lse, sinks):
     """Attention with sinks from attention without them. gpt-oss's eager attention takes the
     softmax over ``[scores, sink_h]`` and drops the sink's column, so with ``Z = sum_j exp(s_j)
@@ -427,8 +543,18 @@ class _Call:
         if key.dtype != query.dtype:
             key, value = key.to(query.dtype), value.to(query.dtype)
         q_len, kv_len = query.shape[2], key.shape[2]
-        mask, window = self.unmasked(mask, q_len, kv_len)
         lse = self.sinks is not None
+        if is_decode_runs(mask):
+            if q_len != 1:
+                raise ValueError(f"pyfa attention: a decode-runs mask is for one query row, got {q_len}")
+            out, l = _decode_over_runs(query, key, value, mask, window=self.window, scale=self.scale,
+                                       softcap=self.softcap, lse=lse)
+            return self.finish(out, l, query.dtype)
+        if mask is not None:
+            known, seen = _PREFIX.get(mask, (q_len, kv_len))
+            if known:  # causal over the first `seen` keys: the unmasked kernel over those
+                key, value, mask, kv_len = key[:, :, :seen], value[:, :, :seen], None, seen
+        mask, window = self.unmasked(mask, q_len, kv_len)
         run = dict(scale=self.scale, softcap=self.softcap, device=self.device, lse=lse)
         if mask is None:
             if window is not None and not self.causal:
