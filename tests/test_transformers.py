@@ -417,6 +417,12 @@ def test_decode_runs_describe_each_sequences_visible_keys():
     assert torch.equal(pyfa_hf.runs_as_mask(runs, 16)[:2], built[:2])  # the whole sequences' masks
     static = pyfa_hf.attention_mask(**kw, kv_length=16, q_offset=torch.tensor(9))
     assert static.view(3, 3).tolist() == [[10] * 3, [0] * 3, [1] * 3]
+    short = pyfa_hf.attention_mask(**kw, kv_length=16, q_offset=torch.tensor(9), attention_mask=padding[:, :8],
+                                   allow_is_causal_skip=False)  # keys 8 and 9 past the mask's end: padding
+    assert short.view(3, 3).tolist() == [[8, 4, 6], [0, 4, 0], [1, 1, 0]]
+    assert torch.equal(pyfa_hf.runs_as_mask(short, 16)[:2],
+                       mu.sdpa_mask(**kw, kv_length=16, q_offset=9, attention_mask=padding[:, :8],
+                                    allow_is_causal_skip=False)[:2])
     dynamic = dict(kw, kv_length=10, q_offset=9)
     assert pyfa_hf.attention_mask(**dynamic, attention_mask=torch.ones(3, 10, dtype=torch.bool)) is None
     left = padding.clone()

@@ -242,9 +242,10 @@ def _decode_runs(batch_size: int, q_offset, padding, device):
     ``[3, B, 1, 1]`` of each sequence's ``kv_len``, ``ring_start`` and ``whole``.
 
     The query is position ``q_offset`` (an int, or a 0-d device tensor: read on the device) and
-    sees the keys at or before it that ``padding`` (2-D, True = real token; None: no padding)
-    lets through. When those are one run of slots, ``ring_start`` is its first and ``kv_len``
-    its length, and ``whole`` is 1; otherwise (a hole: right padding) ``whole`` is 0."""
+    sees the keys at or before it that ``padding`` (2-D, True = real token; None: no padding;
+    positions past its end are padding, as transformers pads it) lets through. When those are
+    one run of slots, ``ring_start`` is its first and ``kv_len`` its length, and ``whole`` is 1;
+    otherwise (a hole: right padding; or no key at all) ``whole`` is 0."""
     import torch
 
     if padding is None:
@@ -257,7 +258,8 @@ def _decode_runs(batch_size: int, q_offset, padding, device):
         seen = padding.bool() & (pos <= q_offset)
         count = seen.sum(-1)
         first = seen.to(torch.int32).argmax(-1)  # the first True; 0 for a row without one
-        whole = (count > 0) & (count == q_offset + 1 - first)
+        last = torch.where(seen, pos, -1).amax(-1)
+        whole = (count > 0) & (count == last + 1 - first)
         kv_len = count.clamp(min=1)
     return torch.stack([kv_len.to(torch.int32), first.to(torch.int32), whole.to(torch.int32)]).view(
         3, batch_size, 1, 1)
