@@ -51,7 +51,7 @@ public func pyfa_buffer_nbytes_impl(_ buffer: OpaquePointer?) -> UInt64 {
 @_cdecl("pyfa_buffer_address")
 public func pyfa_buffer_address_impl(_ buffer: OpaquePointer?) -> UInt64 {
     let b: Buffer? = try? object(buffer, "buffer")
-    return b?.memory.deviceAddress ?? 0
+    return b?.deviceAddress ?? 0
 }
 
 @_cdecl("pyfa_buffer_dtype")

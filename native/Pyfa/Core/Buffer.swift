@@ -31,16 +31,19 @@ public final class Buffer {
     public let storage: Storage
     public let nbytes: Int
     public let memory: BufferMemory
+    /// memory's host and device addresses, read once: a memory's addresses are fixed for its
+    /// life, and every dispatch reads them (a stored field, not a call through the protocol).
+    public let contents: UnsafeMutableRawPointer?
+    public let deviceAddress: UInt64
 
     public var count: Int { nbytes / dtype.size }
 
     /// The addresses its bytes occupy (empty for a 0-byte buffer): what
     /// hazard and aliasing checks compare.
     public var addressRange: Range<UInt64> {
-        let start = memory.deviceAddress
+        let start = deviceAddress
         return start..<max(start, start &+ UInt64(nbytes))
     }
-    public var contents: UnsafeMutableRawPointer? { memory.hostPointer }
 
     init(device: Device, dtype: DType, shape: [Int], storage: Storage, nbytes: Int, memory: BufferMemory) {
         self.device = device
@@ -49,6 +52,8 @@ public final class Buffer {
         self.storage = storage
         self.nbytes = nbytes
         self.memory = memory
+        contents = memory.hostPointer
+        deviceAddress = memory.deviceAddress
     }
 
     /// Bytes a shape of this dtype needs, with the rules every buffer follows.

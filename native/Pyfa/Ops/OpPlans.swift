@@ -91,7 +91,7 @@ public class OpPlan {
     private func keptBuffer(_ name: String, data: Bool, address: UInt64, nbytes: Int, dtype: DType) -> Buffer? {
         for entry in wrapped where entry.name == name {
             let b = entry.buffer
-            return entry.data == data && b.memory.deviceAddress == address && b.nbytes == nbytes && b.dtype == dtype
+            return entry.data == data && b.deviceAddress == address && b.nbytes == nbytes && b.dtype == dtype
                 ? b : nil
         }
         return nil

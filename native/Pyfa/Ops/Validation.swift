@@ -49,7 +49,7 @@ enum Check {
                     "\(name): buffer holds \(b.count) elements, needs \(elements)")
         if rows && b.nbytes > 0 {
             do {
-                try b.device.requireAligned(b.memory.deviceAddress, dtype: b.dtype, data: true)
+                try b.device.requireAligned(b.deviceAddress, dtype: b.dtype, data: true)
             } catch let e as PyfaError {
                 throw PyfaError(e.status, "\(name): \(e.message)")
             }

@@ -282,7 +282,7 @@ private final class PreparedDispatch {
             let size: Int
             switch a.arg {
             case .buffer(let b, let offset):
-                guard let base = b.memory.hostPointer else {
+                guard let base = b.contents else {
                     throw PyfaError.internal("dispatch \(p.name): buffer without host memory")
                 }
                 address = base + offset

@@ -123,7 +123,7 @@ final class CUDAQueue: CommandQueue {
                 let value: UInt64
                 switch a.arg {
                 case .buffer(let b, let offset):
-                    value = b.memory.deviceAddress + UInt64(offset)
+                    value = b.deviceAddress + UInt64(offset)
                 case .bytes(let bytes) where cursor + bytes.count <= Int(PYFA_CUDA_INLINE_BYTES):
                     let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
                     bytes.withUnsafeBytes { raw.baseAddress!.advanced(by: base + cursor).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }

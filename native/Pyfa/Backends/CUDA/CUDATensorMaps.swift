@@ -59,7 +59,7 @@ struct CUDATensorMaps {
         }
         func bufferAddress(_ slot: Int32) -> UInt64? {
             for a in args where a.slot == Int(slot) {
-                if case .buffer(let b, let offset) = a.arg { return b.memory.deviceAddress + UInt64(offset) }
+                if case .buffer(let b, let offset) = a.arg { return b.deviceAddress + UInt64(offset) }
             }
             return nil
         }
