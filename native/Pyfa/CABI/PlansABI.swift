@@ -57,13 +57,13 @@ public func pyfa_prefill_run_impl(_ plan: OpaquePointer?, _ encoder: OpaquePoint
 /// The body of every pyfa_*_run: the plan, encoder and arguments checked, the
 /// flags checked before anything is recorded, the run, then PYFA_RUN_FINISH.
 func runPlan<P: OpPlan, Args>(_ plan: OpaquePointer?, _ encoder: OpaquePointer?, _ args: UnsafePointer<Args>?,
-                                      flags: KeyPath<Args, UInt32>,
+                                      flags: (Args) -> UInt32,
                                       _ body: (P, CommandEncoder, Args) throws -> Void) -> Int32 {
     abiCall {
         let p: P = try object(plan, "plan")
         let e: CommandEncoder = try object(encoder, "encoder")
         let a = try value(args, "args")
-        let f = a[keyPath: flags]
+        let f = flags(a)  // a function, not a KeyPath: a key path's projection is a runtime call
         try require(f & ~UInt32(PYFA_RUN_FINISH) == 0, "flags: unknown bits 0x\(String(f, radix: 16))")
         try body(p, e, a)
         if f & UInt32(PYFA_RUN_FINISH) != 0 { try e.finish() }
