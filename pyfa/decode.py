@@ -197,10 +197,12 @@ def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, 
 # A model calls decode with the same shapes, dtypes and defaults every step. After one such call on
 # torch CUDA tensors, or on numpy arrays on a host-visible device, has gone through every check above,
 # its plan and its run-argument struct are kept (per thread) under everything those checks looked at:
-# the device, the scale as given (None or a float), each array's shape and dtype (and GPU), and how
-# kv_len came (an int, by its _plans.length_bucket, or an int32 tensor). A later call that matches runs
-# with only what changes checked here: contiguity, the kv_len value (or the tensor's dtype, size and
-# GPU), and the addresses. Anything else takes the full path above.
+# the device, the scale as given (None or a float), each array's shape but the caches' capacity (a
+# cache that grows by a row a step, as transformers' DynamicCache, is one entry) and dtype (and GPU),
+# and how kv_len came (an int, by its _plans.length_bucket, or an int32 tensor). A later call that
+# matches runs with only what changes checked here: contiguity, the capacity (k's and v's equal), the
+# kv_len value (or the tensor's dtype, size and GPU), and the addresses. Anything else takes the full
+# path above.
 _repeat = threading.local()
 _torch_tensor = None
 _torch_int32 = None
@@ -221,7 +223,8 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
         if type(kv_len) is not int or not _plans.HOST_SLOTS:
             return
         host = ffi.new("int32_t[]", B)
-        key = (device, scale, _plans.length_bucket(kv_len), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+        key = (device, scale, _plans.length_bucket(kv_len), q.shape, _uncapped(k.shape), _uncapped(v.shape), q.dtype,
+               k.dtype, v.dtype)
         gpu = None
     else:
         global _torch_tensor, _torch_int32
@@ -242,8 +245,8 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
                 return
             kind, host = -1, None
         gpu = t.get_device()
-        key = (device, scale, kind, t.shape, k.obj.shape, v.obj.shape, t.dtype, k.obj.dtype, v.obj.dtype, gpu,
-               k.obj.get_device(), v.obj.get_device())
+        key = (device, scale, kind, t.shape, _uncapped(k.obj.shape), _uncapped(v.obj.shape), t.dtype, k.obj.dtype,
+               v.obj.dtype, gpu, k.obj.get_device(), v.obj.get_device())
     reused = ffi.new("pyfa_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
     zeros = ffi.new("int32_t[]", B)  # ring_start: kept alive with the entry that points at it
@@ -254,7 +257,21 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     # Host arrays: the k and v objects the slots point at, kept so their memory stays put (a decode
     # loop passes the same caches every step: their addresses are then not taken again).
     seen = [None, None]
-    _table()[key] = (plan, reused, host, B, capacity, q.shape, gpu, zeros, slots, seen)
+    # [capacity, k's bytes per slot, v's]: the capacity the struct holds now, and what a new one's
+    # nbytes fields take.
+    caps = [capacity, k.nbytes // capacity, v.nbytes // capacity]
+    _table()[key] = (plan, reused, host, B, caps, q.shape, gpu, zeros, slots, seen)
+
+
+def _uncapped(shape):
+    """A cache's shape without its capacity (the second-last axis): what the repeat paths key."""
+    return shape[:-2] + shape[-1:]
+
+
+def _recap(args, caps, capacity) -> None:
+    """Points a kept run-argument struct at caches of ``capacity`` slots (the repeat paths' caches grow)."""
+    caps[0] = args.kv_capacity = capacity
+    args.k_cache.nbytes, args.v_cache.nbytes = caps[1] * capacity, caps[2] * capacity
 
 
 def _repeat_call(q, k, v, kv_len, device, scale):
@@ -271,14 +288,18 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     if kind is None:
         return None
     device = _args.device_arg(device)
-    key = (device, scale, kind, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-           v.get_device())
+    ks = k.shape
+    capacity = ks[-2]
+    key = (device, scale, kind, q.shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype, k.dtype, v.dtype,
+           q.get_device(), k.get_device(), v.get_device())
     entry = table.get(key)
-    if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+    if entry is None or v.shape[-2] != capacity or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         return None
-    plan, args, host, B, capacity, shape, gpu, _zeros, _slots, _seen = entry
+    plan, args, host, B, caps, shape, gpu, _zeros, _slots, _seen = entry
     if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
         return None
+    if capacity != caps[0]:
+        _recap(args, caps, capacity)
     out = q.new_empty(shape)
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
@@ -292,12 +313,18 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
         return None
     device = _args.device_arg(device)
     bucket = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
-    entry = table.get((device, scale, bucket, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype))
-    if entry is None or not (q.flags.c_contiguous and k.flags.c_contiguous and v.flags.c_contiguous):
+    ks = k.shape
+    capacity = ks[-2]
+    entry = table.get((device, scale, bucket, q.shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype,
+                       k.dtype, v.dtype))
+    if entry is None or v.shape[-2] != capacity or not (q.flags.c_contiguous and k.flags.c_contiguous
+                                                         and v.flags.c_contiguous):
         return None
-    plan, args, host, B, capacity, shape, _gpu, _zeros, slots, seen = entry
+    plan, args, host, B, caps, shape, _gpu, _zeros, slots, seen = entry
     if kv_len > capacity:
         return None
+    if capacity != caps[0]:
+        _recap(args, caps, capacity)
     for i in range(B):
         host[i] = kv_len
     out = np.empty(shape, q.dtype)

@@ -410,6 +410,13 @@ def test_gpu_repeated_calls_keep_every_rule(rng):
         pyfa.decode_attention(q, k, v, lens.long(), device=dev)
     with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len: expected 2 values"):
         pyfa.decode_attention(q, k, v, lens[:1], device=dev)
+    # A cache that grows by a row a call takes the short path at each capacity.
+    entries = len(decode._repeat.table)
+    for cap in (513, 514, 600):
+        kg, vg = (torch.cat([t, t[:, :, :cap - 512]], 2) for t in (k, v))
+        got = pyfa.decode_attention(q, kg, vg, cap, device=dev)
+        np.testing.assert_allclose(host(got), _ref(host(q), host(kg), host(vg), [cap, cap]), atol=1e-2, rtol=0)
+    assert len(decode._repeat.table) == entries + 1  # 513.. is one more length bucket, one entry for all three
     # A non-contiguous cache of the same shape is made contiguous by the full path.
     kt = k.transpose(2, 3).contiguous().transpose(2, 3)
     got = pyfa.decode_attention(q, kt, v, 200, device=dev)
@@ -505,6 +512,32 @@ def test_host_repeat_path_is_taken(rng):
     got = decode._repeat_call(q, k, k, 60, cpu, None)
     assert got is not None, "a matching call took the full path"
     np.testing.assert_allclose(got, _ref(q, k, k, [60]), atol=2e-6, rtol=1e-5)
+
+
+def test_host_repeat_path_serves_a_growing_cache(rng):
+    """Caches that grow by a row a call (transformers' DynamicCache concatenates) keep one entry:
+    the short path takes each capacity, in either direction, and the rules stay the full path's."""
+    from pyfa import decode
+
+    cpu = pyfa.Device("cpu")
+    decode._repeat.table = {}
+    q = rng.standard_normal((2, 4, 64), dtype=np.float32)
+    caches = [rng.standard_normal((2, 2, n, 64), dtype=np.float32).astype(np.float16) for n in range(40, 64)]
+    pyfa.decode_attention(q, caches[0], caches[0], 40, device=cpu)
+    for k in caches[1:] + caches[::-1]:  # longer, then shorter again
+        n = k.shape[2]
+        v = k[:, ::-1].copy()
+        got = decode._repeat_call(q, k, v, n, cpu, None)
+        assert got is not None, f"capacity {n}: a matching call took the full path"
+        np.testing.assert_allclose(got, _ref(q, k, v, [n, n]), atol=2e-6, rtol=1e-5)
+        np.testing.assert_array_equal(pyfa.decode_attention(q, k, v, n - 3, device=cpu),
+                                      pyfa.decode_attention(q, k.copy(), v.copy(), n - 3, device=cpu, window=n))
+    assert len(decode._repeat.table) == 1
+    k = caches[-1]
+    with pytest.raises(pyfa.InvalidArgumentError, match=r"kv_len\[0\]: 64 must be in 1...kv_capacity \(63\)"):
+        pyfa.decode_attention(q, k, k, 64, device=cpu)
+    with pytest.raises(pyfa.InvalidArgumentError, match="v_cache"):  # k's and v's capacities differ
+        pyfa.decode_attention(q, k, caches[-2], 40, device=cpu)
 
 
 def test_dispatches_of_a_failed_call_do_not_reach_the_next_run(cpu):
