@@ -290,6 +290,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     device = _args.device_arg(device)
     ks = k.shape
     capacity = ks[-2]
+    # the shapes _uncapped, inline on the hot path
     key = (device, scale, kind, q.shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype, k.dtype, v.dtype,
            q.get_device(), k.get_device(), v.get_device())
     entry = table.get(key)
@@ -315,6 +316,7 @@ def _repeat_host(table, q, k, v, kv_len, device, scale):
     bucket = 1 << (kv_len - 1).bit_length()  # _plans.length_bucket, inline on the hot path
     ks = k.shape
     capacity = ks[-2]
+    # the shapes _uncapped, inline on the hot path
     entry = table.get((device, scale, bucket, q.shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype,
                        k.dtype, v.dtype))
     if entry is None or v.shape[-2] != capacity or not (q.flags.c_contiguous and k.flags.c_contiguous

@@ -336,8 +336,8 @@ class TurboQuantKVCache(_RingCache):
         as ``(out, lse)`` (the rotation is orthogonal, so it is the LSE of the original-domain
         scores; ``-inf`` for an empty cache). ``fused`` picks the fused reduce + undo tail (on
         CUDA a split of up to 16 workgroups merges and undoes in its last workgroups instead: no
-        tail launch); every tail gives identical bits. ``nwg`` overrides the backend plan's workgroups per sequence (tests and
-        tuning).
+        tail launch); every tail gives identical bits. ``nwg`` overrides the backend plan's
+        workgroups per sequence (tests and tuning).
 
         Accuracy: float32 attention over the rows :meth:`dequantize` gives, except that a kernel
         may multiply the codebook values rounded to f16 (within 2^-11 relative; CUDA's

@@ -44,9 +44,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``window`` 0 disable. ``ring_start`` begins each sequence's run of ``kv_len`` positions
     (pyfa.decode_attention). Returns ``[B, H, D]`` in q's dtype, a new tensor. Bad input raises
     :class:`pyfa.PyfaError` when the operator runs."""
-    return pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start=0 if ring_start is None else ring_start,
-                                 scale=scale, softcap=float(softcap), window=window or None,
-                                 device="cuda" if q.is_cuda else "cpu")
+    return _decode(q, k_cache, v_cache, kv_len, ring_start, scale, softcap, window)
 
 
 def decode_attention_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_len: torch.Tensor,
@@ -56,9 +54,15 @@ def decode_attention_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     row's natural-log ``sum_j exp(s_j)`` over its visible keys (-inf for a row that sees none),
     as :func:`pyfa.decode_attention` with ``out_dtype=float32, return_lse=True``; registered as
     ``torch.ops.pyfa.decode_attention_lse``."""
+    return _decode(q, k_cache, v_cache, kv_len, ring_start, scale, softcap, window, out_dtype=np.float32,
+                   return_lse=True)
+
+
+def _decode(q, k_cache, v_cache, kv_len, ring_start, scale, softcap, window, **extra):
+    """pyfa.decode_attention with the operators' conventions (None / 0 for "none") mapped to its own."""
     return pyfa.decode_attention(q, k_cache, v_cache, kv_len, ring_start=0 if ring_start is None else ring_start,
                                  scale=scale, softcap=float(softcap), window=window or None,
-                                 device="cuda" if q.is_cuda else "cpu", out_dtype=np.float32, return_lse=True)
+                                 device="cuda" if q.is_cuda else "cpu", **extra)
 
 
 def _decode_attention_shape(q, k_cache, v_cache, kv_len, ring_start=None, scale=None, softcap=0.0, window=0):

@@ -302,8 +302,9 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
                                        local_size=local_size, allow_is_causal_skip=False, **kwargs)
 
     static = hasattr(q_offset, "device")  # static caches count their tokens in a device tensor
-    if (q_length == 1 and local_size is None and type(kv_offset) is int and kv_offset == 0
-            and mask_function in (None, _plain_causal()) and (allow_is_causal_skip or static)):
+    plain = local_size is None and mask_function in (None, _plain_causal())  # causal, nothing overlaid
+    if (q_length == 1 and plain and type(kv_offset) is int and kv_offset == 0
+            and (allow_is_causal_skip or static)):
         if static:  # no host read: generate builds this mask ahead of each compiled step
             return _decode_runs(batch_size, q_offset, attention_mask, kwargs.get("device"))
         if q_offset + 1 == kv_length:  # a dynamic cache: the keys are the past and this step's row
@@ -314,8 +315,7 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
     if not allow_is_causal_skip:
         return build()
     q_off, kv_off = _as_int(q_offset), _as_int(kv_offset)
-    if kv_off == 0 and q_off + q_length < kv_length and local_size is None \
-            and mask_function in (None, _plain_causal()) and _no_padding(attention_mask, 0, q_off + q_length):
+    if plain and kv_off == 0 and q_off + q_length < kv_length and _no_padding(attention_mask, 0, q_off + q_length):
         # Keys past the queries (a static cache's prompt): causal over the first keys (_Call.attend).
         mask = build()
         _PREFIX.put(mask, (q_length, kv_length), q_off + q_length)
