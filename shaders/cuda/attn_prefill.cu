@@ -73,6 +73,12 @@ struct flags {
 };
 
 /* What one key tile needs beyond the scaled dot product (uniform per block). */
+/* A compile-time bool as a value: the argument that picks a generic lambda's copy. */
+template <bool B>
+struct bool_tag {
+    static constexpr bool value = B;
+};
+
 struct tile_rules {
     bool read_mask, kv_edge, causal_edge, window_edge;
 };
@@ -359,11 +365,25 @@ __device__ __forceinline__ float exp2_approx(float x) {
 /* The scores of keys j0 ... j0 + 8 NT - 1 in the log2 domain: scale (or
  * softcap), mask and the -inf rules where tr (the rules of a key tile holding
  * them) asks for them, the scale alone otherwise. */
+/* Whether a key tile's scores take the scale alone (no soft cap, no mask
+ * read, no -inf rule). */
+__device__ __forceinline__ bool plain_tile(const flags &f, const tile_rules &tr) {
+    return !(f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge);
+}
+
+template <int NT>
+__device__ __forceinline__ void scale_scores(float (&s)[NT][4], float scale_log2) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
+}
+
 template <int DT, int KV_MODE, int NT, class BlockInfo>
 __device__ __forceinline__ void finish_keys(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
                                             const BlockInfo &bi, const tile_rules &tr, int64_t j0, float scale_log2,
                                             const char *const (&mrow)[2], const int64_t (&pos)[2], int t4) {
-    if (f.has_softcap || tr.read_mask || tr.kv_edge || tr.causal_edge || tr.window_edge) {
+    if (!plain_tile(f, tr)) {
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -373,10 +393,7 @@ __device__ __forceinline__ void finish_keys(float (&s)[NT][4], const pyfa_flash_
                 s[n][e] = finish_score<DT, KV_MODE>(s[n][e], p, f, tr, scale_log2, mrow[r], key, pos[r], bi.seq_kv_len());
             }
     } else { /* an interior tile: scale only */
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
+        scale_scores(s, scale_log2);
     }
 }
 

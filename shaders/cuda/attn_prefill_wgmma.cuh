@@ -435,11 +435,24 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         }
         kt = bi.next_tile(kt + 1);
         int i = 1;
-#pragma unroll 1
-        for (; kt < bi.t_end; i++) {
+        tile_rules tr;
+        /* The factor o takes before the next P V (the previous tile's softmax
+         * moved the maximum). o is rescaled ahead of that product's issue, as
+         * FlashAttention-3 does, so that after the wait for P V only P's
+         * fragments remain. */
+        float alpha[2] = {1.0f, 1.0f};
+        /* One iteration; PLAIN: tile kt takes the scale alone (plain_tile).
+         * Plain and other tiles run separate copies of the iteration, each
+         * without a branch between the products' issue and the last wait:
+         * where the score finish branched, ptxas put the wait for P V at the
+         * branches' join, before the softmax, which then no longer ran under
+         * P V (SASS: every MUFU.EX2 after the WARPGROUP.DEPBAR). */
+        auto iteration = [&](auto plain) {
+            constexpr bool PLAIN = decltype(plain)::value;
             tiles_landed(i, i - 1); /* K_i and V_{i-1} landed */
             float s[NT][4];
             zero_scores(s);
+            rescale_rows(o, alpha);
             pin_operands<P_TERMS>(o, pa, pl);
             if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();
@@ -451,18 +464,28 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
             pyfa_wgmma_pin(flat(s));
             tma.release(false, i);
-            finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
-            float alpha[2];
+            if constexpr (PLAIN)
+                scale_scores(s, scale_log2);
+            else
+                finish_keys<DT, KV_MODE>(s, p, f, bi, tr, (int64_t)kt * BK, scale_log2, mrow, pos, t4);
             softmax_scores(s, m, l, alpha);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
             tma.release(true, i - 1);
-            rescale_rows(o, alpha);
 #pragma unroll
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+        };
+#pragma unroll 1
+        for (; kt < bi.t_end; i++) {
+            tr = bi.rules(p, f, kt, BK);
+            if (plain_tile(f, tr))
+                iteration(bool_tag<true>{});
+            else
+                iteration(bool_tag<false>{});
             kt = bi.next_tile(kt + 1);
         }
         tiles_landed(-1, i - 1); /* the last V */
+        rescale_rows(o, alpha);
         pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
         my_turn();
