@@ -209,8 +209,7 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     const uint32_t es = dtype_size(dt);
     const pf_sequence seq = pf_sequence_of(d, p, b, kv_mode);
 
-    /* Highest query tiles first: under causal masking they carry the most
-     * keys, so the pool's tail is made of short tiles. */
+    /* Highest query tiles first (x: the entry's order, pyfa_cpu_flash_attn_prefill). */
     const uint32_t qtile = p->num_q_blocks - 1 - x;
     const uint32_t i0 = qtile * PF_BQ;
     if (i0 >= seq.q_len) return; /* a tile past a packed sequence's rows */
@@ -404,6 +403,18 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t 
     if (out_dt != d->constants[PYFA_PREFILL_FC_DTYPE] && out_dt != PYFA_DTYPE_F32) {
         pyfa_cpu_fail(d, "unsupported out dtype %d for dtype %d", out_dt, d->constants[PYFA_PREFILL_FC_DTYPE]);
         return;
+    }
+    /* Groups are handed out in the order of their linear index; that index is
+     * read with the query tile slowest (prefill_body takes the highest first),
+     * so under causal masking the tiles with the most keys start first across
+     * every head and sequence and the pool's tail is made of short tiles. */
+    {
+        const uint64_t planes = (uint64_t)d->grid[1] * d->grid[2];
+        const uint64_t rank = x + (uint64_t)d->grid[0] * ((uint64_t)z * d->grid[1] + y);
+        const uint32_t plane = (uint32_t)(rank % planes);
+        x = (uint32_t)(rank / planes);
+        y = plane % (uint32_t)d->grid[1];
+        z = plane / (uint32_t)d->grid[1];
     }
     switch (d->constants[PYFA_PREFILL_FC_DTYPE]) {
     case PYFA_DTYPE_F16: PF_SWITCH_D(PF_CASE_F16)

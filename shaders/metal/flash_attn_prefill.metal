@@ -117,6 +117,18 @@ inline void prefill_stage_paged(threadgroup T *dst, device const T *pool, const 
     }
 }
 
+// The (query tile, head, sequence) of threadgroup `position` of a (query
+// tiles, heads, batch) grid. Threadgroups start in about the order of their
+// linear index; that index is read with the query tile slowest and highest
+// first, so under causal masking the tiles with the most keys start first
+// across every head and sequence and the shortest start last.
+inline uint3 prefill_tile_slot(uint3 position, uint3 groups) {
+    const ulong planes = ulong(groups.y) * groups.z;
+    const ulong rank = position.x + ulong(groups.x) * (ulong(position.z) * groups.y + position.y);
+    const uint plane = uint(rank % planes);
+    return uint3(groups.x - 1 - uint(rank / planes), plane % groups.y, plane / groups.y);
+}
+
 // One query tile of one head, I/O element type T, output element type O (T
 // or float). Constants come from the specialisation; `shared` is laid out as
 // metal_layout.h states.
@@ -339,11 +351,13 @@ kernel void flash_attn_prefill(
     constant pyfa_kv_pages &pages [[buffer(PYFA_PREFILL_ARG_PAGES)]],
     constant pyfa_prefill_packed &packed [[buffer(PYFA_PREFILL_ARG_PACKED)]],
     threadgroup float *shared [[threadgroup(0)]],
-    uint3 tg [[threadgroup_position_in_grid]],
+    uint3 position [[threadgroup_position_in_grid]],
+    uint3 groups [[threadgroups_per_grid]],
     ushort tid [[thread_index_in_threadgroup]],
     ushort sg [[simdgroup_index_in_threadgroup]],
     ushort lane [[thread_index_in_simdgroup]])
 {
+    const uint3 tg = prefill_tile_slot(position, groups);
     const uint D = uint(fc_head_dim), es = pyfa_dtype_size(fc_dtype);
     if (!pyfa_is_attn_dtype(fc_dtype) || !pyfa_is_head_dim(fc_head_dim) ||
         (fc_out_dtype != fc_dtype && fc_out_dtype != PYFA_DTYPE_F32) || uint(fc_kv_mode) > PYFA_PREFILL_KV_PAGED ||
