@@ -205,6 +205,29 @@ def test_masks_and_blk(device, rng, kind, rank, causal, window, dtype, D, layout
     check_lse(lse_blk, ref_lse)
 
 
+# Any finite scale: kernels may keep scores unscaled and apply the scale inside the exponent where
+# it is positive; zero, negative and subnormal scales take their own form (the latter count as 0).
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 1e-40, 0.7])
+@pytest.mark.parametrize("D,dtype", [(128, BF16), (64, np.float16), (80, np.float32)])
+def test_any_finite_scale(device, rng, scale, D, dtype):
+    B, H, Hkv, qL, kL = 1, 2, 1, 129, 300
+    q, k, v = make(rng, B, H, Hkv, qL, kL, D, dtype)
+    out, lse, ref, ref_lse = run_both(q, k, v, scale=scale, causal=True, device=device)
+    check_close(out, ref[0], dtype, ref[1])
+    check_lse(lse, ref_lse)
+    mask = block_mask(rng, (qL, kL), "additive", dtype, plan_tile(device, D, dtype))
+    kw = dict(mask=mask, causal=False, window=None, layout="bhsd", return_lse=True, device=device)
+    with_blk, lse_blk = prefill._attention(q, k, v, scale=scale, q_offset=None, softcap=0.0, out=None, use_blk=True,
+                                           **kw)
+    without, lse_no = prefill._attention(q, k, v, scale=scale, q_offset=None, softcap=0.0, out=None, use_blk=False,
+                                         **kw)
+    ref_m, ref_lse_m = reference.attention(q, k, v, scale=scale, mask=mask, return_lse=True)
+    check_close(without, ref_m, dtype, in_dtype(q, k, v, scale=scale, mask=mask))
+    check_lse(lse_no, ref_lse_m)
+    assert_same_run(with_blk, without)
+    assert_same_run(lse_blk, lse_no)
+
+
 def test_blk_classification(device, rng):
     """The pre-pass bytes, read back through the low-level API."""
     from pyfa import _io
