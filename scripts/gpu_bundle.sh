@@ -4,7 +4,7 @@
 #   <dest>/pyfa/            the package, with _lib/libpyfa.so (Swift runtime linked in) and headers
 #   <dest>/tests/, benchmarks/, scripts/gpu_run.sh, README.md and docs/API.md (their tests)
 #   <dest>/wheels/          cffi + pycparser for CPython 3.12 (numpy, ml_dtypes, torch are expected there)
-# Usage: bash scripts/gpu_bundle.sh [dest (default: bundle/)] ; wheels are taken from
+# Usage: [PYFA_BUNDLE_STRIP=1] bash scripts/gpu_bundle.sh [dest (default: bundle/)] ; wheels are taken from
 # $PYFA_WHEELS_DIR if set, else downloaded from PyPI.
 # On the GPU machine: bash <dest>/scripts/gpu_run.sh   (results go to $OUT or <dest>/results)
 set -euo pipefail
@@ -29,4 +29,7 @@ else
         -d "$dest/wheels" cffi pycparser
 fi
 git rev-parse HEAD > "$dest/COMMIT" 2>/dev/null || true
+# PYFA_BUNDLE_STRIP=1: the library without its symbol tables (about 10 MB instead of 20), so that
+# two or three bundles fit one transfer for an A / B (scripts/gpu_ab.sh); kernels keep their names.
+if [ "${PYFA_BUNDLE_STRIP:-0}" = 1 ]; then strip --strip-unneeded "$dest/pyfa/_lib/libpyfa.so"; fi
 du -sh "$dest"
