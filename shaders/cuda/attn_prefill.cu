@@ -72,13 +72,13 @@ struct flags {
     bool has_mask, bool_mask, causal, has_window, has_softcap, has_blk, has_lse, out_f32;
 };
 
-/* What one key tile needs beyond the scaled dot product (uniform per block). */
 /* A compile-time bool as a value: the argument that picks a generic lambda's copy. */
 template <bool B>
 struct bool_tag {
     static constexpr bool value = B;
 };
 
+/* What one key tile needs beyond the scaled dot product (uniform per block). */
 struct tile_rules {
     bool read_mask, kv_edge, causal_edge, window_edge;
 };
@@ -362,9 +362,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
  * accumulator layout: x[n][e] is this lane's query row r = e >> 1 (rows g
  * and g + 8 of its 16-row slice) at column 8n + 2 t4 + (e & 1). */
 
-/* The scores of keys j0 ... j0 + 8 NT - 1 in the log2 domain: scale (or
- * softcap), mask and the -inf rules where tr (the rules of a key tile holding
- * them) asks for them, the scale alone otherwise. */
 /* Whether a key tile's scores take the scale alone (no soft cap, no mask
  * read, no -inf rule). */
 __device__ __forceinline__ bool plain_tile(const flags &f, const tile_rules &tr) {
@@ -379,6 +376,9 @@ __device__ __forceinline__ void scale_scores(float (&s)[NT][4], float scale_log2
         for (int e = 0; e < 4; e++) s[n][e] *= scale_log2;
 }
 
+/* The scores of keys j0 ... j0 + 8 NT - 1 in the log2 domain: scale (or
+ * softcap), mask and the -inf rules where tr (the rules of a key tile holding
+ * them) asks for them, the scale alone otherwise. */
 template <int DT, int KV_MODE, int NT, class BlockInfo>
 __device__ __forceinline__ void finish_keys(float (&s)[NT][4], const pyfa_flash_attn_prefill_params &p, const flags &f,
                                             const BlockInfo &bi, const tile_rules &tr, int64_t j0, float scale_log2,
