@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# A / B timing of two bundles (scripts/gpu_bundle.sh) on one GPU machine, alternated so that
-# both see the same clocks and neighbours:
-#   bash scripts/gpu_ab.sh BUNDLE_A BUNDLE_B [ROUNDS (default 2)]
-# Each round runs, for A then B:
+# A / B timing of bundles (scripts/gpu_bundle.sh) on one GPU machine, alternated so that
+# all see the same clocks and neighbours:
+#   bash scripts/gpu_ab.sh BUNDLE_A BUNDLE_B [BUNDLE_C ...] [ROUNDS (default 2)]
+# Each round runs, for every bundle in turn:
 #   - scripts/gpu_prefill_profile.py for every shape in $PYFA_AB_PREFILL (space-separated
 #     Hq,Hkv,D,L,causal; default: D 128 and 256 at 16K and 4K);
 #   - scripts/gpu_tq_check.py's timing lines when PYFA_AB_TQ=1.
 # Lines are prefixed with the bundle's name; the kernel cache is shared (keys carry the source).
 set -uo pipefail
-a=${1:?usage: gpu_ab.sh BUNDLE_A BUNDLE_B [ROUNDS]}
-b=${2:?usage: gpu_ab.sh BUNDLE_A BUNDLE_B [ROUNDS]}
-rounds=${3:-2}
+usage="usage: gpu_ab.sh BUNDLE_A BUNDLE_B [BUNDLE_C ...] [ROUNDS]"
+bundles=()
+rounds=2
+for arg in "$@"; do
+    if [[ "$arg" =~ ^[0-9]+$ ]]; then rounds=$arg; else bundles+=("$arg"); fi
+done
+[ ${#bundles[@]} -ge 2 ] || { echo "$usage" >&2; exit 2; }
 shapes=${PYFA_AB_PREFILL-"16,8,128,16384,1 16,8,128,16384,0 16,8,256,16384,1 16,8,128,4096,1 16,8,256,4096,0"}
 export PYFA_CACHE_DIR=${PYFA_CACHE_DIR:-/tmp/pyfa-cache} PYTHONUNBUFFERED=1
-for bundle in "$a" "$b"; do
+for bundle in "${bundles[@]}"; do
     (cd "$bundle" && OUT=/tmp/gpu_ab_setup PYFA_GPU_RUN_STEPS=none bash scripts/gpu_run.sh >/dev/null 2>&1) || {
         echo "gpu_ab: $bundle does not set up" >&2; exit 1; }
 done
 for ((r = 1; r <= rounds; r++)); do
-    for bundle in "$a" "$b"; do
+    for bundle in "${bundles[@]}"; do
         name=$(basename "$bundle")
         for shape in $shapes; do
             echo "$name $(cd "$bundle" && PYTHONPATH="$PWD:/tmp/pyfa-site" timeout 60 python3 scripts/gpu_prefill_profile.py --shape "$shape" 2>&1 | tail -1)"

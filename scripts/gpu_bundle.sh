@@ -30,6 +30,6 @@ else
 fi
 git rev-parse HEAD > "$dest/COMMIT" 2>/dev/null || true
 # PYFA_BUNDLE_STRIP=1: the library without its symbol tables (about 10 MB instead of 20), so that
-# two or three bundles fit one transfer for an A / B (scripts/gpu_ab.sh); kernels keep their names.
+# four bundles fit one transfer for an A / B (scripts/gpu_ab.sh); kernels keep their names.
 if [ "${PYFA_BUNDLE_STRIP:-0}" = 1 ]; then strip --strip-unneeded "$dest/pyfa/_lib/libpyfa.so"; fi
 du -sh "$dest"
