@@ -4,7 +4,7 @@
 #   bash scripts/gpu_ab.sh BUNDLE_A BUNDLE_B [BUNDLE_C ...] [ROUNDS (default 2)]
 # Each round runs, for every bundle in turn:
 #   - scripts/gpu_prefill_profile.py for every shape in $PYFA_AB_PREFILL (space-separated
-#     Hq,Hkv,D,L,causal; default: D 128 and 256 at 16K and 4K);
+#     Hq,Hkv,D,L,causal[,N packed sequences: varlen]; default: D 128 and 256 at 16K and 4K);
 #   - scripts/gpu_tq_check.py's timing lines when PYFA_AB_TQ=1.
 # Lines are prefixed with the bundle's name; the kernel cache is shared (keys carry the source).
 set -uo pipefail

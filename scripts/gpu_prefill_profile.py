@@ -5,6 +5,8 @@ or CUDA-event timings (TFLOP/s) without one.
     ncu --section SpeedOfLight --section WarpStateStats -k regex:flash_attn_prefill \\
         --launch-skip 2 --launch-count 1 python3 scripts/gpu_prefill_profile.py --once
     python3 scripts/gpu_prefill_profile.py --shape 16,8,128,16384,1     (Hq, Hkv, D, L, causal)
+    python3 scripts/gpu_prefill_profile.py --shape 16,8,128,16384,1,4   (... , then N: varlen_attention
+                                                                         over N packed sequences of L / N)
 """
 import sys
 from pathlib import Path
@@ -18,21 +20,37 @@ from cuda_timing import event_ms  # noqa: E402
 
 
 def main():
-    # --shape Hq,Hkv,D,L,causal (repeatable) replaces the default shape
+    # --shape Hq,Hkv,D,L,causal[,N] (repeatable) replaces the default shape
     shapes = [tuple(int(x) for x in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--shape"]
     for shape in shapes or [(16, 8, 128, 16384, 0)]:
         run(*shape)
 
 
-def run(Hq, Hkv, D, L, causal):
+def run(Hq, Hkv, D, L, causal, packed=0):
     dev = pyfa.Device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn((1, Hq, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+    if packed:
+        # varlen_attention over `packed` sequences of L // packed rows each, [total, H, D]
+        n = L // packed
+        q = torch.randn((packed * n, Hq, D), generator=g, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn((packed * n, Hkv, D), generator=g, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn((packed * n, Hkv, D), generator=g, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, packed * n + 1, n, device="cuda", dtype=torch.int32)
 
-    def call():
-        return pyfa.attention(q, k, v, causal=bool(causal), device=dev)
+        def call():
+            return pyfa.varlen_attention(q, k, v, cu, cu, max_seqlen_q=n, max_seqlen_k=n, causal=bool(causal),
+                                         device=dev)
+
+        flops = packed * 4 * Hq * n * n * D / (2 if causal else 1)
+    else:
+        q = torch.randn((1, Hq, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
+
+        def call():
+            return pyfa.attention(q, k, v, causal=bool(causal), device=dev)
+
+        flops = 4 * Hq * L * L * D / (2 if causal else 1)
 
     for _ in range(3):
         call()
@@ -40,8 +58,8 @@ def run(Hq, Hkv, D, L, causal):
     if "--once" in sys.argv:
         return
     ms = event_ms(call, iters=10)
-    flops = 4 * Hq * L * L * D / (2 if causal else 1)
-    print(f"Hq/Hkv {Hq}/{Hkv} D={D} L={L} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
+    what = f"varlen {packed} x {L // packed}" if packed else f"L={L}"
+    print(f"Hq/Hkv {Hq}/{Hkv} D={D} {what} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
 
 
 if __name__ == "__main__":
