@@ -195,7 +195,7 @@ PYFA_INLINE pf_sequence pf_sequence_of(const pyfa_cpu_dispatch *d, const pyfa_fl
     return s;
 }
 
-PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h, uint32_t b, float *scratch,
+PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t qtile, uint32_t h, uint32_t b, float *scratch,
                               const int dt, const uint32_t D) {
     const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
     const int has_mask = d->constants[PYFA_PREFILL_FC_HAS_MASK];
@@ -209,8 +209,6 @@ PYFA_INLINE void prefill_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t h
     const uint32_t es = dtype_size(dt);
     const pf_sequence seq = pf_sequence_of(d, p, b, kv_mode);
 
-    /* Highest query tiles first (x: the entry's order, pyfa_cpu_flash_attn_prefill). */
-    const uint32_t qtile = p->num_q_blocks - 1 - x;
     const uint32_t i0 = qtile * PF_BQ;
     if (i0 >= seq.q_len) return; /* a tile past a packed sequence's rows */
     const uint32_t nq = seq.q_len - i0 < PF_BQ ? seq.q_len - i0 : PF_BQ;
@@ -405,14 +403,14 @@ void PYFA_ISA(pyfa_cpu_flash_attn_prefill)(const pyfa_cpu_dispatch *d, uint32_t 
         return;
     }
     /* Groups are handed out in the order of their linear index; that index is
-     * read with the query tile slowest (prefill_body takes the highest first),
-     * so under causal masking the tiles with the most keys start first across
-     * every head and sequence and the pool's tail is made of short tiles. */
+     * read with the query tile slowest and highest first, so under causal
+     * masking the tiles with the most keys start first across every head and
+     * sequence and the pool's tail is made of short tiles. */
     {
         const uint64_t planes = (uint64_t)d->grid[1] * d->grid[2];
         const uint64_t rank = x + (uint64_t)d->grid[0] * ((uint64_t)z * d->grid[1] + y);
         const uint32_t plane = (uint32_t)(rank % planes);
-        x = (uint32_t)(rank / planes);
+        x = d->grid[0] - 1 - (uint32_t)(rank / planes);
         y = plane % (uint32_t)d->grid[1];
         z = plane / (uint32_t)d->grid[1];
     }
