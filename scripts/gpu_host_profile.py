@@ -5,7 +5,8 @@ kernel through ctypes (the driver's floor), and a one-element torch op (torch's
 floor); then the cache's append and attend alone, in turn, and as one call. Host µs per call of a
 loop with no sync inside (the GPU keeps up: each call's kernels are shorter).
 
-With --perf-loop N the script runs only N ABI-level decode runs (for a profiler).
+With --perf-loop N the script runs only N ABI-level decode runs (for a profiler); with
+--cprofile N it also prints cProfile's top functions over N steps of each cache form.
 """
 import argparse
 import ctypes
@@ -20,10 +21,12 @@ from pyfa._native import ffi, lib
 ap = argparse.ArgumentParser()
 ap.add_argument("--perf-loop", type=int, default=0)
 ap.add_argument("--calls", type=int, default=3000)
+ap.add_argument("--cprofile", type=int, default=0)
+ap.add_argument("--length", type=int, default=4096, help="positions of the decode and the caches")
 opts = ap.parse_args()
 
 dev = pyfa.Device("cuda")
-B, H, HKV, D, L = 1, 32, 8, 128, 4096
+B, H, HKV, D, L = 1, 32, 8, 128, opts.length
 q = torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda")
 k = torch.randn(B, HKV, L, D, dtype=torch.bfloat16, device="cuda")
 v = torch.randn(B, HKV, L, D, dtype=torch.bfloat16, device="cuda")
@@ -97,7 +100,62 @@ rows["KVCache.attend"] = host_us(lambda: cache.attend(q1), n)
 rows["KVCache.append + attend"] = host_us(lambda: (cache.append(k1, k1), cache.attend(q1)), n)
 rows["KVCache.attend(q, k=, v=)"] = host_us(lambda: cache.attend(q1, k=k1, v=k1), n)
 
+tq = pyfa.TurboQuantKVCache(HKV, D, L, k_bits=4, v_bits=4, sliding_window=L, device=dev)
+tq.append(rows_kv, rows_kv)
+tq.attend(q1)
+rows["TurboQuantKVCache.append (1 token)"] = host_us(lambda: tq.append(k1, k1), n)
+rows["TurboQuantKVCache.attend"] = host_us(lambda: tq.attend(q1), n)
+rows["TurboQuantKVCache.append + attend"] = host_us(lambda: (tq.append(k1, k1), tq.attend(q1)), n)
+rows["TurboQuantKVCache.attend(q, k=, v=)"] = host_us(lambda: tq.attend(q1, k=k1, v=k1), n)
+
+
+
+def loop_us(fn, n=50, rounds=20):
+    """As benchmarks/test_serving_loop.py times a cache step: the median over rounds of n calls
+    and one synchronize, per call; with pyfa's counters per call over all rounds."""
+    fn()
+    torch.cuda.synchronize()
+    before, times = pyfa.counters(), []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) / n * 1e6)
+    after = pyfa.counters()
+    per = {k: (after[k] - before[k]) / (n * rounds) for k in after if after[k] != before[k]}
+    return sorted(times)[rounds // 2], per
+
+
+steps = {"KVCache.append + attend": lambda: (cache.append(k1, k1), cache.attend(q1)),
+         "KVCache.attend(q, k=, v=)": lambda: cache.attend(q1, k=k1, v=k1),
+         "TurboQuantKVCache.append + attend": lambda: (tq.append(k1, k1), tq.attend(q1)),
+         "TurboQuantKVCache.attend(q, k=, v=)": lambda: tq.attend(q1, k=k1, v=k1)}
+looped = {name: loop_us(fn) for name, fn in steps.items()}
+
 print(f"{torch.cuda.get_device_name()}; B {B}, {H}/{HKV} heads, D {D}, {L} positions, bf16; "
       f"{launches:.2f} launches per decode call; host µs per call, {n} calls")
 for name, us in rows.items():
     print(f"  {name:45s} {us:8.2f}")
+print("cache steps as the serving benchmark times them (50 steps, then a synchronize; median of 20), "
+      "with pyfa's counters per step:")
+for name, (us, per) in looped.items():
+    print(f"  {name:45s} {us:8.2f}  {per}")
+
+if opts.cprofile:
+    import cProfile
+    import pstats
+
+    forms = {"KVCache fused": lambda: cache.attend(q1, k=k1, v=k1),
+             "TurboQuantKVCache append": lambda: tq.append(k1, k1),
+             "TurboQuantKVCache attend": lambda: tq.attend(q1),
+             "TurboQuantKVCache fused": lambda: tq.attend(q1, k=k1, v=k1)}
+    for name, fn in forms.items():
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(opts.cprofile):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"--- {name}: cProfile over {opts.cprofile} steps (tottime)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)

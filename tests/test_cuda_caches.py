@@ -325,6 +325,30 @@ def test_a_dense_cache_step_is_two_launches(rng):
 
 
 @gpu
+@pytest.mark.parametrize("bits, launches", [((4, 4), 1), ((4, 3), 3)])
+def test_a_turboquant_cache_append_launches(rng, bits, launches):
+    """On CUDA a TurboQuant cache's append of one bit width is one launch (K, V and the length's
+    advance, the last workgroup storing it); of two widths, three (the advance, K's encoder,
+    V's). Appends past the ring's capacity, then an attend that sees the last 64 rows."""
+    torch = _torch()
+    dev = pyfa.Device("cuda")
+    c, twin = (pyfa.TurboQuantKVCache(2, 128, 64, k_bits=bits[0], v_bits=bits[1], sliding_window=64, device=d)
+               for d in (dev, pyfa.Device("cpu")))
+    k = rng.standard_normal((100, 2, 128)).astype(np.float32)
+    v = rng.standard_normal((100, 2, 128)).astype(np.float32)
+    c.append(_cuda(torch, k[:50]), _cuda(torch, v[:50]))
+    before = pyfa.counters()["kernel_launches"]
+    for t in range(50, 100):
+        c.append(_cuda(torch, k[t:t + 1]), _cuda(torch, v[t:t + 1]))
+    torch.cuda.synchronize()
+    assert (pyfa.counters()["kernel_launches"] - before) == 50 * launches
+    twin.append(k, v)
+    assert len(c) == len(twin) == 64
+    for a, b in zip(c.dequantize(), twin.dequantize()):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@gpu
 @pytest.mark.parametrize("case", [  # H, Hkv, D, k_bits, v_bits, capacity, appended, window, softcap, nwg, out dtype, lse
     (16, 8, 128, 4, 4, 4096, 4000, None, 0.0, 7, np.float16, True),
     (8, 2, 64, 4, 4, 1000, 1500, 600, 5.0, 5, np.float32, False),     # ring wrapped, window, softcap

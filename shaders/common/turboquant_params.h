@@ -105,6 +105,12 @@
  * (pyfa_params.h): write_pos, or a cache's device state; outside
  * 0..kv_capacity-1 nothing is written.
  * Grid: (num_tokens, num_kv_heads, 1); one workgroup encodes one row.
+ * Backends whose plan says so (BackendPlan.appendsInOneDispatch) also take
+ * K and V in one dispatch, as kv_append does: grid z = 2, workgroups of
+ * z = 1 encoding src_v into codes_v / scales_v with the V sign stream (same
+ * bits, src dtype and positions; `stream` then names K's); and, given
+ * tickets, the dispatch advances the state at POSITION itself (kv_advance's
+ * rule, params at ADVANCE; tickets u32 [1], zero before and after).
  * ------------------------------------------------------------------------- */
 typedef struct pyfa_tq_quantize_params {
     uint32_t num_tokens;      /**< rows per KV head, 1..kv_capacity */
@@ -127,6 +133,11 @@ typedef struct pyfa_tq_quantize_params {
 #define PYFA_TQ_QUANT_ARG_SCALES 3
 #define PYFA_TQ_QUANT_ARG_CODEBOOK 4
 #define PYFA_TQ_QUANT_ARG_POSITION 5 /**< int32 [1]: the slot of token 0 (launch bytes or memory) */
+#define PYFA_TQ_QUANT_ARG_SRC_V 6    /**< one dispatch for K and V (grid z = 2): V's rows */
+#define PYFA_TQ_QUANT_ARG_CODES_V 7  /**< one dispatch for K and V: V's codes */
+#define PYFA_TQ_QUANT_ARG_SCALES_V 8 /**< one dispatch for K and V: V's scales */
+#define PYFA_TQ_QUANT_ARG_ADVANCE 9  /**< with TICKETS: pyfa_kv_advance_params of the state at POSITION */
+#define PYFA_TQ_QUANT_ARG_TICKETS 10 /**< u32 [1]: the dispatch advances the state itself */
 
 #define PYFA_TQ_QUANT_FC_SRC_DTYPE 0 /**< dtype code of src */
 #define PYFA_TQ_QUANT_FC_BITS 1      /**< == params.bits */

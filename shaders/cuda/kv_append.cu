@@ -42,15 +42,12 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
     constexpr int SSZ = SDT == PYFA_DTYPE_F32 ? 4 : 2, CSZ = CDT == PYFA_DTYPE_F32 ? 4 : 2;
     const uint32_t token = blockIdx.x, head = blockIdx.y, D = p.head_dim, cap = p.kv_capacity;
     const bool is_v = blockIdx.z != 0; /* one dispatch for K and V: z = 1 writes V */
-    /* With tickets the dispatch advances the state itself: each workgroup reads the state before
-     * taking its ticket, and only the last to take one stores the advanced state. */
+    /* With tickets the dispatch advances the state itself (pyfa_read_advanced). */
     const bool advances = a.arg[PYFA_KV_APPEND_ARG_TICKETS] != 0;
     pyfa_kv_state next;
     int32_t position;
     if (advances) {
-        const int32_t *s = pyfa_ptr<const int32_t>(a, PYFA_KV_APPEND_ARG_POSITION); /* 4-byte aligned */
-        next = pyfa_kv_advanced(pyfa_kv_state{__ldcg(s), __ldcg(s + 1), __ldcg(s + 2), __ldcg(s + 3)},
-                                pyfa_param<pyfa_kv_advance_params>(a, PYFA_KV_APPEND_ARG_ADVANCE));
+        next = pyfa_read_advanced(a, PYFA_KV_APPEND_ARG_POSITION, PYFA_KV_APPEND_ARG_ADVANCE);
         position = next.write_pos;
     } else {
         position = pyfa_values<int32_t>(a, PYFA_KV_APPEND_ARG_POSITION)[0];
@@ -65,17 +62,7 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
                     (((size_t)p.sequence * p.num_kv_heads + head) * cap + slot) * D * CSZ;
         kv_copy_row<SDT, CDT>(dst, src, D);
     }
-    if (advances) {
-        __syncthreads(); /* every thread of the workgroup has read the state */
-        if (threadIdx.x == 0) {
-            const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
-            uint32_t *ticket = pyfa_ptr<uint32_t>(a, PYFA_KV_APPEND_ARG_TICKETS);
-            if (atomicAdd(ticket, 1u) == blocks - 1) {
-                *pyfa_ptr<pyfa_kv_state>(a, PYFA_KV_APPEND_ARG_POSITION) = next;
-                atomicSub(ticket, blocks); /* taken back for the next dispatch */
-            }
-        }
-    }
+    if (advances) pyfa_store_advanced_last(a, PYFA_KV_APPEND_ARG_POSITION, PYFA_KV_APPEND_ARG_TICKETS, next);
 }
 
 /* kv_append_paged (contract: paged_kv_params.h): one block writes one pool

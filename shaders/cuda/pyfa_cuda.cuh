@@ -58,6 +58,32 @@ __device__ __forceinline__ T *pyfa_ptr(const pyfa_cuda_args &a, int slot) {
     return reinterpret_cast<T *>(a.arg[slot]);
 }
 
+/* Appends that advance a cache's device state themselves (kv_append and
+ * hadamard_quantize_kv given tickets): every workgroup reads the state at
+ * `state_slot` and advances it as kv_advance would (params at
+ * `advance_slot`), so all write at the advanced write_pos; then, once every
+ * thread of the workgroup has read it, pyfa_store_advanced_last has the
+ * last workgroup of the grid to take a ticket store the advanced state. */
+__device__ __forceinline__ pyfa_kv_state pyfa_read_advanced(const pyfa_cuda_args &a, int state_slot,
+                                                           int advance_slot) {
+    const int32_t *s = pyfa_ptr<const int32_t>(a, state_slot); /* 4-byte aligned */
+    return pyfa_kv_advanced(pyfa_kv_state{__ldcg(s), __ldcg(s + 1), __ldcg(s + 2), __ldcg(s + 3)},
+                            pyfa_param<pyfa_kv_advance_params>(a, advance_slot));
+}
+
+__device__ __forceinline__ void pyfa_store_advanced_last(const pyfa_cuda_args &a, int state_slot, int tickets_slot,
+                                                         const pyfa_kv_state &next) {
+    __syncthreads(); /* every thread of the workgroup has read the state */
+    if (threadIdx.x == 0) {
+        const uint32_t blocks = gridDim.x * gridDim.y * gridDim.z;
+        uint32_t *ticket = pyfa_ptr<uint32_t>(a, tickets_slot);
+        if (atomicAdd(ticket, 1u) == blocks - 1) {
+            *pyfa_ptr<pyfa_kv_state>(a, state_slot) = next;
+            atomicSub(ticket, blocks); /* taken back for the next dispatch */
+        }
+    }
+}
+
 __device__ __forceinline__ float pyfa_f16_to_f32(uint32_t bits16) {
     float f;
     unsigned short h = (unsigned short)bits16;

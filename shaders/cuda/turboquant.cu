@@ -321,7 +321,9 @@ __device__ PYFA_TQ_ENCODE_INLINE void tq_encode_row(const float *cb, uint64_t se
 }
 
 /* Token blockIdx.x of KV head blockIdx.y (one warp): the row widened to f32
- * (exact), then encoded. */
+ * (exact), then encoded. One dispatch for K and V: z = 1 encodes V's row with
+ * the V sign stream; with tickets the dispatch advances the state itself
+ * (pyfa_read_advanced), a dropped append's workgroups taking theirs too. */
 template <int SDT, int BITS, int D>
 __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
     static_assert(pyfa_is_float_dtype(SDT) && pyfa_is_tq_bits(BITS) && pyfa_is_tq_head_dim(D),
@@ -329,18 +331,31 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
     const pyfa_tq_quantize_params &p = pyfa_param<pyfa_tq_quantize_params>(a, PYFA_TQ_QUANT_ARG_PARAMS);
     __shared__ float s_x[D];
     constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
-    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_QUANT_ARG_SRC) +
-                      ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
-    const int32_t position = pyfa_values<int32_t>(a, PYFA_TQ_QUANT_ARG_POSITION)[0];
-    if (position < 0 || (uint32_t)position >= p.kv_capacity) return; /* a dropped append (kv_advance) */
-    for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
-    uint32_t slot = (uint32_t)position + blockIdx.x;
-    if (slot >= p.kv_capacity) slot -= p.kv_capacity;
-    const size_t r = ((size_t)p.sequence * p.num_kv_heads + blockIdx.y) * p.kv_capacity + slot;
-    uint8_t *codes = pyfa_ptr<uint8_t>(a, PYFA_TQ_QUANT_ARG_CODES) + r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
-    /* its first barrier publishes s_x */
-    tq_encode_row<BITS, D>(&pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK), tq::seed64(p.seed_lo, p.seed_hi),
-                           p.stream, p.norm_correction, s_x, codes, pyfa_ptr<float>(a, PYFA_TQ_QUANT_ARG_SCALES) + r);
+    const bool is_v = blockIdx.z != 0;
+    const bool advances = a.arg[PYFA_TQ_QUANT_ARG_TICKETS] != 0;
+    pyfa_kv_state next;
+    int32_t position;
+    if (advances) {
+        next = pyfa_read_advanced(a, PYFA_TQ_QUANT_ARG_POSITION, PYFA_TQ_QUANT_ARG_ADVANCE);
+        position = next.write_pos;
+    } else {
+        position = pyfa_values<int32_t>(a, PYFA_TQ_QUANT_ARG_POSITION)[0];
+    }
+    if (position >= 0 && (uint32_t)position < p.kv_capacity) { /* else a dropped append (kv_advance) */
+        const char *src = pyfa_ptr<const char>(a, is_v ? PYFA_TQ_QUANT_ARG_SRC_V : PYFA_TQ_QUANT_ARG_SRC) +
+                          ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) s_x[i] = pyfa_load_f32<SDT>(src, i);
+        uint32_t slot = (uint32_t)position + blockIdx.x;
+        if (slot >= p.kv_capacity) slot -= p.kv_capacity;
+        const size_t r = ((size_t)p.sequence * p.num_kv_heads + blockIdx.y) * p.kv_capacity + slot;
+        uint8_t *codes = pyfa_ptr<uint8_t>(a, is_v ? PYFA_TQ_QUANT_ARG_CODES_V : PYFA_TQ_QUANT_ARG_CODES) +
+                         r * (size_t)PYFA_TQ_ROW_BYTES(D, BITS);
+        float *scale = pyfa_ptr<float>(a, is_v ? PYFA_TQ_QUANT_ARG_SCALES_V : PYFA_TQ_QUANT_ARG_SCALES) + r;
+        /* its first barrier publishes s_x */
+        tq_encode_row<BITS, D>(&pyfa_param<float>(a, PYFA_TQ_QUANT_ARG_CODEBOOK), tq::seed64(p.seed_lo, p.seed_hi),
+                               is_v ? PYFA_TQ_STREAM_V : p.stream, p.norm_correction, s_x, codes, scale);
+    }
+    if (advances) pyfa_store_advanced_last(a, PYFA_TQ_QUANT_ARG_POSITION, PYFA_TQ_QUANT_ARG_TICKETS, next);
 }
 
 /* tq_quantize_paged (contract: paged_kv_params.h): one warp encodes token

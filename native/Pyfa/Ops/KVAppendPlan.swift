@@ -27,9 +27,9 @@ public final class KVAppendPlan: OpPlan {
         _ = try checkedProduct([Int(desc.num_kv_heads), Int(desc.kv_capacity), Int(max(desc.head_dim, 1)), 4],
                                what: "cache")
         self.desc = desc
-        // Dense appends of one row dtype run as one dispatch where the backend can (the state's
-        // advance included: the plan's ticket tells the last workgroup).
-        oneDispatch = desc.k_bits == 0 && desc.k_dtype == desc.v_dtype && device.backend.plan.appendsInOneDispatch
+        // Appends of one row dtype (and, for TurboQuant, one bit width) run as one dispatch where
+        // the backend can (the state's advance included: the plan's ticket tells the last workgroup).
+        oneDispatch = desc.k_bits == desc.v_bits && desc.k_dtype == desc.v_dtype && device.backend.plan.appendsInOneDispatch
         try super.init(device: device, workspaceBytes: 0, tickets: oneDispatch ? 1 : 0)
         // Compiled now, so a run with a state cannot fail on first use after recording its advance
         // (one-dispatch appends advance the state in kv_append itself).
@@ -106,15 +106,25 @@ public final class KVAppendPlan: OpPlan {
             try KVAppendPlan.separate(kCodes, vCodes, "k_cache", "v_cache")
             try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
             try stateApart([(kCodes, "k_cache"), (vCodes, "v_cache"), (ks, "k_scales"), (vs, "v_scales")])
-            if let st { try advance(encoder, numTokens, ring, st) }
-            for (stream, src, bits, codes, scales) in [(UInt32(PYFA_TQ_STREAM_K), sk, desc.k_bits, kCodes, ks),
-                                                      (UInt32(PYFA_TQ_STREAM_V), sv, desc.v_bits, vCodes, vs)] {
-                let p = pyfa_tq_quantize_params(num_tokens: written, num_kv_heads: desc.num_kv_heads,
-                                                head_dim: desc.head_dim, kv_capacity: desc.kv_capacity,
-                                                write_pos: writePos, bits: bits, stream: stream,
-                                                norm_correction: desc.norm_correction, seed_lo: desc.seed_lo,
-                                                seed_hi: desc.seed_hi, sequence: 0, reserved: 0)
-                try TurboQuant.encodeQuantize(encoder, p, src: src, codes: codes, scales: scales, position: st)
+            func params(_ stream: Int32, _ bits: UInt32) -> pyfa_tq_quantize_params {
+                pyfa_tq_quantize_params(num_tokens: written, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,
+                                        kv_capacity: desc.kv_capacity, write_pos: writePos, bits: bits,
+                                        stream: UInt32(stream), norm_correction: desc.norm_correction,
+                                        seed_lo: desc.seed_lo, seed_hi: desc.seed_hi, sequence: 0, reserved: 0)
+            }
+            if oneDispatch {
+                if st != nil { noteCapture(encoder) }  // a graph replaying this run writes the tickets
+                try TurboQuant.encodeQuantize(encoder, params(PYFA_TQ_STREAM_K, desc.k_bits), src: sk, codes: kCodes,
+                                              scales: ks, position: st, v: (sv, vCodes, vs),
+                                              advance: st.map { _ in advanceParams(numTokens, ring) },
+                                              tickets: st == nil ? nil : tickets)
+            } else {
+                if let st { try advance(encoder, numTokens, ring, st) }
+                for (stream, src, bits, codes, scales) in [(PYFA_TQ_STREAM_K, sk, desc.k_bits, kCodes, ks),
+                                                          (PYFA_TQ_STREAM_V, sv, desc.v_bits, vCodes, vs)] {
+                    try TurboQuant.encodeQuantize(encoder, params(stream, bits), src: src, codes: codes, scales: scales,
+                                                  position: st)
+                }
             }
         } else {
             try require(kScales.isAbsent && vScales.isAbsent, "k_scales: dense caches take no scales (pass address 0)")

@@ -69,8 +69,14 @@ public enum TurboQuant {
     }
 
     /// `position`: as KVAppend.encode's (nil: p.write_pos; else a cache's device state).
+    /// `position` as KVAppend.encode's. On backends that append in one dispatch
+    /// (BackendPlan.appendsInOneDispatch): `v` (V's rows, codes and scales; same src dtype and
+    /// bits) joins the dispatch with the V sign stream, and with `advance` and `tickets` the
+    /// dispatch advances the state at `position` itself, as KVAppend.encode's does.
     public static func encodeQuantize(_ encoder: CommandEncoder, _ p: pyfa_tq_quantize_params,
-                                      src: Buffer?, codes: Buffer?, scales: Buffer?, position: Buffer? = nil) throws {
+                                      src: Buffer?, codes: Buffer?, scales: Buffer?, position: Buffer? = nil,
+                                      v: (src: Buffer, codes: Buffer, scales: Buffer)? = nil,
+                                      advance: pyfa_kv_advance_params? = nil, tickets: Buffer? = nil) throws {
         try checkRowShape(heads: p.num_kv_heads, headDim: p.head_dim, bits: p.bits, stream: p.stream,
                           capacity: p.kv_capacity)
         try require(p.kv_capacity <= UInt32(Int32.max),
@@ -84,18 +90,47 @@ public enum TurboQuant {
         let (c, s) = try checkCache(codes, scales, "", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
                                     capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
         try Check.sameDevice([src, c, s], encoder.device)
-        let pipeline = try encoder.device.registry.pipeline("hadamard_quantize_kv",
-                                                            constants: quantizeConstants(src: src.dtype, bits: p.bits, headDim: p.head_dim))
-        let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
-        encoder.setOpKind(.quantize)
-        try encoder.dispatch(pipeline, args: [
+        var args: [SlotArg] = [
             .at(PYFA_TQ_QUANT_ARG_PARAMS, .value(p)),
             .at(PYFA_TQ_QUANT_ARG_SRC, .buffer(src)),
             .at(PYFA_TQ_QUANT_ARG_CODES, .buffer(c)),
             .at(PYFA_TQ_QUANT_ARG_SCALES, .buffer(s)),
             .at(PYFA_TQ_QUANT_ARG_CODEBOOK, try codebookArg(p.bits)),
             .at(PYFA_TQ_QUANT_ARG_POSITION, KVAppend.positionArg(position, p.write_pos)),
-        ], grid: (p.num_tokens, p.num_kv_heads, 1), threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
+        ]
+        if v != nil || advance != nil || tickets != nil {
+            try require(encoder.device.backend.plan.appendsInOneDispatch,
+                        "v: this backend encodes K and V in dispatches of their own")
+        }
+        if let v {
+            try require(p.stream == UInt32(PYFA_TQ_STREAM_K), "stream: \(p.stream) must be K's (\(PYFA_TQ_STREAM_K)) when V joins the dispatch")
+            let vs = try Check.buffer(v.src, "src_v", dtypes: [src.dtype], elements: srcElements, rows: true)
+            let (vc, vsc) = try checkCache(v.codes, v.scales, "v_", sequences: Int(p.sequence) + 1, heads: p.num_kv_heads,
+                                           capacity: p.kv_capacity, headDim: p.head_dim, bits: p.bits)
+            try Check.sameDevice([vs, vc, vsc], encoder.device)
+            for (b, name) in [(vc, "v_codes"), (vsc, "v_scales")] {
+                try Check.noOverlap(b, name, inputs: [("src", src), ("src_v", vs), ("codes", c), ("scales", s)])
+            }
+            try Check.noOverlap(vc, "v_codes", inputs: [("v_scales", vsc)])
+            args += [.at(PYFA_TQ_QUANT_ARG_SRC_V, .buffer(vs)), .at(PYFA_TQ_QUANT_ARG_CODES_V, .buffer(vc)),
+                     .at(PYFA_TQ_QUANT_ARG_SCALES_V, .buffer(vsc))]
+        }
+        if advance != nil || tickets != nil {
+            guard let advance, let tickets, let position else {
+                throw PyfaError.invalid("advance: needs tickets and a state as the position (all three or none)")
+            }
+            try require(advance.kv_capacity == p.kv_capacity && advance.ring <= 1 && advance.num_tokens >= p.num_tokens,
+                        "advance: must describe this append's cache (kv_capacity, ring 0 or 1, num_tokens)")
+            let t = try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: 1)
+            _ = try Check.buffer(position, "state", dtypes: [.i32], elements: 4)
+            args += [.at(PYFA_TQ_QUANT_ARG_ADVANCE, .value(advance)), .at(PYFA_TQ_QUANT_ARG_TICKETS, .buffer(t))]
+        }
+        let pipeline = try encoder.device.registry.pipeline("hadamard_quantize_kv",
+                                                            constants: quantizeConstants(src: src.dtype, bits: p.bits, headDim: p.head_dim))
+        let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
+        encoder.setOpKind(.quantize)
+        try encoder.dispatch(pipeline, args: args, grid: (p.num_tokens, p.num_kv_heads, v == nil ? 1 : 2),
+                             threads: (g.threads, 1, 1), threadgroupMemory: g.threadgroupMemory)
     }
 
     public static func encodeDequantize(_ encoder: CommandEncoder, _ p: pyfa_tq_dequantize_params,
