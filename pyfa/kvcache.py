@@ -11,7 +11,8 @@ With ``sliding_window`` (``capacity >= sliding_window``) it is a ring buffer:
 token ``t`` (counting every token ever appended) lives in slot
 ``t % capacity``, and attention sees the last ``sliding_window`` tokens.
 
-An append encodes K and V on the device, one dispatch each. Where rows come
+An append encodes K and V on the device: one dispatch each, or on CUDA one for
+both (a TurboQuant cache's when K and V have one bit width). Where rows come
 from:
 
 - host arrays (numpy, torch CPU tensors): read in place on host-visible

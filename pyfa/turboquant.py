@@ -317,8 +317,8 @@ class TurboQuantKVCache(_RingCache):
                 ("k_scales", self._scales[STREAM_K]), ("v_scales", self._scales[STREAM_V]))
 
     def append(self, k, v) -> None:
-        """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` in one dispatch
-        each: host arrays (numpy or torch CPU tensors, float16/bfloat16/float32/float64) or, on a
+        """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` (one dispatch
+        each, or on CUDA one for both when ``k_bits == v_bits``): host arrays (numpy or torch CPU tensors, float16/bfloat16/float32/float64) or, on a
         cuda device, CUDA arrays (float16/bfloat16/float32, read in place, encoded on the caller's
         stream without waiting). Raises PyfaError, changing nothing, on bad input or (without a
         window) overflow."""

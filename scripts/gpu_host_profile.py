@@ -109,7 +109,6 @@ rows["TurboQuantKVCache.append + attend"] = host_us(lambda: (tq.append(k1, k1), 
 rows["TurboQuantKVCache.attend(q, k=, v=)"] = host_us(lambda: tq.attend(q1, k=k1, v=k1), n)
 
 
-
 def loop_us(fn, n=50, rounds=20):
     """As benchmarks/test_serving_loop.py times a cache step: the median over rounds of n calls
     and one synchronize, per call; with pyfa's counters per call over all rounds."""

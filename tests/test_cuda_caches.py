@@ -329,19 +329,22 @@ def test_a_dense_cache_step_is_two_launches(rng):
 def test_a_turboquant_cache_append_launches(rng, bits, launches):
     """On CUDA a TurboQuant cache's append of one bit width is one launch (K, V and the length's
     advance, the last workgroup storing it); of two widths, three (the advance, K's encoder,
-    V's). Appends past the ring's capacity, then an attend that sees the last 64 rows."""
+    V's). One-token appends wrap the ring, then a bf16 append longer than the ring keeps its
+    last 64 rows; they decode to the bits of a CPU cache given the same rows at once."""
     torch = _torch()
     dev = pyfa.Device("cuda")
     c, twin = (pyfa.TurboQuantKVCache(2, 128, 64, k_bits=bits[0], v_bits=bits[1], sliding_window=64, device=d)
                for d in (dev, pyfa.Device("cpu")))
-    k = rng.standard_normal((100, 2, 128)).astype(np.float32)
-    v = rng.standard_normal((100, 2, 128)).astype(np.float32)
+    # Values bf16 holds exactly, so the bf16 rows and the f32 ones encode alike.
+    k = rng.standard_normal((170, 2, 128)).astype(pyfa.bfloat16).astype(np.float32)
+    v = rng.standard_normal((170, 2, 128)).astype(pyfa.bfloat16).astype(np.float32)
     c.append(_cuda(torch, k[:50]), _cuda(torch, v[:50]))
     before = pyfa.counters()["kernel_launches"]
     for t in range(50, 100):
         c.append(_cuda(torch, k[t:t + 1]), _cuda(torch, v[t:t + 1]))
     torch.cuda.synchronize()
     assert (pyfa.counters()["kernel_launches"] - before) == 50 * launches
+    c.append(_cuda(torch, k[100:]).to(torch.bfloat16), _cuda(torch, v[100:]).to(torch.bfloat16))
     twin.append(k, v)
     assert len(c) == len(twin) == 64
     for a, b in zip(c.dequantize(), twin.dequantize()):

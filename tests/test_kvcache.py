@@ -482,7 +482,8 @@ def test_append_run_rules(cpu):
 
 
 def test_append_run_rules_turboquant(cpu):
-    """A TurboQuant plan's run: codes and scales of each stream, each sized for its bit width."""
+    """A TurboQuant plan's run: codes and scales of each stream, each sized for its bit width, apart
+    from each other and from the rows (one dispatch may encode K and V at once)."""
     from pyfa._native import ffi, lib
     status, plan = _append_plan(cpu, k_bits=4, v_bits=2, cache_dtype=lib.PYFA_DTYPE_U8, head_dim=64, seed_lo=5)
     assert status == lib.PYFA_OK, plan
@@ -502,9 +503,18 @@ def test_append_run_rules_turboquant(cpu):
         status = lib.pyfa_kv_append_run(plan, cpu.encoder(), args)
         return status, ffi.string(lib.pyfa_last_error()).decode() if status else ""
 
+    rows = np.zeros((2, 2, 64), np.float32)  # memory for k or v, whose start other fields alias
+    raw = rows.reshape(-1).view(np.uint8)
+    vrows = np.zeros((2, 2, 64), np.float16)
     for change, match in [({"k_scales": None}, "k_scales: address is 0"),
                           ({"v_cache": np.zeros((2, 8, 15), np.uint8)}, "v_cache: 240 bytes cannot hold 256 u8 values"),
-                          ({"v_scales": np.zeros(15, np.float32)}, "v_scales: 60 bytes cannot hold 16 f32 values")]:
+                          ({"v_scales": np.zeros(15, np.float32)}, "v_scales: 60 bytes cannot hold 16 f32 values"),
+                          ({"v_scales": mem["k_cache"].reshape(-1)[:64].view(np.float32)},
+                           "k_cache: overlaps v_scales in memory (codes and scales are stored apart)"),
+                          ({"k": rows, "k_cache": raw[:512].reshape(2, 8, 32)}, "k_cache: overlaps k in memory"),
+                          ({"k": rows, "v_scales": rows.reshape(-1)[:16]}, "v_scales: overlaps k in memory"),
+                          ({"v": vrows, "v_cache": vrows.reshape(-1).view(np.uint8)[:256].reshape(2, 8, 16)},
+                           "v_cache: overlaps v in memory")]:
         status, msg = run(**change)
         assert status == lib.PYFA_ERR_INVALID_ARGUMENT and match in msg, (match, msg)
     assert not any(a.any() for a in mem.values())

@@ -63,7 +63,9 @@ __device__ __forceinline__ T *pyfa_ptr(const pyfa_cuda_args &a, int slot) {
  * `state_slot` and advances it as kv_advance would (params at
  * `advance_slot`), so all write at the advanced write_pos; then, once every
  * thread of the workgroup has read it, pyfa_store_advanced_last has the
- * last workgroup of the grid to take a ticket store the advanced state. */
+ * last workgroup of the grid to take a ticket store the advanced state.
+ * Every thread of every workgroup calls it (it holds a barrier), a dropped
+ * append's too, so the tickets return to zero. */
 __device__ __forceinline__ pyfa_kv_state pyfa_read_advanced(const pyfa_cuda_args &a, int state_slot,
                                                            int advance_slot) {
     const int32_t *s = pyfa_ptr<const int32_t>(a, state_slot); /* 4-byte aligned */

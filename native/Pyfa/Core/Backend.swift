@@ -103,8 +103,9 @@ public protocol BackendPlan {
     /// row merge the row (flash_attn_vec's DIRECT_OUT 2: one dispatch instead of the decode
     /// and its reduce).
     func lastWorkgroupMerges(nwg: UInt32) -> Bool
-    /// Whether kv_append takes K and V in one dispatch (grid z = 2), advancing a cache's
-    /// state itself when given tickets (pyfa_params.h, kv_append).
+    /// Whether kv_append and hadamard_quantize_kv take K and V in one dispatch (grid z = 2),
+    /// advancing a cache's state itself when given tickets (pyfa_params.h, kv_append;
+    /// turboquant_params.h, hadamard_quantize_kv).
     var appendsInOneDispatch: Bool { get }
 }
 

@@ -2,7 +2,8 @@ import CPyfa
 import PyfaShaderCommon
 
 /// Dense KV-cache append: num_tokens rows per KV head written (and converted
-/// to the cache's dtype) into ring slots of a cache, one dispatch per K or V.
+/// to the cache's dtype) into ring slots of a cache: one dispatch per K or V, or one
+/// for both where the backend's plan says so (appendsInOneDispatch).
 /// Contract: pyfa_params.h, `pyfa_kv_append_params`.
 public enum KVAppend {
     static let kernel = "kv_append"

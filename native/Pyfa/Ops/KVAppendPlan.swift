@@ -32,7 +32,7 @@ public final class KVAppendPlan: OpPlan {
         oneDispatch = desc.k_bits == desc.v_bits && desc.k_dtype == desc.v_dtype && device.backend.plan.appendsInOneDispatch
         try super.init(device: device, workspaceBytes: 0, tickets: oneDispatch ? 1 : 0)
         // Compiled now, so a run with a state cannot fail on first use after recording its advance
-        // (one-dispatch appends advance the state in kv_append itself).
+        // (one-dispatch appends advance the state in kv_append or hadamard_quantize_kv itself).
         if !oneDispatch { _ = try device.registry.pipeline(KVAdvance.kernel, constants: KVAdvance.constants()) }
         if desc.k_bits != 0 {
             try TurboQuant.checkCodecOptions(headDim: desc.head_dim, kBits: desc.k_bits, vBits: desc.v_bits,
@@ -105,6 +105,16 @@ public final class KVAppendPlan: OpPlan {
             let vs = try bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true)
             try KVAppendPlan.separate(kCodes, vCodes, "k_cache", "v_cache")
             try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
+            for (codes, codesName) in [(kCodes, "k_cache"), (vCodes, "v_cache")] {
+                for (scales, scalesName) in [(ks, "k_scales"), (vs, "v_scales")] {
+                    try require(!codes.addressRange.overlaps(scales.addressRange),
+                                "\(codesName): overlaps \(scalesName) in memory (codes and scales are stored apart)")
+                }
+            }
+            // No output aliases rows an encoder reads: one dispatch may encode K and V at once.
+            for (out, name) in [(kCodes, "k_cache"), (vCodes, "v_cache"), (ks, "k_scales"), (vs, "v_scales")] {
+                try Check.noOverlap(out, name, inputs: [("k", sk), ("v", sv)])
+            }
             try stateApart([(kCodes, "k_cache"), (vCodes, "v_cache"), (ks, "k_scales"), (vs, "v_scales")])
             func params(_ stream: Int32, _ bits: UInt32) -> pyfa_tq_quantize_params {
                 pyfa_tq_quantize_params(num_tokens: written, num_kv_heads: desc.num_kv_heads, head_dim: desc.head_dim,

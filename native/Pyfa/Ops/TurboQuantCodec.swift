@@ -69,7 +69,7 @@ public enum TurboQuant {
     }
 
     /// `position`: as KVAppend.encode's (nil: p.write_pos; else a cache's device state).
-    /// `position` as KVAppend.encode's. On backends that append in one dispatch
+    /// On backends that append in one dispatch
     /// (BackendPlan.appendsInOneDispatch): `v` (V's rows, codes and scales; same src dtype and
     /// bits) joins the dispatch with the V sign stream, and with `advance` and `tickets` the
     /// dispatch advances the state at `position` itself, as KVAppend.encode's does.
@@ -112,6 +112,8 @@ public enum TurboQuant {
                 try Check.noOverlap(b, name, inputs: [("src", src), ("src_v", vs), ("codes", c), ("scales", s)])
             }
             try Check.noOverlap(vc, "v_codes", inputs: [("v_scales", vsc)])
+            try Check.noOverlap(c, "codes", inputs: [("src_v", vs)])  // K's blocks write while V's read
+            try Check.noOverlap(s, "scales", inputs: [("src_v", vs)])
             args += [.at(PYFA_TQ_QUANT_ARG_SRC_V, .buffer(vs)), .at(PYFA_TQ_QUANT_ARG_CODES_V, .buffer(vc)),
                      .at(PYFA_TQ_QUANT_ARG_SCALES_V, .buffer(vsc))]
         }
