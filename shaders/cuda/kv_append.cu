@@ -45,13 +45,8 @@ __device__ void kv_append_body(const pyfa_cuda_args &a) {
     /* With tickets the dispatch advances the state itself (pyfa_read_advanced). */
     const bool advances = a.arg[PYFA_KV_APPEND_ARG_TICKETS] != 0;
     pyfa_kv_state next;
-    int32_t position;
-    if (advances) {
-        next = pyfa_read_advanced(a, PYFA_KV_APPEND_ARG_POSITION, PYFA_KV_APPEND_ARG_ADVANCE);
-        position = next.write_pos;
-    } else {
-        position = pyfa_values<int32_t>(a, PYFA_KV_APPEND_ARG_POSITION)[0];
-    }
+    const int32_t position =
+        pyfa_append_position(a, PYFA_KV_APPEND_ARG_POSITION, PYFA_KV_APPEND_ARG_ADVANCE, advances, next);
     if (position >= 0 && (uint32_t)position < cap) { /* else a dropped append (kv_advance) */
         /* (position + token) mod cap without forming a sum that may pass 2^32. */
         const uint32_t pos = (uint32_t)position;

@@ -73,6 +73,18 @@ __device__ __forceinline__ pyfa_kv_state pyfa_read_advanced(const pyfa_cuda_args
                             pyfa_param<pyfa_kv_advance_params>(a, advance_slot));
 }
 
+/* The slot of an append's first row: with `advances` (tickets given) the
+ * advanced state's write_pos, `next` taking the advanced state; else the
+ * value at `position_slot` (launch bytes or a state's write_pos). */
+__device__ __forceinline__ int32_t pyfa_append_position(const pyfa_cuda_args &a, int position_slot, int advance_slot,
+                                                       bool advances, pyfa_kv_state &next) {
+    if (advances) {
+        next = pyfa_read_advanced(a, position_slot, advance_slot);
+        return next.write_pos;
+    }
+    return pyfa_values<int32_t>(a, position_slot)[0];
+}
+
 __device__ __forceinline__ void pyfa_store_advanced_last(const pyfa_cuda_args &a, int state_slot, int tickets_slot,
                                                          const pyfa_kv_state &next) {
     __syncthreads(); /* every thread of the workgroup has read the state */

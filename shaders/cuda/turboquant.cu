@@ -334,13 +334,8 @@ __device__ void hadamard_quantize_kv_body(const pyfa_cuda_args &a) {
     const bool is_v = blockIdx.z != 0;
     const bool advances = a.arg[PYFA_TQ_QUANT_ARG_TICKETS] != 0;
     pyfa_kv_state next;
-    int32_t position;
-    if (advances) {
-        next = pyfa_read_advanced(a, PYFA_TQ_QUANT_ARG_POSITION, PYFA_TQ_QUANT_ARG_ADVANCE);
-        position = next.write_pos;
-    } else {
-        position = pyfa_values<int32_t>(a, PYFA_TQ_QUANT_ARG_POSITION)[0];
-    }
+    const int32_t position =
+        pyfa_append_position(a, PYFA_TQ_QUANT_ARG_POSITION, PYFA_TQ_QUANT_ARG_ADVANCE, advances, next);
     if (position >= 0 && (uint32_t)position < p.kv_capacity) { /* else a dropped append (kv_advance) */
         const char *src = pyfa_ptr<const char>(a, is_v ? PYFA_TQ_QUANT_ARG_SRC_V : PYFA_TQ_QUANT_ARG_SRC) +
                           ((size_t)blockIdx.x * p.num_kv_heads + blockIdx.y) * D * ESZ;

@@ -59,21 +59,30 @@ public enum KVAppend {
             try Check.noOverlap(cache, "cache", inputs: [("src_v", vs)])
             args += [.at(PYFA_KV_APPEND_ARG_SRC_V, .buffer(vs)), .at(PYFA_KV_APPEND_ARG_CACHE_V, .buffer(vc))]
         }
-        if advance != nil || tickets != nil {
-            guard let advance, let tickets, let position else {
-                throw PyfaError.invalid("advance: needs tickets and a state as the position (all three or none)")
-            }
-            try require(advance.kv_capacity == p.kv_capacity && advance.ring <= 1 && advance.num_tokens >= p.num_tokens,
-                        "advance: must describe this append's cache (kv_capacity, ring 0 or 1, num_tokens)")
-            let t = try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: 1)
-            _ = try Check.buffer(position, "state", dtypes: [.i32], elements: 4)
-            args += [.at(PYFA_KV_APPEND_ARG_ADVANCE, .value(advance)), .at(PYFA_KV_APPEND_ARG_TICKETS, .buffer(t))]
-        }
+        args += try advanceArgs(advance, tickets: tickets, state: position, capacity: p.kv_capacity,
+                                numTokens: p.num_tokens, slots: (PYFA_KV_APPEND_ARG_ADVANCE, PYFA_KV_APPEND_ARG_TICKETS))
         let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants(src: src.dtype,
                                                                                         cache: cache.dtype))
         encoder.setOpKind(.other)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_tokens, p.num_kv_heads, v == nil ? 1 : 2),
                              threads: (encoder.device.backend.plan.kvAppend(headDim: p.head_dim), 1, 1))
+    }
+
+    /// The arguments of an append dispatch that advances the cache's `state` itself (none
+    /// without `advance` and `tickets`), checked: all three or none, `advance` describing
+    /// this append (kv_append's and hadamard_quantize_kv's rule; `slots`: their ADVANCE and
+    /// TICKETS argument slots).
+    static func advanceArgs(_ advance: pyfa_kv_advance_params?, tickets: Buffer?, state: Buffer?, capacity: UInt32,
+                            numTokens: UInt32, slots: (advance: Int32, tickets: Int32)) throws -> [SlotArg] {
+        guard advance != nil || tickets != nil else { return [] }
+        guard let advance, let tickets, let state else {
+            throw PyfaError.invalid("advance: needs tickets and a state as the position (all three or none)")
+        }
+        try require(advance.kv_capacity == capacity && advance.ring <= 1 && advance.num_tokens >= numTokens,
+                    "advance: must describe this append's cache (kv_capacity, ring 0 or 1, num_tokens)")
+        let t = try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: 1)
+        _ = try Check.buffer(state, "state", dtypes: [.i32], elements: 4)
+        return [.at(slots.advance, .value(advance)), .at(slots.tickets, .buffer(t))]
     }
 
     /// The position argument of an append: the state's write_pos, or the

@@ -117,16 +117,9 @@ public enum TurboQuant {
             args += [.at(PYFA_TQ_QUANT_ARG_SRC_V, .buffer(vs)), .at(PYFA_TQ_QUANT_ARG_CODES_V, .buffer(vc)),
                      .at(PYFA_TQ_QUANT_ARG_SCALES_V, .buffer(vsc))]
         }
-        if advance != nil || tickets != nil {
-            guard let advance, let tickets, let position else {
-                throw PyfaError.invalid("advance: needs tickets and a state as the position (all three or none)")
-            }
-            try require(advance.kv_capacity == p.kv_capacity && advance.ring <= 1 && advance.num_tokens >= p.num_tokens,
-                        "advance: must describe this append's cache (kv_capacity, ring 0 or 1, num_tokens)")
-            let t = try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: 1)
-            _ = try Check.buffer(position, "state", dtypes: [.i32], elements: 4)
-            args += [.at(PYFA_TQ_QUANT_ARG_ADVANCE, .value(advance)), .at(PYFA_TQ_QUANT_ARG_TICKETS, .buffer(t))]
-        }
+        args += try KVAppend.advanceArgs(advance, tickets: tickets, state: position, capacity: p.kv_capacity,
+                                         numTokens: p.num_tokens,
+                                         slots: (PYFA_TQ_QUANT_ARG_ADVANCE, PYFA_TQ_QUANT_ARG_TICKETS))
         let pipeline = try encoder.device.registry.pipeline("hadamard_quantize_kv",
                                                             constants: quantizeConstants(src: src.dtype, bits: p.bits, headDim: p.head_dim))
         let g = encoder.device.backend.plan.turboquantRows(headDim: p.head_dim)
