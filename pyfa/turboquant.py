@@ -318,10 +318,10 @@ class TurboQuantKVCache(_RingCache):
 
     def append(self, k, v) -> None:
         """Encodes and appends ``k``, ``v`` of shape ``[n, num_kv_heads, head_dim]`` (one dispatch
-        each, or on CUDA one for both when ``k_bits == v_bits``): host arrays (numpy or torch CPU tensors, float16/bfloat16/float32/float64) or, on a
-        cuda device, CUDA arrays (float16/bfloat16/float32, read in place, encoded on the caller's
-        stream without waiting). Raises PyfaError, changing nothing, on bad input or (without a
-        window) overflow."""
+        each, or on CUDA one for both when ``k_bits == v_bits``): host arrays (numpy or torch CPU
+        tensors, float16/bfloat16/float32/float64) or, on a cuda device, CUDA arrays
+        (float16/bfloat16/float32, read in place, encoded on the caller's stream without waiting).
+        Raises PyfaError, changing nothing, on bad input or (without a window) overflow."""
         self._append(k, v)
 
     _float64_rows_as = np.dtype(np.float32)  # float64 rows enter the encoder as float32 (it reads f32/f16/bf16)

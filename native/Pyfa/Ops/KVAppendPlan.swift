@@ -56,9 +56,9 @@ public final class KVAppendPlan: OpPlan {
         }
     }
 
-    static func separate(_ a: Buffer, _ b: Buffer, _ nameA: String, _ nameB: String) throws {
-        try require(!a.addressRange.overlaps(b.addressRange),
-                    "\(nameA): overlaps \(nameB) in memory (K and V are stored apart)")
+    static func separate(_ a: Buffer, _ b: Buffer, _ nameA: String, _ nameB: String,
+                         because reason: String = "K and V are stored apart") throws {
+        try require(!a.addressRange.overlaps(b.addressRange), "\(nameA): overlaps \(nameB) in memory (\(reason))")
     }
 
     /// Binds every tensor of the run before recording anything, so a refused
@@ -107,8 +107,8 @@ public final class KVAppendPlan: OpPlan {
             try KVAppendPlan.separate(ks, vs, "k_scales", "v_scales")
             for (codes, codesName) in [(kCodes, "k_cache"), (vCodes, "v_cache")] {
                 for (scales, scalesName) in [(ks, "k_scales"), (vs, "v_scales")] {
-                    try require(!codes.addressRange.overlaps(scales.addressRange),
-                                "\(codesName): overlaps \(scalesName) in memory (codes and scales are stored apart)")
+                    try KVAppendPlan.separate(codes, scales, codesName, scalesName,
+                                              because: "codes and scales are stored apart")
                 }
             }
             // No output aliases rows an encoder reads: one dispatch may encode K and V at once.
