@@ -228,9 +228,15 @@ struct CUDAPlan: BackendPlan {
     }
 
     static let warps = UInt32(PYFA_CUDA_DECODE_WARPS)
+    /// A positive integer knob; unset, not an integer or not positive: `fallback`.
     static func envInt(_ name: String, _ fallback: Int) -> Int {
         guard let v = getenv(name), let i = Int(String(cString: v)), i > 0 else { return fallback }
         return i
+    }
+    /// An on / off knob: 0 turns it off, any other integer on; unset or not an integer: `fallback`.
+    static func envFlag(_ name: String, _ fallback: Bool) -> Bool {
+        guard let v = getenv(name), let i = Int(String(cString: v)) else { return fallback }
+        return i != 0
     }
     /// attn_vec.cu's tuning knobs, passed to NVRTC as -D options: floats of q
     /// and of the accumulators a lane holds per pass (rows in one warp / split
@@ -243,7 +249,7 @@ struct CUDAPlan: BackendPlan {
     static let vecBlocksPerSM = envInt("PYFA_CUDA_VEC_BLOCKS_PER_SM", 0)
     static let vecMinRows = envInt("PYFA_CUDA_VEC_MIN_ROWS", 128)
     /// 0: split decodes end with the reduce dispatch even where a plan holds tickets.
-    static let vecMergeLast = envInt("PYFA_CUDA_VEC_MERGE_LAST", 1) != 0
+    static let vecMergeLast = envFlag("PYFA_CUDA_VEC_MERGE_LAST", true)
     /// The most workgroups per row whose last one merges: the merge is a chain of loads over
     /// the partials in one block, where the reduce dispatch spreads rows over blocks; past
     /// 16 it measured slower on the H200 (B 1, 32K: 49 workgroups, 2-3 µs more GPU time).
@@ -251,7 +257,7 @@ struct CUDAPlan: BackendPlan {
     /// The last workgroup of a row merges it (a launch less per decode; the same bits).
     func lastWorkgroupMerges(nwg: UInt32) -> Bool { CUDAPlan.vecMergeLast && Int(nwg) <= CUDAPlan.vecMergeLastMaxNwg }
     /// 0: appends dispatch kv_advance, K and V apart.
-    static let appendOneDispatch = envInt("PYFA_CUDA_APPEND_ONE_DISPATCH", 1) != 0
+    static let appendOneDispatch = envFlag("PYFA_CUDA_APPEND_ONE_DISPATCH", true)
     /// K and V (and the state's advance) in one launch.
     var appendsInOneDispatch: Bool { CUDAPlan.appendOneDispatch }
     /// The tensor-core decode (attn_vec_mma.cuh) for 16-bit caches:
