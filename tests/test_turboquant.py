@@ -578,6 +578,7 @@ def test_bad_decode_and_dequantize_params(cpu):
     tmp = cpu.buffer((4096,), np.float32)
     attn = dict(batch=1, num_heads=2, num_kv_heads=1, head_dim=64, kv_capacity=8, nwg=0, scale=0.125)
     for change, match in [(dict(fused=2), "fused: 2"), (dict(k_bits=6), "k_bits: 6"), (dict(v_bits=0), "v_bits: 0"),
+                          (dict(q_in=1), "q_in: 1 must be 0"),
                           (dict(attn={**attn, "head_dim": 80}), "head_dim: 80"),
                           (dict(attn={**attn, "num_heads": 0}), "num_heads: must be > 0")]:
         p = ffi.new("pyfa_flash_attn_vec_tq_params *", {"attn": attn, "k_bits": 4, "v_bits": 4, **change})

@@ -111,7 +111,7 @@ public final class TurboQuantKVCache: @unchecked Sendable {
             let H = try ring.checkQuery(q, device: device, outDType: options.outDType)
             var params = pyfa_flash_attn_vec_tq_params(attn: try ring.attendParams(heads: H, options: options),
                                                        k_bits: UInt32(kBits), v_bits: UInt32(vBits),
-                                                       seed_lo: seedLo, seed_hi: seedHi, fused: 1, reserved: 0)
+                                                       seed_lo: seedLo, seed_hi: seedHi, fused: 1, q_in: 0)
             var tmpBytes: UInt64 = 0
             try check(pyfa_flash_attn_vec_tq_plan(device.handle, &params, UInt32(ring.lengths.0), &tmpBytes))
             return try ring.attend(device, heads: H, outDType: options.outDType ?? q.dtype,

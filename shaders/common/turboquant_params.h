@@ -214,14 +214,18 @@ typedef struct pyfa_tq_fwht_params {
  * params as the first member. K and V rows are dequantised in registers:
  *   k~[i] = c_K[idx[i]] * scale_K / sqrt(D)   (v likewise with c_V, scale_V)
  * Slots 0..8 are flash_attn_vec's: q is the PRE-ROTATED query
- * (fwht_sign_premult, K stream) as f32 [batch, num_heads, head_dim]; k/v are
+ * (fwht_sign_premult, K stream) as f32 [batch, num_heads, head_dim], or,
+ * with q_in = PYFA_TQ_Q_IN_UNROTATED + a dtype code, the op's q itself in
+ * that dtype, which the kernel rotates with fwht_sign_premult's arithmetic
+ * (the same f32 values, so the same output bits); k/v are
  * codes [batch, num_kv_heads, kv_capacity, row_bytes]; out (nwg == 1) or the
  * partials in tmp stay in the rotated domain (V stream), out in f32. The
  * rotation is orthogonal, so rotated-domain scores equal original-domain
  * ones and the kernel's lse (nwg == 1) is the lse of the whole op.
  *
  * The whole op (pyfa_flash_attn_vec_tq) runs: fwht_sign_premult(q) into the
- * q_rot region of tmp -> flash_attn_vec_tq -> then
+ * q_rot region of tmp (unless the backend's plan has the decode kernel
+ * rotate q: then the op sets q_in and binds q) -> flash_attn_vec_tq -> then
  *   nwg == 1:           (o_rot, lse) -> fwht_sign_undo(o_rot) into out
  *   nwg > 1, fused = 0: flash_attn_vec_reduce into (o_rot f32, lse) ->
  *                       fwht_sign_undo(o_rot) into out
@@ -243,8 +247,13 @@ typedef struct pyfa_flash_attn_vec_tq_params {
     uint32_t seed_lo;                /**< the cache's seed (signs of Q-in and out-undo) */
     uint32_t seed_hi;
     uint32_t fused;                  /**< 1: fused reduce + undo tail (nwg > 1) */
-    uint32_t reserved;               /**< zero */
+    uint32_t q_in;                   /**< PYFA_TQ_Q_IN_*: callers pass ROTATED (0); the op sets it */
 } pyfa_flash_attn_vec_tq_params;
+
+/* flash_attn_vec_tq's q_in: what the q slot holds. ROTATED: q_rot, f32;
+ * UNROTATED + dtype code (f32, f16, bf16): the op's q, rotated in the kernel. */
+#define PYFA_TQ_Q_IN_ROTATED 0
+#define PYFA_TQ_Q_IN_UNROTATED 1
 
 #define PYFA_TQ_VEC_ARG_K_SCALES 9
 #define PYFA_TQ_VEC_ARG_V_SCALES 10

@@ -107,6 +107,9 @@ public protocol BackendPlan {
     /// advancing a cache's state itself when given tickets (pyfa_params.h, kv_append;
     /// turboquant_params.h, hadamard_quantize_kv).
     var appendsInOneDispatch: Bool { get }
+    /// Whether flash_attn_vec_tq of these params rotates q itself (turboquant_params.h,
+    /// q_in): the op binds its q and records no fwht_sign_premult.
+    func turboquantRotatesQ(_ p: pyfa_flash_attn_vec_tq_params) -> Bool
 }
 
 extension BackendPlan {
@@ -121,6 +124,9 @@ extension BackendPlan {
 
     /// Appends are a dispatch for K and one for V (after kv_advance) unless a backend says otherwise.
     public var appendsInOneDispatch: Bool { false }
+
+    /// A TurboQuant decode reads q_rot, rotated by the op's fwht_sign_premult, unless a backend says otherwise.
+    public func turboquantRotatesQ(_ p: pyfa_flash_attn_vec_tq_params) -> Bool { false }
 
     /// Backends whose TurboQuant decode runs the dense decode's body take its geometry.
     public func flashAttnVecTQ(_ p: pyfa_flash_attn_vec_tq_params, maxKvLen: UInt32) -> VecGeometry {

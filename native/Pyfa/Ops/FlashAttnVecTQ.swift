@@ -3,7 +3,8 @@ import PyfaShaderCommon
 
 /// Decode attention over a TurboQuant cache, in the rotated domain:
 /// fwht_sign_premult(q) -> flash_attn_vec_tq -> reduce and fwht_sign_undo
-/// (fused or not). Semantics, grid, nwg and the partials' tmp layout are
+/// (fused or not); where the backend's plan says so, the decode kernel
+/// rotates q itself (q_in). Semantics, grid, nwg and the partials' tmp layout are
 /// flash_attn_vec's. Contract: turboquant_params.h,
 /// `pyfa_flash_attn_vec_tq_params`.
 public enum FlashAttnVecTQ {
@@ -16,6 +17,7 @@ public enum FlashAttnVecTQ {
         try TurboQuant.checkBits(p.k_bits, "k_bits")
         try TurboQuant.checkBits(p.v_bits, "v_bits")
         try require(p.fused <= 1, "fused: \(p.fused) must be 0 or 1")
+        try require(p.q_in == UInt32(PYFA_TQ_Q_IN_ROTATED), "q_in: \(p.q_in) must be 0 (the op sets it)")
     }
 
     /// Where the regions of tmp start (turboquant_params.h), in bytes.
@@ -103,13 +105,20 @@ public enum FlashAttnVecTQ {
         let seedLo = p.seed_lo, seedHi = p.seed_hi
         let nrows = a.batch * a.num_heads  // fits 32 bits: validate
 
-        // q into the rotated domain of K.
-        let premult = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim,
-                                          transform: UInt32(PYFA_TQ_FWHT_SIGN_PREMULT),
-                                          stream: UInt32(PYFA_TQ_STREAM_K), seed_lo: seedLo, seed_hi: seedHi)
+        // q into the rotated domain of K: by its own dispatch, or by the decode kernel.
         let qRot = KernelArg.buffer(t, offset: layout.qRot), oRot = KernelArg.buffer(t, offset: layout.oRot)
-        try TurboQuant.encodeFwht(encoder, premult, src: .buffer(q), srcType: q.dtype, dst: qRot, dstType: .f32)
-        encoder.memoryBarrier()
+        let qArg: KernelArg
+        if encoder.device.backend.plan.turboquantRotatesQ(p) {
+            p.q_in = UInt32(PYFA_TQ_Q_IN_UNROTATED) + UInt32(q.dtype.rawValue)
+            qArg = .buffer(q)
+        } else {
+            let premult = pyfa_tq_fwht_params(nrows: nrows, head_dim: a.head_dim,
+                                              transform: UInt32(PYFA_TQ_FWHT_SIGN_PREMULT),
+                                              stream: UInt32(PYFA_TQ_STREAM_K), seed_lo: seedLo, seed_hi: seedHi)
+            try TurboQuant.encodeFwht(encoder, premult, src: .buffer(q), srcType: q.dtype, dst: qRot, dstType: .f32)
+            encoder.memoryBarrier()
+            qArg = qRot
+        }
 
         let direct = p.attn.nwg == 1
         let merge = tickets != nil && paged == nil && mergesLast(encoder.device, p)
@@ -127,7 +136,7 @@ public enum FlashAttnVecTQ {
             pagedArgs.pages,
             .at(PYFA_TQ_VEC_ARG_K_CODEBOOK, try TurboQuant.codebookArg(p.k_bits)),
             .at(PYFA_TQ_VEC_ARG_V_CODEBOOK, try TurboQuant.codebookArg(p.v_bits)),
-            .at(PYFA_VEC_ARG_Q, qRot),
+            .at(PYFA_VEC_ARG_Q, qArg),
             .at(PYFA_VEC_ARG_K, .buffer(kc)),
             .at(PYFA_VEC_ARG_V, .buffer(vc)),
             .at(PYFA_VEC_ARG_KV_LEN, kvLenArg),

@@ -334,6 +334,10 @@ struct CUDAPlan: BackendPlan {
     func tqUsesMma(_ p: pyfa_flash_attn_vec_tq_params) -> Bool {
         pyfa_cuda_tq_uses_mma(Int32(p.k_bits), Int32(p.v_bits), Int32(p.attn.head_dim), tqMmaDims) != 0
     }
+    /// 0: the TurboQuant op rotates q in its own launch before every decode.
+    static let tqRotateQ = envFlag("PYFA_CUDA_TQ_ROTATE_Q", true)
+    /// turboquant_mma.cuh rotates q itself: a launch less per decode, the same bits.
+    func turboquantRotatesQ(_ p: pyfa_flash_attn_vec_tq_params) -> Bool { CUDAPlan.tqRotateQ && tqUsesMma(p) }
 
     /// Shared bytes of one attn_vec.cu block (cuda_layout.h).
     static func vecSharedBytes(headDim: Int, elementSize: Int) -> Int {
