@@ -6,7 +6,10 @@ floor); then the cache's append and attend alone, in turn, and as one call. Host
 loop with no sync inside (the GPU keeps up: each call's kernels are shorter).
 
 With --perf-loop N the script runs only N ABI-level decode runs (for a profiler); with
---cprofile N it also prints cProfile's top functions over N steps of each cache form.
+--cprofile N it also prints cProfile's top functions over N steps of each cache form; with
+--profiler-effect it times the cache steps, the bare launch and the torch op again after one
+torch.profiler session in this process (the serving benchmark takes its kernels' GPU time with
+torch.profiler between its timed cases).
 """
 import argparse
 import ctypes
@@ -23,6 +26,7 @@ ap.add_argument("--perf-loop", type=int, default=0)
 ap.add_argument("--calls", type=int, default=3000)
 ap.add_argument("--cprofile", type=int, default=0)
 ap.add_argument("--length", type=int, default=4096, help="positions of the decode and the caches")
+ap.add_argument("--profiler-effect", action="store_true")
 opts = ap.parse_args()
 
 dev = pyfa.Device("cuda")
@@ -126,7 +130,9 @@ def loop_us(fn, n=50, rounds=20):
     return sorted(times)[rounds // 2], per
 
 
+v1 = torch.randn(1, HKV, D, dtype=torch.bfloat16, device="cuda")
 steps = {"KVCache.append + attend": lambda: (cache.append(k1, k1), cache.attend(q1)),
+         "KVCache.append(k, v) + attend, v not k": lambda: (cache.append(k1, v1), cache.attend(q1)),
          "KVCache.attend(q, k=, v=)": lambda: cache.attend(q1, k=k1, v=k1),
          "TurboQuantKVCache.append + attend": lambda: (tq.append(k1, k1), tq.attend(q1)),
          "TurboQuantKVCache.attend(q, k=, v=)": lambda: tq.attend(q1, k=k1, v=k1)}
@@ -158,3 +164,17 @@ if opts.cprofile:
         torch.cuda.synchronize()
         print(f"--- {name}: cProfile over {opts.cprofile} steps (tottime)")
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+if opts.profiler_effect:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        for step in steps.values():
+            step()
+        torch.cuda.synchronize()
+    after = {name: loop_us(step)[0] for name, step in steps.items()}
+    after["ctypes cuLaunchKernel, empty kernel"] = host_us(bare, n)
+    after["torch one-element add_"] = host_us(torch_op, n)
+    print("after one torch.profiler session in this process (before -> after, µs):")
+    for name, us in after.items():
+        was = looped[name][0] if name in looped else rows[name]
+        print(f"  {name:45s} {was:8.2f} -> {us:8.2f}")

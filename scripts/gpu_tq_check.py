@@ -278,14 +278,14 @@ def dense_recorder(dev, fw, B, Hq, Hkv, D, L, planned=False):
     return r, record, 2 * B * Hkv * L * D * 2, int(params.nwg)
 
 
-def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits, planned=False):
+def tq_recorder(dev, fw, B, Hq, Hkv, D, L, bits, planned=False, nwg=0):
     rb = D * bits // 8
     q = fw.randn((B, Hq, D), "f16")
     kc, vc = fw.randbytes((B, Hkv, L, rb)), fw.randbytes((B, Hkv, L, rb))
     # Scales near |x| of N(0, 1) rows (sqrt(D)), so scores have realistic magnitudes.
     ks, vs = fw.uniform((B, Hkv, L), 0.8 * math.sqrt(D), 1.2 * math.sqrt(D)), fw.uniform((B, Hkv, L), 0.8, 1.2)
     params = ffi.new("pyfa_flash_attn_vec_tq_params *", {
-        "attn": {"batch": B, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": L, "nwg": 0,
+        "attn": {"batch": B, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D, "kv_capacity": L, "nwg": nwg,
                  "window": 0, "scale": 1.0 / math.sqrt(D), "softcap": 0.0},
         "k_bits": bits, "v_bits": bits, "seed_lo": 7, "fused": 1})
     if planned:  # the prepared op a plan runs (TQDecodePlan: the split merged and undone in its last workgroups)

@@ -3,6 +3,8 @@ once, for a profiler to take apart kernel by kernel:
 
     ncu --clock-control none --metrics gpu__time_duration.sum python3 scripts/gpu_tq_profile.py --once
     python3 scripts/gpu_tq_profile.py --case 8,128 --case 1,256     (batch, head dim) cases
+    python3 scripts/gpu_tq_profile.py --nwg 16                      the TurboQuant decode's workgroups per
+                                                                    sequence forced (0: the plan's)
 
 Without a profiler it prints the per-call time of each (CUDA events, as gpu_tq_check.py).
 """
@@ -19,8 +21,9 @@ def main():
     L = 32768
     # --case B,D (repeatable) replaces the default cases
     cases = [tuple(int(x) for x in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--case"]
+    tq_nwg = int(sys.argv[sys.argv.index("--nwg") + 1]) if "--nwg" in sys.argv else 0
     for B, D in cases or [(1, 256), (1, 128)]:
-        tr, trec, tbytes, tnwg, _ = chk.tq_recorder(dev, fw, B, 16, 8, D, L, 4)
+        tr, trec, tbytes, tnwg, _ = chk.tq_recorder(dev, fw, B, 16, 8, D, L, 4, nwg=tq_nwg)
         dr, drec, dbytes, dnwg = chk.dense_recorder(dev, fw, B, 16, 8, D, L)
         for name, r, rec, nwg in (("tq4", tr, trec, tnwg), ("f16", dr, drec, dnwg)):
             rec(2)
