@@ -368,7 +368,7 @@ def test_a_turboquant_cache_append_launches(rng, bits, launches):
 def test_tq_split_merged_in_its_last_workgroups_matches_the_tails(rng, case):
     """A TurboQuantKVCache's split decode (fused = True, through its plan) ends in its last
     workgroups — each merges its rows and takes them through the undo: one launch, the decode,
-    which rotates q itself at 4-bit K and V (else a q rotation launch before it) — with the bits
+    which rotates q itself — with the bits
     of the reduce + undo tail (fused = False), five calls in a row, so each leaves the tickets as
     it found them; past the CUDA plan's 16 workgroups (PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG) the fused
     tail runs (a launch more)."""
@@ -387,25 +387,27 @@ def test_tq_split_merged_in_its_last_workgroups_matches_the_tails(rng, case):
     for g in got:
         for a, b in zip(g if lse else [g], want if lse else [want]):
             assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    rotation = 0 if (kb, vb) == (4, 4) else 1  # the tensor-core kernel (4-bit K and V) rotates q itself
-    assert launches == (2 if nwg > 16 else 1) + rotation, f"{launches} launches per call"
+    assert launches == (2 if nwg > 16 else 1), f"{launches} launches per call"
 
 
-ROTATION_CASES = [  # H, Hkv, D, q dtype, capacity, appended, window, nwg (None: the plan's)
-    (16, 8, 128, "bfloat16", 4096, 3000, None, None),
-    (8, 2, 64, "float16", 1000, 1500, 600, 1),      # ring wrapped; one workgroup (the undo's own launch)
-    (32, 2, 256, "float32", 512, 500, None, 40),    # GQA 16: two passes of heads; past the merge's cap
-    (4, 4, 512, "bfloat16", 512, 300, None, 3),
+ROTATION_CASES = [  # H, Hkv, D, k / v bits, q dtype, capacity, appended, window, nwg (None: the plan's)
+    (16, 8, 128, (4, 4), "bfloat16", 4096, 3000, None, None),
+    (8, 2, 64, (4, 4), "float16", 1000, 1500, 600, 1),    # ring wrapped; one workgroup (the undo's own launch)
+    (32, 2, 256, (4, 4), "float32", 512, 500, None, 40),  # GQA 16: two passes of heads; past the merge's cap
+    (4, 4, 512, (4, 4), "bfloat16", 512, 300, None, 3),
+    (16, 2, 128, (3, 8), "float16", 800, 700, None, 5),   # the vector kernel: passes of its heads
+    (8, 8, 64, (2, 4), "float32", 300, 500, 200, None),
+    (8, 2, 512, (8, 3), "bfloat16", 256, 256, None, 1),
 ]
 
 
 def tq_rotation_outputs():
-    """The bytes of 4-bit TurboQuant decodes (out, lse) of ROTATION_CASES, and the launches of one call
+    """The bytes of TurboQuant decodes (out, lse) of ROTATION_CASES, and the launches of one call
     of each; the same on every run of a process with the same knobs."""
     rng = np.random.default_rng(11)
     outputs, launches = [], []
-    for H, Hkv, D, q_dtype, cap, n, window, nwg in ROTATION_CASES:
-        cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=4, v_bits=4, seed=5, sliding_window=window,
+    for H, Hkv, D, (kb, vb), q_dtype, cap, n, window, nwg in ROTATION_CASES:
+        cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=kb, v_bits=vb, seed=5, sliding_window=window,
                                        device=pyfa.Device("cuda"))
         for part in np.array_split(np.arange(n), 2):
             cache.append(rng.standard_normal((len(part), Hkv, D)), rng.standard_normal((len(part), Hkv, D)))
@@ -419,9 +421,10 @@ def tq_rotation_outputs():
 
 @gpu
 def test_the_decode_kernels_q_rotation_gives_the_rotation_kernels_bits(tmp_path):
-    """At 4-bit K and V the tensor-core decode rotates q itself (q_in), a launch less per call, with
-    the bits of the separate fwht_sign_premult launch (PYFA_CUDA_TQ_ROTATE_Q=0, in a subprocess since
-    the knob is read once): f32, f16 and bf16 q, D 64 to 512, one or two passes of heads, every tail."""
+    """Both CUDA TurboQuant decodes (the tensor-core one at 4-bit K and V, the vector one at the other
+    widths) rotate q themselves (q_in), a launch less per call, with the bits of the separate
+    fwht_sign_premult launch (PYFA_CUDA_TQ_ROTATE_Q=0, in a subprocess since the knob is read once):
+    f32, f16 and bf16 q, D 64 to 512, one or more passes of heads, every tail."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = tmp_path / "separate.npz"
     code = ("import numpy as np, tests.test_cuda_caches as t; o, n = t.tq_rotation_outputs(); "

@@ -143,6 +143,38 @@ __device__ __forceinline__ void transform_warp(float (&u)[D / 32], uint32_t tran
     if (transform == PYFA_TQ_FWHT_SIGN_UNDO) apply_signs(u, seed, stream, lane);
 }
 
+/* Rows [row0, row0 + gn) of the op's q (dtype q_in - PYFA_TQ_Q_IN_UNROTATED)
+ * into the rotated domain as f32 [gn][D] at dst, with fwht_sign_premult's
+ * arithmetic (tq::transform_warp on the same loads), so the values are the
+ * q_rot that kernel writes; warp w of `warps` takes rows w, w + warps, ..
+ * Both decode kernels call it when the op binds its q (q_in UNROTATED). */
+template <int D>
+__device__ __forceinline__ void rotate_q_rows(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_tq_params &tp,
+                                              size_t row0, uint32_t gn, float *dst, uint32_t warps) {
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dtype = (int)tp.q_in - PYFA_TQ_Q_IN_UNROTATED;
+    const char *q = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
+    for (uint32_t h = warp; h < gn; h += warps) {
+        float u[E];
+        const size_t row = row0 + h;
+        if (dtype == PYFA_DTYPE_F32) {
+#pragma unroll
+            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F32>(q + row * D * 4, lane * E + k);
+        } else if (dtype == PYFA_DTYPE_F16) {
+#pragma unroll
+            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F16>(q + row * D * 2, lane * E + k);
+        } else {
+#pragma unroll
+            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_BF16>(q + row * D * 2, lane * E + k);
+        }
+        transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_PREMULT, seed64(tp.seed_lo, tp.seed_hi), PYFA_TQ_STREAM_K, lane);
+        float2 *o = reinterpret_cast<float2 *>(dst + h * D + lane * E);
+#pragma unroll
+        for (int k = 0; k < E; k += 2) o[k / 2] = make_float2(u[k], u[k + 1]);
+    }
+}
+
 /* Index of coordinate i of a packed row: bits [BITS*i, BITS*i + BITS) of the
  * row read as a little-endian bit stream (the packing of turboquant_params.h). */
 template <int BITS>
@@ -642,17 +674,26 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
         pyfa_cp_async_commit();
     };
 
+    /* q_in UNROTATED: the op bound its q, rotated here at the start of each pass into the
+     * merge area, free until the pass's first copies. */
+    const bool rotate_q = tp.q_in != PYFA_TQ_Q_IN_ROTATED;
+    static_assert((S::RING_BYTES > S::MERGE_BYTES ? S::RING_BYTES : S::MERGE_BYTES) >= GT * D * 4,
+                  "a pass's rotated q fits the merge area");
     for (uint32_t g0 = 0; g0 < G; g0 += GT) {
         const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
+        const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
+        if (rotate_q) {
+            tq::rotate_q_rows<D>(a, tp, row0, gn, s_acc, NW);
+            __syncthreads();
+        }
         float q[GT][E], acc[GT][E], m[GT], s[GT];
 #pragma unroll
         for (int g = 0; g < GT; g++) {
-            const size_t row = (size_t)b * p.num_heads + (size_t)kvh * G + g0 + g;
             const bool live = (uint32_t)g < gn;
+            const float *qrow = rotate_q ? s_acc + g * D : qrot + (row0 + g) * D;
 #pragma unroll
             for (int t = 0; t < E; t += 2) { /* q_rot sits at a 16-byte aligned offset of tmp */
-                const float2 v = live ? *reinterpret_cast<const float2 *>(qrot + row * D + sub * E + t)
-                                      : make_float2(0.0f, 0.0f);
+                const float2 v = live ? *reinterpret_cast<const float2 *>(qrow + sub * E + t) : make_float2(0.0f, 0.0f);
                 q[g][t] = v.x * qscale, q[g][t + 1] = v.y * qscale;
             }
 #pragma unroll
@@ -660,6 +701,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             m[g] = -INFINITY;
             s[g] = 0.0f;
         }
+        if (rotate_q) __syncthreads(); /* every warp has its q before the copies overwrite the area */
 
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) issue(begin + st * STEP, st);
@@ -748,7 +790,6 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
         /* The direct output is the rotated f32 row the undo reads (o_rot); so is a merged one,
          * which the merging workgroup then takes through the undo (the merge's scratch in the
          * drained ring: the codebooks at the start of shared memory serve the next pass). */
-        const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
         if (attn_vec_write_states<NW * PW, GT, D>(a, s_ms, s_acc, gn, row0, p.batch * p.num_heads, nwg, iwg, DIRECT,
                                                   PYFA_DTYPE_F32, LSE, s_acc) && MERGE)
             tq_undo_merged_rows<D>(a, tp, gn, row0, OUT_DTYPE);

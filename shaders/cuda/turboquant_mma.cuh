@@ -86,36 +86,6 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_tab, uint32_t word, int
     return v;
 }
 
-/* Rows [row0, row0 + gn) of the op's q (dtype q_in - PYFA_TQ_Q_IN_UNROTATED)
- * into the rotated domain as f32 [gn][D] at dst, with fwht_sign_premult's
- * arithmetic (tq::transform_warp on the same loads), so the values are the
- * q_rot that kernel writes; warp w takes rows w, w + NW, .. */
-template <int D>
-__device__ __forceinline__ void rotate_q_rows(const pyfa_cuda_args &a, const pyfa_flash_attn_vec_tq_params &tp,
-                                              size_t row0, uint32_t gn, float *dst) {
-    constexpr int E = D / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int dtype = (int)tp.q_in - PYFA_TQ_Q_IN_UNROTATED;
-    const char *q = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
-    for (uint32_t h = warp; h < gn; h += NW) {
-        float u[E];
-        const size_t row = row0 + h;
-        if (dtype == PYFA_DTYPE_F32) {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F32>(q + row * D * 4, lane * E + k);
-        } else if (dtype == PYFA_DTYPE_F16) {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F16>(q + row * D * 2, lane * E + k);
-        } else {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_BF16>(q + row * D * 2, lane * E + k);
-        }
-        tq::transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_PREMULT, tq::seed64(tp.seed_lo, tp.seed_hi), PYFA_TQ_STREAM_K, lane);
-        float2 *o = reinterpret_cast<float2 *>(dst + h * D + lane * E);
-#pragma unroll
-        for (int k = 0; k < E; k += 2) o[k / 2] = make_float2(u[k], u[k + 1]);
-    }
-}
 } // namespace tq_mma
 
 template <int D>
@@ -245,7 +215,7 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
         float *s_qrot = reinterpret_cast<float *>(s_ring + (STAGES - 1) * S::STAGE_BYTES);
         static_assert(HEADS * D * 4 <= S::STAGE_BYTES && STAGES >= 2, "a pass's rotated q fits a free stage");
         if (rotate_q) {
-            tq_mma::rotate_q_rows<D>(a, tp, row0, gn, s_qrot);
+            tq::rotate_q_rows<D>(a, tp, row0, gn, s_qrot, NW);
             __syncthreads();
         }
         /* k-step kk's columns 2c + {0, 1} and 2c + 8 + {0, 1} (fragment dims

@@ -336,8 +336,8 @@ struct CUDAPlan: BackendPlan {
     }
     /// 0: the TurboQuant op rotates q in its own launch before every decode.
     static let tqRotateQ = envFlag("PYFA_CUDA_TQ_ROTATE_Q", true)
-    /// turboquant_mma.cuh rotates q itself: a launch less per decode, the same bits.
-    func turboquantRotatesQ(_ p: pyfa_flash_attn_vec_tq_params) -> Bool { CUDAPlan.tqRotateQ && tqUsesMma(p) }
+    /// Both TurboQuant decode kernels rotate q themselves: a launch less per decode, the same bits.
+    func turboquantRotatesQ(_ p: pyfa_flash_attn_vec_tq_params) -> Bool { CUDAPlan.tqRotateQ }
 
     /// Shared bytes of one attn_vec.cu block (cuda_layout.h).
     static func vecSharedBytes(headDim: Int, elementSize: Int) -> Int {
