@@ -19,6 +19,8 @@ gpu = pytest.mark.skipif("cuda" not in pyfa.available_backends(), reason="no CUD
 FLOATS = {"float32": np.float32, "float16": np.float16, "bfloat16": pyfa.bfloat16}
 TOL = 2e-5  # decode against the float64 reference on the same rounded K/V (tests/test_cuda.py)
 SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU clock: long enough to see a call return before it
+# Whether this process's CUDA plan has the TurboQuant decode rotate q itself (CUDAPlan.envFlag's rule).
+ROTATES_Q = os.environ.get("PYFA_CUDA_TQ_ROTATE_Q", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def _torch():
@@ -387,7 +389,7 @@ def test_tq_split_merged_in_its_last_workgroups_matches_the_tails(rng, case):
     for g in got:
         for a, b in zip(g if lse else [g], want if lse else [want]):
             assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    assert launches == (2 if nwg > 16 else 1), f"{launches} launches per call"
+    assert launches == (2 if nwg > 16 else 1) + (0 if ROTATES_Q else 1), f"{launches} launches per call"
 
 
 ROTATION_CASES = [  # H, Hkv, D, k / v bits, q dtype, capacity, appended, window, nwg (None: the plan's)
@@ -425,6 +427,8 @@ def test_the_decode_kernels_q_rotation_gives_the_rotation_kernels_bits(tmp_path)
     widths) rotate q themselves (q_in), a launch less per call, with the bits of the separate
     fwht_sign_premult launch (PYFA_CUDA_TQ_ROTATE_Q=0, in a subprocess since the knob is read once):
     f32, f16 and bf16 q, D 64 to 512, one or more passes of heads, every tail."""
+    if not ROTATES_Q:
+        pytest.skip("PYFA_CUDA_TQ_ROTATE_Q turns the rotation in the decode off in this process")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = tmp_path / "separate.npz"
     code = ("import numpy as np, tests.test_cuda_caches as t; o, n = t.tq_rotation_outputs(); "

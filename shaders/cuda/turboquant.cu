@@ -675,10 +675,9 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
     };
 
     /* q_in UNROTATED: the op bound its q, rotated here at the start of each pass into the
-     * merge area, free until the pass's first copies. */
+     * merge area (MERGE_BYTES holds GT rows of D floats per state), free until the pass's
+     * first copies. */
     const bool rotate_q = tp.q_in != PYFA_TQ_Q_IN_ROTATED;
-    static_assert((S::RING_BYTES > S::MERGE_BYTES ? S::RING_BYTES : S::MERGE_BYTES) >= GT * D * 4,
-                  "a pass's rotated q fits the merge area");
     for (uint32_t g0 = 0; g0 < G; g0 += GT) {
         const uint32_t gn = G - g0 < (uint32_t)GT ? G - g0 : (uint32_t)GT;
         const size_t row0 = (size_t)b * p.num_heads + (size_t)kvh * G + g0;
@@ -692,7 +691,7 @@ __device__ PYFA_TQ_VEC_IMPL_INLINE void flash_attn_vec_tq_impl(const pyfa_cuda_a
             const bool live = (uint32_t)g < gn;
             const float *qrow = rotate_q ? s_acc + g * D : qrot + (row0 + g) * D;
 #pragma unroll
-            for (int t = 0; t < E; t += 2) { /* q_rot sits at a 16-byte aligned offset of tmp */
+            for (int t = 0; t < E; t += 2) { /* q_rot and the merge area start on 16 bytes */
                 const float2 v = live ? *reinterpret_cast<const float2 *>(qrow + sub * E + t) : make_float2(0.0f, 0.0f);
                 q[g][t] = v.x * qscale, q[g][t + 1] = v.y * qscale;
             }

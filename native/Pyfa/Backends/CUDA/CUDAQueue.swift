@@ -233,10 +233,14 @@ struct CUDAPlan: BackendPlan {
         guard let v = getenv(name), let i = Int(String(cString: v)), i > 0 else { return fallback }
         return i
     }
-    /// An on / off knob: 0 turns it off, any other integer on; unset or not an integer: `fallback`.
+    /// An on / off knob: 0 / off / false / no turn it off, 1 / on / true / yes on (any case,
+    /// blanks ignored); unset or anything else: `fallback`.
     static func envFlag(_ name: String, _ fallback: Bool) -> Bool {
-        guard let v = getenv(name), let i = Int(String(cString: v)) else { return fallback }
-        return i != 0
+        guard let v = getenv(name) else { return fallback }
+        let value = String(String(cString: v).filter { !$0.isWhitespace }).lowercased()
+        if ["0", "off", "false", "no"].contains(value) { return false }
+        if ["1", "on", "true", "yes"].contains(value) { return true }
+        return fallback
     }
     /// attn_vec.cu's tuning knobs, passed to NVRTC as -D options: floats of q
     /// and of the accumulators a lane holds per pass (rows in one warp / split
