@@ -370,10 +370,9 @@ def test_a_turboquant_cache_append_launches(rng, bits, launches):
 def test_tq_split_merged_in_its_last_workgroups_matches_the_tails(rng, case):
     """A TurboQuantKVCache's split decode (fused = True, through its plan) ends in its last
     workgroups — each merges its rows and takes them through the undo: one launch, the decode,
-    which rotates q itself — with the bits
-    of the reduce + undo tail (fused = False), five calls in a row, so each leaves the tickets as
-    it found them; past the CUDA plan's 16 workgroups (PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG) the fused
-    tail runs (a launch more)."""
+    which rotates q itself — with the bits of the reduce + undo tail (fused = False), five calls
+    in a row, so each leaves the tickets as it found them; past the CUDA plan's 16 workgroups
+    (PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG) the fused tail runs (a launch more)."""
     H, Hkv, D, kb, vb, cap, n, window, softcap, nwg, out_dtype, lse = case
     cache = pyfa.TurboQuantKVCache(Hkv, D, cap, k_bits=kb, v_bits=vb, seed=7, sliding_window=window,
                                    device=pyfa.Device("cuda"))

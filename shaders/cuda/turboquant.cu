@@ -143,6 +143,17 @@ __device__ __forceinline__ void transform_warp(float (&u)[D / 32], uint32_t tran
     if (transform == PYFA_TQ_FWHT_SIGN_UNDO) apply_signs(u, seed, stream, lane);
 }
 
+/* This lane's E = D / 32 coordinates (lane E .. lane E + E - 1) of row `row` of
+ * the SDT rows at `base`: the loads of the fwht kernels and of the decode
+ * kernels' q rotation, so both rotate the same values. */
+template <int SDT, int D>
+__device__ __forceinline__ void load_row_warp(const char *base, size_t row, int lane, float (&u)[D / 32]) {
+    constexpr int E = D / 32, ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
+    const char *src = base + row * D * ESZ;
+#pragma unroll
+    for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<SDT>(src, lane * E + k);
+}
+
 /* Rows [row0, row0 + gn) of the op's q (dtype q_in - PYFA_TQ_Q_IN_UNROTATED)
  * into the rotated domain as f32 [gn][D] at dst, with fwht_sign_premult's
  * arithmetic (tq::transform_warp on the same loads), so the values are the
@@ -157,17 +168,9 @@ __device__ __forceinline__ void rotate_q_rows(const pyfa_cuda_args &a, const pyf
     const char *q = pyfa_ptr<const char>(a, PYFA_VEC_ARG_Q);
     for (uint32_t h = warp; h < gn; h += warps) {
         float u[E];
-        const size_t row = row0 + h;
-        if (dtype == PYFA_DTYPE_F32) {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F32>(q + row * D * 4, lane * E + k);
-        } else if (dtype == PYFA_DTYPE_F16) {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_F16>(q + row * D * 2, lane * E + k);
-        } else {
-#pragma unroll
-            for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<PYFA_DTYPE_BF16>(q + row * D * 2, lane * E + k);
-        }
+        if (dtype == PYFA_DTYPE_F32) load_row_warp<PYFA_DTYPE_F32, D>(q, row0 + h, lane, u);
+        else if (dtype == PYFA_DTYPE_F16) load_row_warp<PYFA_DTYPE_F16, D>(q, row0 + h, lane, u);
+        else load_row_warp<PYFA_DTYPE_BF16, D>(q, row0 + h, lane, u);
         transform_warp<D>(u, PYFA_TQ_FWHT_SIGN_PREMULT, seed64(tp.seed_lo, tp.seed_hi), PYFA_TQ_STREAM_K, lane);
         float2 *o = reinterpret_cast<float2 *>(dst + h * D + lane * E);
 #pragma unroll
@@ -197,11 +200,8 @@ __device__ __forceinline__ void tq_fwht_row(const pyfa_cuda_args &a, uint32_t tr
     const pyfa_tq_fwht_params &p = pyfa_param<pyfa_tq_fwht_params>(a, PYFA_TQ_FWHT_ARG_PARAMS);
     const int lane = threadIdx.x & 31;
     const size_t row = blockIdx.x;
-    constexpr int ESZ = SDT == PYFA_DTYPE_F32 ? 4 : 2;
-    const char *src = pyfa_ptr<const char>(a, PYFA_TQ_FWHT_ARG_SRC) + row * D * ESZ;
     float u[E];
-#pragma unroll
-    for (int k = 0; k < E; k++) u[k] = pyfa_load_f32<SDT>(src, lane * E + k);
+    tq::load_row_warp<SDT, D>(pyfa_ptr<const char>(a, PYFA_TQ_FWHT_ARG_SRC), row, lane, u);
     tq::transform_warp<D>(u, transform, tq::seed64(p.seed_lo, p.seed_hi), p.stream, lane);
     char *dst = pyfa_ptr<char>(a, PYFA_TQ_FWHT_ARG_DST) + row * D * (DDT == PYFA_DTYPE_F32 ? 4 : 2);
 #pragma unroll

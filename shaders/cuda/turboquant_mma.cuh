@@ -85,7 +85,6 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_tab, uint32_t word, int
         : "r"(lane_tab + (code << 7)));
     return v;
 }
-
 } // namespace tq_mma
 
 template <int D>
@@ -200,6 +199,11 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     }
     const uint32_t lane_tab = smem_addr(smem_tq) + 4 * lane;
 
+    /* q_in UNROTATED: the op bound its q, rotated at the start of each pass into the
+     * ring's last stage, which no copy fills before the pass's first tile. */
+    const bool rotate_q = tp.q_in != PYFA_TQ_Q_IN_ROTATED;
+    float *s_qrot = reinterpret_cast<float *>(s_ring + (STAGES - 1) * S::STAGE_BYTES);
+    static_assert(HEADS * D * 4 <= S::STAGE_BYTES && STAGES >= 2, "a pass's rotated q fits a free stage");
     bool first_pass = true;
     for (uint32_t g0 = 0; g0 < G; g0 += HEADS) {
         const uint32_t gn = G - g0 < (uint32_t)HEADS ? G - g0 : (uint32_t)HEADS;
@@ -209,11 +213,6 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
             for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
         }
         first_pass = false;
-        /* q_in UNROTATED: the op bound its q, rotated here into the ring's last
-         * stage, which no copy fills before the pass's first tile. */
-        const bool rotate_q = tp.q_in != PYFA_TQ_Q_IN_ROTATED;
-        float *s_qrot = reinterpret_cast<float *>(s_ring + (STAGES - 1) * S::STAGE_BYTES);
-        static_assert(HEADS * D * 4 <= S::STAGE_BYTES && STAGES >= 2, "a pass's rotated q fits a free stage");
         if (rotate_q) {
             tq::rotate_q_rows<D>(a, tp, row0, gn, s_qrot, NW);
             __syncthreads();
