@@ -154,7 +154,12 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_q(int32_t D) {
     return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 64 : PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q;
 }
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 ? 64 : 128; }
+/* Keys per tile: 128 at D 80 to 128; 64 beyond (shared memory) and at D 64,
+ * where the smaller tile takes the kernel from 240 registers a thread to 116,
+ * so two blocks share an SM (H200, bf16, 16/8 heads, against 128 keys in one
+ * machine session: 16K 315 -> 354 TF non-causal and 317 -> 349 causal, 4K
+ * non-causal 279 -> 308, 4K causal level at 237-247 against 239-249). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 || D <= 64 ? 64 : 128; }
 /* Keys of one ring stage: the key tile, or half of it on the split path. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
     return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? pyfa_cuda_prefill_wgmma_block_k(D) / 2
