@@ -21,9 +21,10 @@
  * Fragments:
  * - K: an m-block is 16 positions of one warp, a register one looked-up pair
  *   (two dims of one position), straight from the load.
- * - V: an m-block is 16 dims; a register pairs two positions at one dim, so
- *   the pairs of positions p and p + 1 at the same byte make two registers
- *   (dims d and d + 1) by two byte permutes.
+ * - V: an m-block is 16 dims; a register pairs two positions at one dim:
+ *   the code bytes of positions p and p + 1 are re-paired by nibble (p's and
+ *   p + 1's codes of dim d in one byte, of dim d + 1 in another), and the
+ *   table's pair of such a byte is the register.
  *
  * The k-step columns and the output rows map to coordinates so that a lane
  * uses all four bytes of every code word it reads (32-bit loads, one
@@ -84,6 +85,17 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_tab, uint32_t word, int
         : "=r"(v)
         : "r"(lane_tab + (code << 7)));
     return v;
+}
+
+/* Bytes of two code words of one coordinate range, re-paired across the words:
+ * byte k of low_nibbles(a, b) is (low nibble of a's byte k, low nibble of b's
+ * byte k), of high_nibbles(a, b) the two high nibbles. With a and b two
+ * positions' words, its table pair is those positions' values at one dim. */
+__device__ __forceinline__ uint32_t low_nibbles(uint32_t a, uint32_t b) {
+    return (a & 0x0F0F0F0Fu) | ((b << 4) & 0xF0F0F0F0u);
+}
+__device__ __forceinline__ uint32_t high_nibbles(uint32_t a, uint32_t b) {
+    return ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
 }
 } // namespace tq_mma
 
@@ -181,20 +193,20 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
     if (PAGED) look_up(begin);
     for (int st = 0; st < STAGES - 1; st++) issue(begin + st * TP, st);
     { /* thread t computes entries t and t + 128 once (low nibble: the even
-       * coordinate) and writes their COPIES copies, starting at copy t so a
-       * warp's stores spread over the banks */
+       * coordinate) and writes their COPIES copies four at a time, starting at
+       * quad t % 8, so the 8 threads of a 16-byte store's phase hit distinct banks */
         static_assert(NW * 32 == 128 && COPIES == 32, "two entries per thread, 32 copies");
         const float *cb = &pyfa_param<float>(a, PYFA_TQ_VEC_ARG_K_CODEBOOK);
         const float even = cb[tid & 15];
         const uint32_t pair0 = pyfa_pack2<PYFA_DTYPE_F16>(even, cb[tid >> 4]);
         const uint32_t pair1 = pyfa_pack2<PYFA_DTYPE_F16>(even, cb[(tid >> 4) + 8]);
-        uint32_t *e0 = reinterpret_cast<uint32_t *>(smem_tq + tid * tq_mma::ENTRY);
-        uint32_t *e1 = reinterpret_cast<uint32_t *>(smem_tq + (tid + 128) * tq_mma::ENTRY);
+        uint4 *e0 = reinterpret_cast<uint4 *>(smem_tq + tid * tq_mma::ENTRY);
+        uint4 *e1 = reinterpret_cast<uint4 *>(smem_tq + (tid + 128) * tq_mma::ENTRY);
 #pragma unroll
-        for (int k = 0; k < COPIES; k++) {
-            const int copy = (k + tid) & (COPIES - 1);
-            e0[copy] = pair0;
-            e1[copy] = pair1;
+        for (int k = 0; k < COPIES / 4; k++) {
+            const int quad = (k + tid) & (COPIES / 4 - 1);
+            e0[quad] = make_uint4(pair0, pair0, pair0, pair0);
+            e1[quad] = make_uint4(pair1, pair1, pair1, pair1);
         }
     }
     const uint32_t lane_tab = smem_addr(smem_tq) + 4 * lane;
@@ -314,13 +326,17 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
                     const uint32_t w1 = *reinterpret_cast<const uint32_t *>(vrows + LDC + 32 * q4);
                     const uint32_t w8 = *reinterpret_cast<const uint32_t *>(vrows + 8 * LDC + 32 * q4);
                     const uint32_t w9 = *reinterpret_cast<const uint32_t *>(vrows + 9 * LDC + 32 * q4);
+                    /* Byte u of m01[0] holds the codes of positions 2c and 2c + 1 at dim
+                     * 2 vbyte (the low nibbles of byte u of w0 and w1), byte u of m01[1]
+                     * those at the next dim: the table's pair of such a byte is the V
+                     * fragment register itself, so the lookups feed the mma directly. */
+                    const uint32_t m01[2] = {tq_mma::low_nibbles(w0, w1), tq_mma::high_nibbles(w0, w1)};
+                    const uint32_t m89[2] = {tq_mma::low_nibbles(w8, w9), tq_mma::high_nibbles(w8, w9)};
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         const int i = 4 * q4 + u;
-                        const uint32_t l0 = tq_mma::lookup(lane_tab, w0, u), l1 = tq_mma::lookup(lane_tab, w1, u);
-                        const uint32_t l8 = tq_mma::lookup(lane_tab, w8, u), l9 = tq_mma::lookup(lane_tab, w9, u);
-                        const uint32_t f[4] = {__byte_perm(l0, l1, 0x5410), __byte_perm(l0, l1, 0x7632),
-                                               __byte_perm(l8, l9, 0x5410), __byte_perm(l8, l9, 0x7632)};
+                        const uint32_t f[4] = {tq_mma::lookup(lane_tab, m01[0], u), tq_mma::lookup(lane_tab, m01[1], u),
+                                               tq_mma::lookup(lane_tab, m89[0], u), tq_mma::lookup(lane_tab, m89[1], u)};
                         mma16816<PYFA_DTYPE_F16>(acc[i], f, phi[0], phi[1]);
                         mma16816<PYFA_DTYPE_F16>(acc[i], f, plo[0], plo[1]);
                     }
@@ -357,12 +373,14 @@ __device__ __forceinline__ void flash_attn_vec_tq_mma_impl(const pyfa_cuda_args 
 #pragma unroll
                     for (int i = 0; i < S::MB; i++) {
                         const char *rp = vt + 4 * (2 * (warp + NW * i) + (g >> 2)) + (16 * j + 2 * c) * LDC;
-                        const uint32_t l0 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp), g & 3);
-                        const uint32_t l1 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + LDC), g & 3);
-                        const uint32_t l2 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + 8 * LDC), g & 3);
-                        const uint32_t l3 = tq_mma::lookup(lane_tab, *reinterpret_cast<const uint32_t *>(rp + 9 * LDC), g & 3);
-                        f[i][0] = __byte_perm(l0, l1, 0x5410), f[i][1] = __byte_perm(l0, l1, 0x7632);
-                        f[i][2] = __byte_perm(l2, l3, 0x5410), f[i][3] = __byte_perm(l2, l3, 0x7632);
+                        const uint32_t w0 = *reinterpret_cast<const uint32_t *>(rp);
+                        const uint32_t w1 = *reinterpret_cast<const uint32_t *>(rp + LDC);
+                        const uint32_t w8 = *reinterpret_cast<const uint32_t *>(rp + 8 * LDC);
+                        const uint32_t w9 = *reinterpret_cast<const uint32_t *>(rp + 9 * LDC);
+                        f[i][0] = tq_mma::lookup(lane_tab, tq_mma::low_nibbles(w0, w1), g & 3);
+                        f[i][1] = tq_mma::lookup(lane_tab, tq_mma::high_nibbles(w0, w1), g & 3);
+                        f[i][2] = tq_mma::lookup(lane_tab, tq_mma::low_nibbles(w8, w9), g & 3);
+                        f[i][3] = tq_mma::lookup(lane_tab, tq_mma::high_nibbles(w8, w9), g & 3);
                     }
 #pragma unroll
                     for (int i = 0; i < S::MB; i++) mma16816<PYFA_DTYPE_F16>(acc[i], f[i], phi[j][0], phi[j][1]);
