@@ -53,6 +53,9 @@
  * accuracy rule of flash-attn's tests); 2 adds the rounding residual as a
  * second product (P exact to ~2^-17, f32-grade output; the P V tensor-core
  * work doubles). */
+#ifndef PYFA_PREFILL_MAX_SLACK
+#define PYFA_PREFILL_MAX_SLACK 8.0f
+#endif
 #ifndef PYFA_PREFILL_P_TERMS
 #define PYFA_PREFILL_P_TERMS 1
 #endif
@@ -405,30 +408,51 @@ __device__ __forceinline__ void finish_tile(float (&s)[NT][4], const pyfa_flash_
     finish_keys<DT, KV_MODE>(s, p, f, bi, bi.rules(p, f, kt, BK), (int64_t)kt * BK, scale_log2, mrow, pos, t4);
 }
 
-/* One online-softmax step of this lane's two rows (a row is spread over the
- * 4 lanes of a quad): s becomes P = exp2(s - max), m and l move to the new
- * maximum and sum, and alpha is the factor the output accumulators must be
- * rescaled by (rescale_rows), exactly 1 where the maximum did not move. */
+/* A row's maximum or sum over 16 or more score blocks runs in ROW_CHAINS
+ * interleaved chains (block n into chain n % ROW_CHAINS), folded at the end:
+ * a dependent chain of about NT / ROW_CHAINS operations instead of NT, which
+ * the two warps a scheduler holds do not hide. Tiles of 8 blocks keep one
+ * chain (H200: D 256 causal measured 8-10% slower with chains, D 64 level). */
+constexpr int ROW_CHAINS = 4;
+/* The running maximum's slack (log2 units) for a head dim: from D = 256 a
+ * row's maximum moves only when a tile's exceeds it by more than
+ * PYFA_PREFILL_MAX_SLACK, so P stays under 2^SLACK (exact in the 16-bit P
+ * and the f32 sums) and o, 128 or more registers a thread, is rescaled only
+ * when some row of the warp moved (FlashAttention-4 keeps a stale maximum
+ * the same way). Smaller D keep the exact maximum: there the vote measured
+ * level at D 128 and 5-8% slower at D 64 4K causal (H200). */
+constexpr float prefill_max_slack(int D) { return D > 128 ? PYFA_PREFILL_MAX_SLACK : 0.0f; }
 template <int NT>
-__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               float slack = 0.0f) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
+        constexpr int C = NT >= 16 ? ROW_CHAINS : 1;
+        float part[C];
 #pragma unroll
-        for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        for (int n = 0; n < NT; n++) {
+            const float x = fmaxf(s[n][2 * r], s[n][2 * r + 1]);
+            part[n % C] = n < C ? x : fmaxf(part[n % C], x);
+        }
+#pragma unroll
+        for (int c = 1; c < C; c++) part[0] = fmaxf(part[0], part[c]);
+        float mx = part[0];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[r], mx);
+        const float m_new = slack > 0.0f ? (mx > m[r] + slack ? mx : m[r]) : fmaxf(m[r], mx);
         /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
         alpha[r] = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        float sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
             s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
-            sum += s[n][2 * r] + s[n][2 * r + 1];
+            const float x = s[n][2 * r] + s[n][2 * r + 1];
+            part[n % C] = n < C ? x : part[n % C] + x;
         }
+        float sum = part[0];
+#pragma unroll
+        for (int c = 1; c < C; c++) sum += part[c];
         l[r] = l[r] * alpha[r] + sum;
         m[r] = m_new;
     }
@@ -443,6 +467,22 @@ __device__ __forceinline__ void rescale_rows(float (&o)[ND][4], const float (&al
         o[n][2] *= alpha[1];
         o[n][3] *= alpha[1];
     }
+}
+
+/* rescale_rows where some row of this warp moved its maximum (alpha is
+ * exactly 1 elsewhere, and a product of 1 is a no-op). */
+template <int ND>
+__device__ __forceinline__ void rescale_moved_rows(float (&o)[ND][4], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
+}
+
+/* o's rescale after a softmax step taken with slack (prefill_max_slack). */
+template <bool SLACK, int ND>
+__device__ __forceinline__ void rescale_after(float (&o)[ND][4], const float (&alpha)[2]) {
+    if constexpr (SLACK)
+        rescale_moved_rows(o, alpha);
+    else
+        rescale_rows(o, alpha);
 }
 
 /* Both steps at once, for a loop whose product into o is not in flight. */

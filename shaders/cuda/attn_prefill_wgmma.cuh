@@ -274,6 +274,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                   ND = S::ND;
     constexpr int GROUP = S::GROUP;
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
+    constexpr float SLACK = prefill_max_slack(D);
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
     const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2);
@@ -429,7 +430,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             tma.release(false, 0);
             finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
             float alpha[2]; /* o is still 0 */
-            softmax_scores(s, m, l, alpha);
+            softmax_scores(s, m, l, alpha, SLACK);
 #pragma unroll
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
         }
@@ -452,7 +453,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             tiles_landed(i, i - 1); /* K_i and V_{i-1} landed */
             float s[NT][4];
             zero_scores(s);
-            rescale_rows(o, alpha);
+            rescale_after<(SLACK > 0.0f)>(o, alpha);
             pin_operands<P_TERMS>(o, pa, pl);
             if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();
@@ -468,7 +469,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
                 scale_scores(s, scale_log2);
             else
                 finish_keys<DT, KV_MODE>(s, p, f, bi, tr, (int64_t)kt * BK, scale_log2, mrow, pos, t4);
-            softmax_scores(s, m, l, alpha);
+            softmax_scores(s, m, l, alpha, SLACK);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
             tma.release(true, i - 1);
@@ -485,7 +486,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             kt = bi.next_tile(kt + 1);
         }
         tiles_landed(-1, i - 1); /* the last V */
-        rescale_rows(o, alpha);
+        rescale_after<(SLACK > 0.0f)>(o, alpha);
         pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
         my_turn();

@@ -67,6 +67,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
     constexpr int D = S::D, BQ = S::BQ, BK = S::BK, KS = S::KS, BLOCK_THREADS = S::BLOCK_THREADS, KD = S::KD,
                   KP = S::KP, NT = S::NT, ND = S::ND, GROUP = S::GROUP;
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
+    constexpr float SLACK = prefill_max_slack(D);
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
     const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2);
@@ -205,7 +206,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
             exchange_scores(s);
             finish_stage(s, kt);
             float alpha[2]; /* o is still 0 */
-            softmax_scores(s, m, l, alpha);
+            softmax_scores(s, m, l, alpha, SLACK);
 #pragma unroll
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
         }
@@ -226,10 +227,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
             exchange_scores(s);
             finish_stage(s, kt);
             float alpha[2];
-            softmax_scores(s, m, l, alpha);
+            softmax_scores(s, m, l, alpha, SLACK);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
-            rescale_rows(o, alpha);
+            rescale_after<(SLACK > 0.0f)>(o, alpha);
 #pragma unroll
             for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
             kt = next_stage(kt);
