@@ -405,6 +405,25 @@ def test_fully_masked_rows_and_inf_key(device, rng, kind):
     check_lse(lse, ref_lse)
 
 
+@pytest.mark.parametrize("D,dtype,causal,jump", [(64, BF16, False, 0.0), (128, np.float16, True, 0.0),
+                                                   (256, BF16, False, 25.0), (256, np.float16, True, 0.0),
+                                                   (512, BF16, True, 25.0), (192, np.float16, False, 25.0)])
+def test_scores_rising_along_the_keys(device, rng, D, dtype, causal, jump):
+    """Logits that rise along the keys (about 0.03 a key, so about 2 a 64-key tile) move a row's
+    maximum in every tile, by less than a kernel's slack within a few tiles and by more over many;
+    `jump` adds a step of that many (natural units) in the last keys. Kernels that keep a stale
+    maximum (CUDA from D 256) must give the reference's output and LSE all the same."""
+    qL, kL = 64, 600
+    q, k, v = make(rng, 1, 2, 1, qL, kL, D, dtype)
+    q = (q * 0.3).astype(dtype)
+    q[..., 0] = 4.0
+    rise = 0.03 * np.arange(kL) + np.where(np.arange(kL) >= kL - 10, jump, 0.0)
+    k[..., 0] = (rise * np.sqrt(D) / 4.0).astype(dtype)  # q . k / sqrt(D) gains rise[j] at key j
+    out, lse, ref, ref_lse = run_both(q, k, v, causal=causal, device=device)
+    check_close(out, ref[0], dtype, ref[1])
+    check_lse(lse, ref_lse)
+
+
 def test_causal_rows_without_keys_are_zero(device, rng):
     q, k, v = make(rng, 1, 2, 2, 40, 20, 64, np.float32)  # qL > kL: rows 0..19 see no key
     out, lse = pyfa.attention(q, k, v, causal=True, return_lse=True, device=device)
