@@ -53,11 +53,12 @@
  * accuracy rule of flash-attn's tests); 2 adds the rounding residual as a
  * second product (P exact to ~2^-17, f32-grade output; the P V tensor-core
  * work doubles). */
-#ifndef PYFA_PREFILL_MAX_SLACK
-#define PYFA_PREFILL_MAX_SLACK 8.0f
-#endif
 #ifndef PYFA_PREFILL_P_TERMS
 #define PYFA_PREFILL_P_TERMS 1
+#endif
+/* The running maximum's slack from D = 256, log2 units (prefill_max_slack). */
+#ifndef PYFA_PREFILL_MAX_SLACK
+#define PYFA_PREFILL_MAX_SLACK 8.0f
 #endif
 
 #ifdef PYFA_COMPILE_CHECK
@@ -469,20 +470,12 @@ __device__ __forceinline__ void rescale_rows(float (&o)[ND][4], const float (&al
     }
 }
 
-/* rescale_rows where some row of this warp moved its maximum (alpha is
- * exactly 1 elsewhere, and a product of 1 is a no-op). */
-template <int ND>
-__device__ __forceinline__ void rescale_moved_rows(float (&o)[ND][4], const float (&alpha)[2]) {
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
-}
-
-/* o's rescale after a softmax step taken with slack (prefill_max_slack). */
+/* o's rescale after a softmax step; with slack (prefill_max_slack) only
+ * where some row of this warp moved its maximum (alpha is exactly 1
+ * elsewhere, and a product of 1 is a no-op). */
 template <bool SLACK, int ND>
 __device__ __forceinline__ void rescale_after(float (&o)[ND][4], const float (&alpha)[2]) {
-    if constexpr (SLACK)
-        rescale_moved_rows(o, alpha);
-    else
-        rescale_rows(o, alpha);
+    if (!SLACK || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows(o, alpha);
 }
 
 /* Both steps at once, for a loop whose product into o is not in flight. */
