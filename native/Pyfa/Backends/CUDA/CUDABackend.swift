@@ -11,8 +11,12 @@ final class CUDAPipeline: Pipeline {
     let module: CUmodule
     let function: CUfunction
     let context: CUDAContext
-    /// Dynamic shared memory the function has been allowed (above 48 KB needs opting in).
-    var dynamicSharedLimit = 48 * 1024
+    /// Dynamic shared memory the function has been allowed: none until a launch
+    /// sets it. The driver's default is not 48 KB for every function (on an
+    /// H200 a D 64 prefill with 2 KB of static shared memory failed to launch
+    /// with 48 KB dynamic, CUDA_ERROR_INVALID_VALUE), so the first launch that
+    /// takes dynamic shared memory sets the limit to what it takes.
+    var dynamicSharedLimit = 0
     let lock = Lock()
     /// TMA tensor maps the kernel takes inline, built at each launch (nil: none).
     let tensorMaps: CUDATensorMaps?
