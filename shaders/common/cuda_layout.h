@@ -167,24 +167,32 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
 }
 /* In rectangular mode the K and V stages of both paths arrive by TMA when the
  * CUDA backend encoded their tensor maps (inline arguments in these slots;
- * an absent map, argument 0, leaves the stages to cp.async copies). A stage
- * is laid out [64-element block][key][128 bytes, 16-byte chunks swizzled by
- * key % 8] either way: the TMA box {64 elements, stage keys, D / 64, 1, 1}
- * with 128-byte swizzling of the 5-d view {64, kv_len, D / 64, num_kv_heads,
- * batch} of k or v (strides: the row, 128 bytes, the head, the batch). */
+ * an absent map, argument 0, leaves the stages to cp.async copies). With S the
+ * swizzle span (pyfa_cuda_prefill_wgmma_swizzle_bytes), a stage is laid out
+ * [block of S / 2 elements][key][S bytes, 16-byte chunks swizzled] either way:
+ * the TMA box {S / 2 elements, stage keys, 2 D / S, 1, 1} with S-byte
+ * swizzling of the 5-d view {S / 2, kv_len, 2 D / S, num_kv_heads, batch} of
+ * k or v (strides: the row, S bytes, the head, the batch). */
 #define PYFA_CUDA_PREFILL_ARG_TMAP_K 13
 #define PYFA_CUDA_PREFILL_ARG_TMAP_V 14
-/* Whether the warpgroup-MMA paths keep K and V stages in that swizzled layout
- * (and take them by TMA in rectangular mode): head dims of whole 64-element
- * blocks from 128 on (128, 192, 256, 512). 80 and 96 keep core matrices and
- * cp.async, and so does 64, where TMA measured 3-8% slower (H200, bf16, 16/8
+/* Whether the warpgroup-MMA paths keep K and V stages in a swizzled layout
+ * (and take them by TMA in rectangular mode): from D = 80 on. D 64 keeps core
+ * matrices and cp.async: TMA measured 3-8% slower there (H200, bf16, 16/8
  * heads, same machine session: 4K causal 216 against 202 TF, non-causal 302
  * against 286, 16K non-causal 330 against 320; D 256 4K causal gained 272 ->
- * 380, D 128 16K 417 -> 485 and 407 -> 478); with TMA the warpgroups also
- * take turns issuing their products, and D 64 measured slower that way too
- * (4K non-causal 267-273 against 298-308 TF, 16K non-causal 304-308 against
- * 332-334). */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D % 64 == 0 && D >= 128; }
+ * 380, D 128 16K 417 -> 485 and 407 -> 478), also with the warpgroups taking
+ * turns (4K non-causal 267-273 against 298-308 TF, 16K non-causal 304-308
+ * against 332-334) and at two blocks an SM (16K non-causal 321-330 against
+ * 357). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D >= 80; }
+/* The swizzle span of those stages: the widest of 128, 64 and 32 bytes that
+ * divides a row (D 128, 192, 256, 512: 128; D 96: 64; D 80: 32). A stage is
+ * [D / (span / 2) blocks][key][span bytes, 16-byte chunk c of key r at
+ * c ^ ((r span / 128) % (span / 16))]: the layout TMA's swizzle of that span
+ * writes, and wgmma's swizzled operand layout of the same span. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_swizzle_bytes(int32_t D) {
+    return (D * 2) % 128 == 0 ? 128 : (D * 2) % 64 == 0 ? 64 : 32;
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;

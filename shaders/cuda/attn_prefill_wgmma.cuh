@@ -47,7 +47,8 @@ struct wgmma_shape {
     static constexpr int STAGES = PYFA_CUDA_PREFILL_WGMMA_KV_STAGES;
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
     static constexpr bool SWIZZLED = pyfa_cuda_prefill_wgmma_tma(D) != 0; /* K, V stages: swizzled, TMA-able */
-    static constexpr int BLOCK = BK * 128; /* swizzled stages: bytes between 64-coordinate blocks */
+    static constexpr int SPAN = pyfa_cuda_prefill_wgmma_swizzle_bytes(D); /* the swizzle's bytes a key */
+    static constexpr int BLOCK = BK * SPAN; /* swizzled stages: bytes between blocks of SPAN / 2 coordinates */
     static_assert(STAGES == 2, "two K stages and two V stages: the loop indexes them by tile parity");
     static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
@@ -152,34 +153,53 @@ __device__ __forceinline__ void load_core_tile_strided(char *dst, const char *ro
     }
 }
 
-/* K and V stages in wgmma's 128-byte swizzled layout (head dims of whole
- * 64-element blocks pyfa_cuda_prefill_wgmma_tma names): per block of 64
- * coordinates, a key's 128 bytes with its 16-byte chunk c at c ^ (key % 8);
- * blocks KEYS x 128 bytes apart, 8-key groups 1 KiB apart. It is the layout a
- * TMA box {64, KEYS, D / 64} with 128-byte swizzling writes; K reads it as
- * the K-major B of S (a k-step is 32 bytes along a key, the next block
- * after four), V as the N-major B of P V (64-column blocks KEYS x 128 bytes
- * apart, the leading offset). The stage must be 1 KiB aligned. */
-constexpr uint64_t WGMMA_SWIZZLE_128B = 1ull << 62;
-__device__ __forceinline__ uint64_t swizzled_kmajor(uint32_t addr) {
-    return pyfa_wgmma_desc(addr, 16, 1024) | WGMMA_SWIZZLE_128B;
+/* K and V stages in wgmma's swizzled layout of span SPAN (128, 64 or 32
+ * bytes: pyfa_cuda_prefill_wgmma_swizzle_bytes): per block of SPAN / 2
+ * coordinates, a key's SPAN bytes with its 16-byte chunk c at
+ * c ^ ((key SPAN / 128) % (SPAN / 16)); blocks KEYS x SPAN bytes apart,
+ * 8-key groups 8 SPAN apart. It is the layout a TMA box {SPAN / 2, KEYS,
+ * 2 D / SPAN} with SPAN-byte swizzling writes; K reads it as the K-major B of
+ * S (a k-step is 32 bytes along a key, the next block after SPAN / 32), V as
+ * the N-major B of P V (column blocks KEYS x SPAN bytes apart, the leading
+ * offset). The stage must be 1 KiB aligned. */
+template <int SPAN>
+constexpr uint64_t wgmma_swizzle() { /* the descriptor's layout type, bits 62-63 */
+    static_assert(SPAN == 128 || SPAN == 64 || SPAN == 32, "a swizzle of 128, 64 or 32 bytes");
+    return (uint64_t)(SPAN == 128 ? 1 : SPAN == 64 ? 2 : 3) << 62;
 }
+template <int SPAN = 128>
+__device__ __forceinline__ uint64_t swizzled_kmajor(uint32_t addr) {
+    return pyfa_wgmma_desc(addr, 16, 8 * SPAN) | wgmma_swizzle<SPAN>();
+}
+template <int SPAN = 128>
 __device__ __forceinline__ uint64_t swizzled_nmajor(uint32_t addr, uint32_t block_bytes) {
-    return pyfa_wgmma_desc(addr, block_bytes, 1024) | WGMMA_SWIZZLE_128B;
+    return pyfa_wgmma_desc(addr, block_bytes, 8 * SPAN) | wgmma_swizzle<SPAN>();
+}
+/* Byte offset of K-major k-step kk (16 coordinates) in a swizzled stage of BLOCK-byte blocks. */
+template <int SPAN, int BLOCK>
+__device__ __forceinline__ constexpr uint32_t swizzled_kstep(int kk) {
+    return (uint32_t)(kk * 32 / SPAN) * BLOCK + (uint32_t)(kk * 32 % SPAN);
 }
 
 /* Rows [0, n) of a KEYS-row stage into the swizzled layout by every thread's
  * cp.async copies (row r from row_src(r)), rows [n, KEYS) as zeros: the
  * stages TMA does not bring (packed modes, no tensor map). */
-template <int D, int KEYS, int BLOCK_THREADS, class RowSrc>
+template <int D, int KEYS, int BLOCK_THREADS, int SPAN, class RowSrc>
 __device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, const char *any, uint32_t n) {
-    constexpr int CH = D / 8, CHUNKS = KEYS * CH;
+    constexpr int CH = D / 8, CHUNKS = KEYS * CH, CB = SPAN / 16; /* chunks a row, a block's row */
     static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
 #pragma unroll
     for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
         const core_chunk<CH> c((int)threadIdx.x + k * BLOCK_THREADS);
         const bool live = (uint32_t)c.r < n;
-        const int at = (c.ch >> 3) * (KEYS * 128) + c.r * 128 + (((c.ch & 7) ^ (c.r & 7)) << 4);
+        /* One offset in two forms: each is the form whose kernels were measured
+         * and tested on the H200 (ptxas allocates the whole kernel's registers
+         * differently for the two). */
+        int at;
+        if constexpr (SPAN == 128)
+            at = (c.ch >> 3) * (KEYS * 128) + c.r * 128 + (((c.ch & 7) ^ (c.r & 7)) << 4);
+        else
+            at = (c.ch / CB) * (KEYS * SPAN) + c.r * SPAN + (((c.ch % CB) ^ ((c.r * SPAN >> 7) % CB)) << 4);
         pyfa_cp_async16_ca(dst + at, live ? row_src(c.r) + c.ch * 16 : any, live ? 16u : 0u);
     }
 }
@@ -255,12 +275,13 @@ __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, i
             return pool + (int64_t)paged_row(pg, bi.bt, p.num_kv_heads, bi.kvh, shift, tmask, j0 + r) * (D * 2);
         };
         if constexpr (SWIZZLED)
-            load_swizzled_stage<D, KEYS, BLOCK_THREADS>(dst, row_src, pool, n);
+            load_swizzled_stage<D, KEYS, BLOCK_THREADS, pyfa_cuda_prefill_wgmma_swizzle_bytes(D)>(dst, row_src, pool, n);
         else
             load_core_tile<D, KEYS, BLOCK_THREADS>(dst, row_src, pool, n);
     } else if constexpr (SWIZZLED) {
         const char *row0 = base + (int64_t)j0 * rowb;
-        load_swizzled_stage<D, KEYS, BLOCK_THREADS>(dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
+        load_swizzled_stage<D, KEYS, BLOCK_THREADS, pyfa_cuda_prefill_wgmma_swizzle_bytes(D)>(
+            dst, [&](int r) { return row0 + (int64_t)r * rowb; }, row0, n);
     } else {
         load_core_tile_strided<D, KEYS, BLOCK_THREADS>(dst, base + (int64_t)j0 * rowb, rowb, n);
     }
@@ -270,6 +291,11 @@ template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = wgmma_shape<D>;
+    /* K and V stages swizzled: in rectangular mode wherever TMA may bring them,
+     * in the packed modes (every thread's cp.async copies) from D = 128; D 80
+     * and 96 keep core matrices there, whose copies step their addresses
+     * (load_core_tile_strided) where the swizzled copies recompute each. */
+    constexpr bool SWIZZLED = S::SWIZZLED && (KV_MODE == PYFA_PREFILL_KV_RECT || D >= 128);
     constexpr int BQ = S::BQ, BK = S::BK, BLOCK_THREADS = S::BLOCK_THREADS, KD = S::KD, KP = S::KP, NT = S::NT,
                   ND = S::ND;
     constexpr int GROUP = S::GROUP;
@@ -320,7 +346,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* Thread 0 issues the copies. It may wait there for warpgroup 1 to release
      * a stage; a copier in warpgroup 1, which never waits so, measured slower
      * (H200, D 256 16K causal 485 against 536-560 TF). */
-    const tma_rings tma(a, S::SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
+    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
     static_assert(BLOCK_THREADS / 32 == tma_rings::RELEASES, "every warp of the block releases each stage");
 
     load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
@@ -328,7 +354,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* K or V rows of key tile t, the seq-th K or V tile of the block, into stage seq % 2 of dst's ring. */
     auto load_kv = [&](bool is_v, int seq, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
         const uint32_t j0 = t * BK, n = bi.keys(p) - j0 < (uint32_t)BK ? bi.keys(p) - j0 : BK;
-        load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, S::SWIZZLED>(tma, is_v, seq & 1, dst, a, p, bi, base, rowb,
+        load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, SWIZZLED>(tma, is_v, seq & 1, dst, a, p, bi, base, rowb,
                                                                    pool_slot, j0, n, seq);
     };
 
@@ -387,8 +413,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             uint64_t kd;
-            if constexpr (S::SWIZZLED)
-                kd = swizzled_kmajor(k_addr + (kk >> 2) * S::BLOCK + (kk & 3) * 32);
+            if constexpr (SWIZZLED)
+                kd = swizzled_kmajor<S::SPAN>(k_addr + swizzled_kstep<S::SPAN, S::BLOCK>(kk));
             else
                 kd = kmajor(k_addr + 256 * kk);
             pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kd, kk > 0 ? 1u : 0u);
@@ -400,7 +426,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 #pragma unroll
         for (int t = 0; t < KP; t++) {
             /* keys 16t ...: two 8-row groups */
-            const uint64_t vd = S::SWIZZLED ? swizzled_nmajor(v_addr + 2048 * t, S::BLOCK) : nmajor(v_addr + 2 * GROUP * t);
+            const uint64_t vd = SWIZZLED ? swizzled_nmajor<S::SPAN>(v_addr + 16 * S::SPAN * t, S::BLOCK)
+                                         : nmajor(v_addr + 2 * GROUP * t);
             pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
             if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }
@@ -408,9 +435,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     };
     /* Where the next tiles' copies are issued: after the products from D = 128
      * on, so their ~300 instructions run while the tensor cores work on S
-     * (H200, 16K: D 256 +5-10%, D 128 -1 to +6%); before them below, where S
-     * is shorter than the copies' issue (D 64: 3% slower after). */
-    constexpr bool COPIES_UNDER_S = D >= 128;
+     * (H200, 16K: D 256 +5-10%, D 128 -1 to +6%), and wherever TMA may bring
+     * them (one instruction); before them below, where S is shorter than the
+     * threads' copies' issue (D 64: 3% slower after). */
+    constexpr bool COPIES_UNDER_S = D >= 128 || (SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT);
     /* Operands are written before the fence and read after the wait: the pins
      * keep the compiler from moving those accesses across either. */
     if (kt < bi.t_end) {

@@ -51,6 +51,7 @@ struct wgmma_split_shape {
     static constexpr int GROUP = 16 * D;
     static constexpr int HALF = DH / 8 * 128; /* Q: bytes from a row group's start to its second half */
     static constexpr int BLOCK = KS * 128;            /* K, V stages: bytes between 64-coordinate blocks */
+    static_assert(pyfa_cuda_prefill_wgmma_swizzle_bytes(D) == 128, "128-byte swizzled stages");
     static constexpr int STAGE_HALF = DH / 64 * BLOCK; /* K, V stages: bytes to the second half */
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = KS * D * 2;
     static constexpr int EXCHANGE_BYTES = 2 * BQ * KS * 4;

@@ -76,8 +76,12 @@ final class PrefillLayoutTests: XCTestCase {
             XCTAssertEqual(d % 16, 0)
             XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
             XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
-            // TMA's 128-byte swizzled stages: whole 64-element blocks, every stage 1 KiB aligned, a box of <= 256 keys.
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d % 64 == 0 && d >= 128 ? 1 : 0, "D \(d)")
+            // TMA's swizzled stages (a 128-, 64- or 32-byte span): whole spans a row, every stage 1 KiB aligned,
+            // a box of <= 256 keys.
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d >= 80 ? 1 : 0, "D \(d)")
+            let span = pyfa_cuda_prefill_wgmma_swizzle_bytes(d)
+            XCTAssertEqual(span, d % 64 == 0 ? 128 : d % 32 == 0 ? 64 : 32, "swizzle span, D \(d)")
+            XCTAssertEqual(d * 2 % span, 0, "whole spans a row, D \(d)")
             if pyfa_cuda_prefill_wgmma_tma(d) != 0 {
                 XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
                 XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")

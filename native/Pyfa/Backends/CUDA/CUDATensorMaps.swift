@@ -99,15 +99,18 @@ struct CUDATensorMaps {
         guard let rowStride = legal(sr, extent: rows, contiguous: row),
               let headStride = legal(sh, extent: heads, contiguous: row * rows),
               let batchStride = legal(sb, extent: batch, contiguous: row * rows * heads) else { return false }
-        // Rows of 64 elements (128 bytes, the swizzle's span) per box row, the head dim's 64-element blocks outside the rows.
-        let dims: [UInt64] = [64, rows, UInt64(headDim / 64), heads, batch]
-        let strides: [UInt64] = [rowStride, 128, headStride, batchStride]
-        let box: [UInt32] = [64, m.boxRows, UInt32(headDim / 64), 1, 1]
+        // Rows of one swizzle span (128, 64 or 32 bytes) per box row, the head dim's blocks of that span outside the rows.
+        let span = Int(pyfa_cuda_prefill_wgmma_swizzle_bytes(Int32(headDim)))
+        let blockElements = span / 2, blocks = headDim / blockElements
+        let swizzle: Int32 = span == 128 ? 3 : span == 64 ? 2 : 1 /* CU_TENSOR_MAP_SWIZZLE_{128,64,32}B */
+        let dims: [UInt64] = [UInt64(blockElements), rows, UInt64(blocks), heads, batch]
+        let strides: [UInt64] = [rowStride, UInt64(span), headStride, batchStride]
+        let box: [UInt32] = [UInt32(blockElements), m.boxRows, UInt32(blocks), 1, 1]
         let ones: [UInt32] = [1, 1, 1, 1, 1]
         // The driver writes a map only to a 64-byte aligned address: a stack scratch, then the block.
         return withUnsafeTemporaryAllocation(byteCount: 128, alignment: 64) { map -> Bool in
             let status = encodeTiled(map.baseAddress!, 1 /* UINT16 */, 5, UnsafeMutableRawPointer(bitPattern: UInt(address)),
-                                     dims, strides, box, ones, 0 /* no interleave */, 3 /* 128-byte swizzle */,
+                                     dims, strides, box, ones, 0 /* no interleave */, swizzle,
                                      2 /* L2 promotion 128 B */, 0 /* out-of-bounds elements read as zeros */)
             if status == 0 { dst.copyMemory(from: map.baseAddress!, byteCount: 128) }
             return status == 0
