@@ -46,7 +46,8 @@ struct wgmma_shape {
     static constexpr int GROUP = 16 * D; /* bytes between 8-row groups of a tile */
     static constexpr int STAGES = PYFA_CUDA_PREFILL_WGMMA_KV_STAGES;
     static constexpr int Q_BYTES = BQ * D * 2, KV_BYTES = BK * D * 2;
-    static constexpr bool SWIZZLED = pyfa_cuda_prefill_wgmma_tma(D) != 0; /* K, V stages: swizzled, TMA-able */
+    /* A TMA-able head dim; prefill_wgmma's SWIZZLED adds the KV mode. */
+    static constexpr bool SWIZZLED = pyfa_cuda_prefill_wgmma_tma(D) != 0;
     static constexpr int SPAN = pyfa_cuda_prefill_wgmma_swizzle_bytes(D); /* the swizzle's bytes a key */
     static constexpr int BLOCK = BK * SPAN; /* swizzled stages: bytes between blocks of SPAN / 2 coordinates */
     static_assert(STAGES == 2, "two K stages and two V stages: the loop indexes them by tile parity");
