@@ -6,11 +6,11 @@ one without; the setting is read when the CUDA backend starts).
 Cases, each the median of --reps calls (host microseconds from the call's start to its return,
 nothing synchronised in between):
 
-  idle       a decode call on an idle GPU;
-  after-mm   a decode call queued right behind a torch matmul of about 2 ms;
-  after-own  a decode call queued right behind a long decode call (B 8, 32K);
-  tq-after-mm  a TurboQuantKVCache.attend (two launches: decode, then the tail) behind the matmul;
-  step-after-mm  KVCache.append + attend behind the matmul.
+  idle           a decode call on an idle GPU;
+  after-mm       a decode call queued right behind a torch matmul (8192^3 bf16, about 1.6 ms on an H200);
+  after-own      a decode call queued right behind a long decode call (B 8, 32K);
+  tq-after-mm    a TurboQuantKVCache.attend behind the matmul, tq-idle the same on an idle GPU;
+  step-after-mm  KVCache.append + attend behind the matmul, step-idle the same on an idle GPU.
 
     PYFA_CUDA_PDL=1 python3 scripts/gpu_pdl_probe.py [--reps 20]
 """

@@ -342,8 +342,9 @@ def check_timing(gpu, iters, reps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--no-timing", action="store_true")
-    ap.add_argument("--timing-only", action="store_true", help="skip the codec and decode checks")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--no-timing", action="store_true")
+    only.add_argument("--timing-only", action="store_true", help="skip the codec and decode checks")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--device", default="cuda", help="backend under test (cpu: a dry run of the script)")
