@@ -7,6 +7,9 @@ or CUDA-event timings (TFLOP/s) without one.
     python3 scripts/gpu_prefill_profile.py --shape 16,8,128,16384,1     (Hq, Hkv, D, L, causal)
     python3 scripts/gpu_prefill_profile.py --shape 16,8,128,16384,1,4   (... , then N: varlen_attention
                                                                          over N packed sequences of L / N)
+    python3 scripts/gpu_prefill_profile.py --fa4 ...   FlashAttention-4's public call on the same
+                                                       inputs instead (rectangular shapes only; a
+                                                       profile of the strongest peer beside ours)
 """
 import sys
 from pathlib import Path
@@ -47,8 +50,17 @@ def run(Hq, Hkv, D, L, causal, packed=0):
         k = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
         v = torch.randn((1, Hkv, L, D), generator=g, device="cuda", dtype=torch.bfloat16)
 
-        def call():
-            return pyfa.attention(q, k, v, causal=bool(causal), device=dev)
+        if "--fa4" in sys.argv:
+            from flash_attn.cute import flash_attn_func
+
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # its layout: [B, L, H, D]
+
+            def call():
+                return flash_attn_func(qt, kt, vt, causal=bool(causal))
+        else:
+
+            def call():
+                return pyfa.attention(q, k, v, causal=bool(causal), device=dev)
 
         flops = 4 * Hq * L * L * D / (2 if causal else 1)
 
@@ -59,7 +71,8 @@ def run(Hq, Hkv, D, L, causal, packed=0):
         return
     ms = event_ms(call, iters=10)
     what = f"varlen {packed} x {L // packed}" if packed else f"L={L}"
-    print(f"Hq/Hkv {Hq}/{Hkv} D={D} {what} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
+    who = "FlashAttention-4" if "--fa4" in sys.argv else "pyfa"
+    print(f"{who} Hq/Hkv {Hq}/{Hkv} D={D} {what} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -423,9 +423,15 @@ constexpr int ROW_CHAINS = 4;
  * the same way). Smaller D keep the exact maximum: there the vote measured
  * level at D 128 and 5-8% slower at D 64 4K causal (H200). */
 constexpr float prefill_max_slack(int D) { return D > 128 ? PYFA_PREFILL_MAX_SLACK : 0.0f; }
-template <int NT>
+/* One softmax step over a score tile in the log2 domain. RAW: s holds the
+ * raw dot products of a plain tile and scale_log2 > 0; the row maximum is
+ * taken on them and scaled (the same maximum: rounding is monotone), and each
+ * exponent is one fma(dot, scale_log2, -m), as FlashAttention does, where the
+ * scaled scores take a multiply and a subtract (H200, D 128: 64 instructions
+ * a thread and tile fewer). */
+template <bool RAW = false, int NT>
 __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                               float slack = 0.0f) {
+                                               float slack = 0.0f, float scale_log2 = 1.0f) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         constexpr int C = NT >= 16 ? ROW_CHAINS : 1;
@@ -440,14 +446,20 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float (&m)[2],
         float mx = part[0];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (RAW) mx *= scale_log2;
         const float m_new = slack > 0.0f ? (mx > m[r] + slack ? mx : m[r]) : fmaxf(m[r], mx);
         /* Exactly 1 when the max does not move (an all -inf tile is a no-op). */
         alpha[r] = m_new == m[r] ? 1.0f : exp2f(m[r] - m_new);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
-            s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
+            if constexpr (RAW) {
+                s[n][2 * r] = exp2_approx(fmaf(s[n][2 * r], scale_log2, -m_use));
+                s[n][2 * r + 1] = exp2_approx(fmaf(s[n][2 * r + 1], scale_log2, -m_use));
+            } else {
+                s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
+                s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
+            }
             const float x = s[n][2 * r] + s[n][2 * r + 1];
             part[n % C] = n < C ? x : part[n % C] + x;
         }

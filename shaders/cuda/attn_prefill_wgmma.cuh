@@ -308,8 +308,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
         if (!bi.live()) return; /* uniform per block, before any barrier */
     }
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-              t4 = lane & 3;
+    /* The warpgroup through a shuffle, which the compiler knows to be uniform
+     * across the warp: the descriptors built from it then live in uniform
+     * registers (threadIdx.x >> 7 put each in vector registers, moved over
+     * per product). */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), warp = (threadIdx.x >> 5) & 3,
+              lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 
     extern __shared__ __align__(1024) uint4 smem_wgmma[]; /* swizzled stages: 1 KiB aligned */
     char *sq = reinterpret_cast<char *>(smem_wgmma);
@@ -320,9 +324,20 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * K-major (Q, K): core matrices 128 bytes apart along K, row groups GROUP
      * apart; N-major (V): 8-key groups GROUP apart along K, core matrices 128
      * bytes apart along N. */
-    const uint32_t q_addr = smem_addr(sq) + wg * 8 * GROUP;
     auto kmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
     auto nmajor = [](uint32_t addr) { return pyfa_wgmma_desc(addr, GROUP, 128); };
+    /* The descriptors of this warpgroup's Q rows, K stage 0 and V stage 0,
+     * built once; a product's is one of them advanced (pyfa_wgmma_desc_add)
+     * by its stage (KV_BYTES apart) and its k-step. */
+    const uint64_t q_desc = kmajor(smem_addr(sq) + wg * 8 * GROUP);
+    uint64_t k_desc, v_desc;
+    if constexpr (SWIZZLED) {
+        k_desc = swizzled_kmajor<S::SPAN>(smem_addr(sk(0)));
+        v_desc = swizzled_nmajor<S::SPAN>(smem_addr(sv(0)), S::BLOCK);
+    } else {
+        k_desc = kmajor(smem_addr(sk(0)));
+        v_desc = nmajor(smem_addr(sv(0)));
+    }
 
     const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
     const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
@@ -409,26 +424,26 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         pyfa_wgmma_pin(flat(s));
     };
-    /* Issues S = Q Kᵀ of the K tile at k_addr (after the fence). */
-    auto issue_s = [&](float (&s)[NT][4], uint32_t k_addr) {
+    /* Issues S = Q Kᵀ of the tile in K stage st (after the fence). */
+    auto issue_s = [&](float (&s)[NT][4], int st) {
+        const uint64_t k_stage = pyfa_wgmma_desc_add(k_desc, (uint32_t)st * S::KV_BYTES);
+        uint64_t q_now = q_desc;
+        asm volatile("mov.b64 %0, %0;" : "+l"(q_now));
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
-            uint64_t kd;
-            if constexpr (SWIZZLED)
-                kd = swizzled_kmajor<S::SPAN>(k_addr + swizzled_kstep<S::SPAN, S::BLOCK>(kk));
-            else
-                kd = kmajor(k_addr + 256 * kk);
-            pyfa_wgmma_ss<DT>(flat(s), kmajor(q_addr + 256 * kk), kd, kk > 0 ? 1u : 0u);
+            const uint32_t k_step = SWIZZLED ? swizzled_kstep<S::SPAN, S::BLOCK>(kk) : 256 * kk;
+            pyfa_wgmma_ss<DT>(flat(s), pyfa_wgmma_desc_add(q_now, 256 * kk), pyfa_wgmma_desc_add(k_stage, k_step),
+                              kk > 0 ? 1u : 0u);
         }
         pyfa_wgmma_commit();
     };
-    /* Issues O += P V of the V tile at v_addr (after the fence). */
-    auto issue_pv = [&](uint32_t v_addr) {
+    /* Issues O += P V of the tile in V stage st (after the fence). */
+    auto issue_pv = [&](int st) {
+        const uint64_t v_stage = pyfa_wgmma_desc_add(v_desc, (uint32_t)st * S::KV_BYTES);
 #pragma unroll
         for (int t = 0; t < KP; t++) {
             /* keys 16t ...: two 8-row groups */
-            const uint64_t vd = SWIZZLED ? swizzled_nmajor<S::SPAN>(v_addr + 16 * S::SPAN * t, S::BLOCK)
-                                         : nmajor(v_addr + 2 * GROUP * t);
+            const uint64_t vd = pyfa_wgmma_desc_add(v_stage, SWIZZLED ? 16 * S::SPAN * t : 2 * GROUP * t);
             pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
             if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
         }
@@ -451,7 +466,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             pyfa_wgmma_fence();
             if constexpr (!COPIES_UNDER_S) issue(1, 0, kt); /* K_1, V_0 */
             my_turn();
-            issue_s(s, smem_addr(sk(0)));
+            issue_s(s, 0);
             your_turn();
             if constexpr (COPIES_UNDER_S) issue(1, 0, kt);
             pyfa_wgmma_wait<0>();
@@ -471,7 +486,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
          * FlashAttention-3 does, so that after the wait for P V only P's
          * fragments remain. */
         float alpha[2] = {1.0f, 1.0f};
-        /* One iteration; PLAIN: tile kt takes the scale alone (plain_tile).
+        /* Plain tiles of a call without a mask and with a positive scale go
+         * to softmax_scores as raw dot products (RAW: one fma an exponent).
+         * A masked call keeps the scaled scores in every tile: a tile whose
+         * mask blk calls all zeros, read or not, then gives the same bits. */
+        const bool raw_plain = !f.has_mask && scale_log2 > 0.0f; /* uniform */
+        /* One iteration; PLAIN: tile kt takes the scale alone (plain_tile) and raw_plain holds.
          * Plain and other tiles run separate copies of the iteration, each
          * without a branch between the products' issue and the last wait:
          * where the score finish branched, ptxas put the wait for P V at the
@@ -487,18 +507,16 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();
             my_turn();
-            issue_s(s, smem_addr(sk(i & 1)));
-            issue_pv(smem_addr(sv((i - 1) & 1)));
+            issue_s(s, i & 1);
+            issue_pv((i - 1) & 1);
             your_turn();
             if constexpr (COPIES_UNDER_S) issue(i + 1, i, kt);
             pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
             pyfa_wgmma_pin(flat(s));
             tma.release(false, i);
-            if constexpr (PLAIN)
-                scale_scores(s, scale_log2);
-            else
+            if constexpr (!PLAIN)
                 finish_keys<DT, KV_MODE>(s, p, f, bi, tr, (int64_t)kt * BK, scale_log2, mrow, pos, t4);
-            softmax_scores(s, m, l, alpha, SLACK);
+            softmax_scores<PLAIN>(s, m, l, alpha, SLACK, scale_log2);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
             tma.release(true, i - 1);
@@ -508,7 +526,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 #pragma unroll 1
         for (; kt < bi.t_end; i++) {
             tr = bi.rules(p, f, kt, BK);
-            if (plain_tile(f, tr))
+            if (raw_plain && plain_tile(f, tr))
                 iteration(bool_tag<true>{});
             else
                 iteration(bool_tag<false>{});
@@ -519,7 +537,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         pin_operands<P_TERMS>(o, pa, pl);
         pyfa_wgmma_fence();
         my_turn();
-        issue_pv(smem_addr(sv((i - 1) & 1)));
+        issue_pv((i - 1) & 1);
         your_turn();
         pyfa_wgmma_wait<0>();
         pin_operands<P_TERMS>(o, pa, pl);

@@ -35,6 +35,15 @@ __device__ __forceinline__ uint64_t pyfa_wgmma_desc(uint32_t smem_addr, uint32_t
            ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32);
 }
 
+/* A descriptor whose start address is `bytes` (a multiple of 16) further on:
+ * one 64-bit add. The address field (bits 0-13) holds address / 16, and
+ * shared-memory addresses stay below 2^18, so a moved address that is still in
+ * shared memory never carries into the next field. Built once and advanced,
+ * a loop's descriptors cost an add each where pyfa_wgmma_desc of every moved
+ * address costs a mask, a shift and an or (H200 SASS: six instructions a
+ * product). */
+__device__ __forceinline__ uint64_t pyfa_wgmma_desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 __device__ __forceinline__ void pyfa_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void pyfa_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
