@@ -5,8 +5,7 @@
 # writes OUTDIR/<who>_<shape>.{time.txt,details.txt,sass.csv.gz}: CUDA-event
 # timings of the public call, ncu's details page (--set full) and its per-instruction
 # source view (SASS with executed instructions and stall samples), so the two
-# kernels' loops can be compared instruction by instruction. For fa4 the CuTe DSL
-# cubins are also kept (OUTDIR/fa4_dump).
+# kernels' loops can be compared instruction by instruction (scripts/ncu_sass_mix.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 who=${1:?pyfa or fa4}; out=${2:?output folder}; shape=${3:-16,8,128,16384,0}
@@ -15,7 +14,6 @@ tag="${who}_${shape//,/_}"
 flag=(); regex="regex:flash_attn_prefill"
 if [ "$who" = fa4 ]; then
     flag=(--fa4); regex="regex:(?i)flash"
-    export CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR="$out/fa4_dump"
 fi
 python3 scripts/gpu_prefill_profile.py "${flag[@]}" --shape "$shape" | tee "$out/$tag.time.txt"
 ncu --set full --import-source yes -k "$regex" --launch-skip 2 --launch-count 1 -f -o "/tmp/$tag" \
