@@ -427,6 +427,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* Issues S = Q Kᵀ of the tile in K stage st (after the fence). */
     auto issue_s = [&](float (&s)[NT][4], int st) {
         const uint64_t k_stage = pyfa_wgmma_desc_add(k_desc, (uint32_t)st * S::KV_BYTES);
+        /* Q's descriptor as a value of this iteration: left loop-invariant,
+         * ptxas hoisted every k-step's Q descriptor out of the loop into
+         * uniform registers, and at D 256 (16 k-steps) spilled. */
         uint64_t q_now = q_desc;
         asm volatile("mov.b64 %0, %0;" : "+l"(q_now));
 #pragma unroll
