@@ -138,6 +138,16 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t knob) {
 #define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
 #define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
 #define PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM 512
+/* In rectangular mode with TMA stages (pyfa_cuda_prefill_wgmma_tma, D <= 256)
+ * a third warpgroup, the producer, issues the K and V copies and waits for
+ * the stages' release, so neither consumer warpgroup waits for the other
+ * outside its turn. The block launches with 168 registers a thread (384 x 168
+ * fill the register file); the producer gives all but
+ * PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS of them to the consumers, which then
+ * hold PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS. */
+#define PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS 128
+#define PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS 24
+#define PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS 240
 /* Whether flash_attn_prefill runs that path: kernels built for sm_90a, 16-bit
  * inputs (elem_size 2), D <= 256 or D = 512, and the knob
  * (PYFA_CUDA_PREFILL_WGMMA) not 0. At every head dim up to 256 it measured
@@ -185,6 +195,15 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
  * against 332-334) and at two blocks an SM (16K non-causal 321-330 against
  * 357). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D >= 80; }
+/* Whether the warpgroup-MMA kernel at D in KV mode kv_mode has the producer
+ * warpgroup (rectangular mode, TMA stages, D <= 256), and its block's threads. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mode) {
+    return kv_mode == 0 /* PYFA_PREFILL_KV_RECT */ && pyfa_cuda_prefill_wgmma_tma(D) && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM;
+}
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_threads(int32_t D, int32_t kv_mode) {
+    return PYFA_CUDA_PREFILL_WGMMA_THREADS +
+           (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS : 0);
+}
 /* The swizzle span of those stages: the widest of 128, 64 and 32 bytes that
  * divides a row (D 128, 192, 256, 512: 128; D 96: 64; D 80: 32). A stage is
  * [D / (span / 2) blocks][key][span bytes, 16-byte chunk c of key r at

@@ -899,6 +899,15 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 #include "attn_prefill_wgmma.cuh"
 #include "attn_prefill_wgmma_split.cuh"
 
+/* Threads a block: the warpgroup-MMA tile's (with its producer warpgroup
+ * where it has one), else the registry's 256 (the mma.sync and SIMT paths
+ * launch 128). The entry's launch bound caps registers by it. */
+#define PYFA_MAX_THREADS_flash_attn_prefill(DT, D, BQ, BK, HAS_MASK, MASK_KIND, DO_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_BLK, \
+                                            HAS_LSE, OUT_DT, KV_MODE)                                                   \
+    ((DT) != PYFA_DTYPE_F32 && (BQ) == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q && (D) <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM    \
+         ? pyfa_cuda_prefill_wgmma_block_threads(D, KV_MODE)                                                            \
+         : PYFA_CUDA_PREFILL_WGMMA_THREADS)
+
 /* Entry bodies: function constants in the dispatchers' order. The tile
  * (BQ, BK) comes from the plan; the impls check it is one they are built for. */
 template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,

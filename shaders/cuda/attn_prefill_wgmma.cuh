@@ -28,7 +28,10 @@
  * K_{i-1} and V_{i-2}. With the threads' copies one barrier per iteration
  * publishes the tiles and frees those stages; with TMA each stage has a full
  * and a released mbarrier instead, and the warpgroups run apart, taking turns
- * to issue their products (tiles_landed in prefill_wgmma).
+ * to issue their products (tiles_landed in prefill_wgmma). In rectangular
+ * mode a third warpgroup, the producer, issues those TMA copies and waits for
+ * the releases, with 24 registers a thread; the two consumer warpgroups take
+ * 240 (setmaxnreg; cuda_layout.h).
  */
 #pragma once
 #include "pyfa_tma.cuh"
@@ -213,10 +216,12 @@ struct tma_rings {
     const void *k_map, *v_map;
     uint64_t *bar; /* [0, 4): K0, K1, V0, V1 landed; [4, 8): the same stages released */
     bool on;       /* uniform: both maps present */
-    /* Arrivals that release a stage: lane 0 of every warp of the block's two warpgroups. */
+    int issuer;    /* the thread that issues the copies */
+    /* Arrivals that release a stage: lane 0 of every warp of the block's two (consumer) warpgroups. */
     static constexpr uint32_t RELEASES = 8;
 
-    __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars) : bar(bars) {
+    __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0)
+        : bar(bars), issuer(issuer_thread) {
         auto map = [&](int slot) -> const void * {
             const uint64_t v = a.arg[slot];
             return v == 0 || !allowed ? nullptr : a.inline_bytes + (v & ~PYFA_CUDA_INLINE_TAG);
@@ -233,12 +238,12 @@ struct tma_rings {
             __syncthreads();
         }
     }
-    /* Thread 0: the box of keys [j0, j0 + rows) of KV head kvh, sequence b, into K (v = false) or V stage st.
+    /* The issuer: the box of keys [j0, j0 + rows) of KV head kvh, sequence b, into K (v = false) or V stage st.
      * seq >= 2 (the seq-th K or V tile, st = seq % 2): first waits until the tile seq - 2 that the stage
      * held has been released (release); seq < 0: the caller ordered the stage's reuse itself. */
     __device__ __forceinline__ void load(bool v, int st, char *dst, uint32_t bytes, uint32_t j0, uint32_t kvh,
                                          uint32_t b, int seq = -1) const {
-        if (threadIdx.x == 0) {
+        if ((int)threadIdx.x == issuer) {
             if (seq >= 2) pyfa_mbar_wait(&bar[4 + (v ? 2 : 0) + st], ((seq >> 1) - 1) & 1);
             uint64_t *stage_bar = &bar[(v ? 2 : 0) + st];
             pyfa_mbar_expect_tx(stage_bar, bytes);
@@ -300,6 +305,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     constexpr int BQ = S::BQ, BK = S::BK, BLOCK_THREADS = S::BLOCK_THREADS, KD = S::KD, KP = S::KP, NT = S::NT,
                   ND = S::ND;
     constexpr int GROUP = S::GROUP;
+    /* A producer warpgroup (warpgroup 2) issues the TMA copies: cuda_layout.h. */
+    constexpr bool PRODUCER = pyfa_cuda_prefill_wgmma_producer(D, KV_MODE) != 0;
+    static_assert(PYFA_PREFILL_KV_RECT == 0, "pyfa_cuda_prefill_wgmma_producer names the rectangular mode 0");
+    static_assert(!PRODUCER || SWIZZLED, "the producer's copies are TMA's, into swizzled stages");
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
     constexpr float SLACK = prefill_max_slack(D);
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
@@ -359,13 +368,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     }
 
     __shared__ uint64_t stage_bars[8];
-    /* Thread 0 issues the copies. It may wait there for warpgroup 1 to release
+    /* The producer's first thread issues the copies, where there is one.
+     * Without one thread 0 does, and may wait there for warpgroup 1 to release
      * a stage; a copier in warpgroup 1, which never waits so, measured slower
      * (H200, D 256 16K causal 485 against 536-560 TF). */
-    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
-    static_assert(BLOCK_THREADS / 32 == tma_rings::RELEASES, "every warp of the block releases each stage");
-
-    load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
+    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars, PRODUCER ? BLOCK_THREADS : 0);
+    static_assert(BLOCK_THREADS / 32 == tma_rings::RELEASES, "every consumer warp releases each stage");
 
     /* K or V rows of key tile t, the seq-th K or V tile of the block, into stage seq % 2 of dst's ring. */
     auto load_kv = [&](bool is_v, int seq, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
@@ -373,6 +381,41 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, SWIZZLED>(tma, is_v, seq & 1, dst, a, p, bi, base, rowb,
                                                                    pool_slot, j0, n, seq);
     };
+
+    if constexpr (PRODUCER) {
+        if (wg == 2) {
+            /* The producer: K of every live tile in order, each followed by
+             * the V of the tile before it (the consumers' order: iteration i
+             * reads K_i and V_{i-1}); a stage's copy waits for the consumers'
+             * release of the tile it held. Without TMA (a map the backend
+             * could not build) the consumers copy their stages themselves. */
+            pyfa_setmaxnreg_dec<PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS>();
+            if (tma.on && (int)threadIdx.x == tma.issuer) {
+                uint32_t t = bi.next_tile(bi.t_begin), prev = bi.t_end;
+                for (int seq = 0;; seq++) {
+                    if (t < bi.t_end) load_kv(false, seq, sk(seq & 1), kbase, krow, PYFA_PREFILL_ARG_K, t);
+                    if (prev < bi.t_end) load_kv(true, seq - 1, sv((seq - 1) & 1), vbase, vrow, PYFA_PREFILL_ARG_V, prev);
+                    if (t >= bi.t_end) break;
+                    prev = t;
+                    t = bi.next_tile(t + 1);
+                }
+            }
+            return;
+        }
+        pyfa_setmaxnreg_inc<PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS>();
+    }
+    /* The consumer warpgroups' barrier (the producer has left). */
+    auto consumers_sync = [&]() {
+        if constexpr (PRODUCER)
+            pyfa_bar_sync(3, BLOCK_THREADS);
+        else
+            __syncthreads();
+    };
+
+    load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
+    /* Q's copies in a group of their own where the producer copies K and V
+     * (issue then commits none; the waits cover committed groups only). */
+    if constexpr (PRODUCER) pyfa_cp_async_commit();
 
     float o[ND][4];
 #pragma unroll
@@ -385,6 +428,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     uint32_t kt = bi.next_tile(bi.t_begin);
     uint32_t issued = kt; /* the next K tile to copy */
     auto issue = [&](int kseq, int vseq, uint32_t vt) {
+        if (PRODUCER && tma.on) return; /* the producer's */
         if (issued < bi.t_end) {
             load_kv(false, kseq, sk(kseq & 1), kbase, krow, PYFA_PREFILL_ARG_K, issued);
             issued = bi.next_tile(issued + 1);
@@ -413,7 +457,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         tma.wait(ki, vi);
         /* every thread's copies landed (Q's, the first time); with the threads'
          * copies, every warpgroup is also done with the products before */
-        if (!tma.on || ki == 0) __syncthreads();
+        if (!tma.on || ki == 0) consumers_sync();
     };
     const bool turns = tma.on; /* uniform */
     auto my_turn = [&]() { if (turns) pyfa_bar_sync(1 + wg, 2 * 128); };

@@ -57,3 +57,17 @@ __device__ __forceinline__ void pyfa_bar_sync(uint32_t id, uint32_t threads) {
 __device__ __forceinline__ void pyfa_bar_arrive(uint32_t id, uint32_t threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+
+/* Moves a warpgroup's registers a thread to n (every warp of the warpgroup
+ * executes it; sm_90a): dec returns registers to the block's pool, inc waits
+ * until the pool holds them. The block's threads launch with the entry's
+ * register count; the counts a block takes after the moves must fit what it
+ * launched with. */
+template <int N>
+__device__ __forceinline__ void pyfa_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void pyfa_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}

@@ -71,6 +71,9 @@ public struct PrefillGeometry {
     public var blockK: UInt32
     public var threads: UInt32
     public var threadgroupMemory: Int
+    /// Threads a rectangular-mode dispatch adds to `threads` (CUDA's TMA
+    /// producer warpgroup); the packed modes launch `threads`.
+    public var rectangularExtraThreads: UInt32 = 0
 }
 
 /// The per-backend choices dispatchers ask for. Dispatchers stay

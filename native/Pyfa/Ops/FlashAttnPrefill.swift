@@ -160,7 +160,8 @@ public enum FlashAttnPrefill {
         ] + FlashAttnPrefillPacked.rectangularStandIns(q)
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
-                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+                             threads: (geometry.threads + geometry.rectangularExtraThreads, 1, 1),
+                             threadgroupMemory: geometry.threadgroupMemory)
     }
 
     /// Encodes the blk pre-pass for `mask` (layout from params.mask_strides)

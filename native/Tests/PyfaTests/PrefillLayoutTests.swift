@@ -82,6 +82,23 @@ final class PrefillLayoutTests: XCTestCase {
             let span = pyfa_cuda_prefill_wgmma_swizzle_bytes(d)
             XCTAssertEqual(span, d % 64 == 0 ? 128 : d % 32 == 0 ? 64 : 32, "swizzle span, D \(d)")
             XCTAssertEqual(d * 2 % span, 0, "whole spans a row, D \(d)")
+            // The producer warpgroup: rectangular mode with TMA stages, D <= 256; the registers it
+            // hands over fit what the block launches with (whole 8-register steps of 64K / threads).
+            let rect = Int32(PYFA_PREFILL_KV_RECT), varlen = Int32(PYFA_PREFILL_KV_VARLEN)
+            let producer = d >= 80 && d <= 256
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, rect), producer ? 1 : 0, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, varlen), 0, "D \(d): packed modes copy with every thread")
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, varlen), threads)
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, rect),
+                           threads + (producer ? Int32(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS) : 0))
+            if producer {
+                let all = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS + PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS)
+                let atLaunch = 65536 / all / 8 * 8
+                XCTAssertLessThanOrEqual(Int32(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS * PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS)
+                                         + threads * Int32(PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS), atLaunch * all)
+                XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
+                XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
+            }
             if pyfa_cuda_prefill_wgmma_tma(d) != 0 {
                 XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
                 XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")

@@ -9,6 +9,7 @@ import Glibc
 /// A specialisation's entry point is generated: for registry name `n` with
 /// function constants c0, c1, ...:
 ///   extern "C" __global__ void __launch_bounds__(<max threads>[, PYFA_MIN_BLOCKS_n(c0, c1, ...)])
+/// where <max threads> is the registry's, or PYFA_MAX_THREADS_n(c0, c1, ...) where the source defines it.
 ///   <entry>(const __grid_constant__ pyfa_cuda_args a) { pyfa_entry_prologue(); n_body<c0, c1, ...>(a); }
 /// The minimum of resident blocks per SM (a register cap) appears only where the
 /// source defines the macro PYFA_MIN_BLOCKS_n(...) of the specialisation's
@@ -74,11 +75,13 @@ final class CUDACompiler {
         }
         var source = try CUDACompiler.embedded(String(cString: file)) + "\n"
         // A source may ask for a minimum of resident blocks per SM (a register
-        // cap), per specialisation: PYFA_MIN_BLOCKS_n(c0, c1, ...).
-        let minBlocks = "PYFA_MIN_BLOCKS_\(name)"
-        source += "#ifdef \(minBlocks)\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads), "
+        // cap), per specialisation: PYFA_MIN_BLOCKS_n(c0, c1, ...); and for
+        // fewer threads a block than the registry's most, PYFA_MAX_THREADS_n(c0, c1, ...).
+        let minBlocks = "PYFA_MIN_BLOCKS_\(name)", threads = "PYFA_MAX_THREADS_\(name)"
+        source += "#ifndef \(threads)\n#define \(threads)(...) \(maxThreads)\n#endif\n"
+        source += "#ifdef \(minBlocks)\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(threads)(__VA_ARGS__), "
         source += "\(minBlocks)(__VA_ARGS__))\n"
-        source += "#else\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(maxThreads))\n#endif\n"
+        source += "#else\n#define PYFA_LAUNCH_BOUNDS_\(name)(...) __launch_bounds__(\(threads)(__VA_ARGS__))\n#endif\n"
         source += CUDACompiler.entryPrologue
         for c in specialisations {
             let args = c.map { String($0) }.joined(separator: ", ")

@@ -412,7 +412,8 @@ struct CUDAPlan: BackendPlan {
     /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
     /// f16 / bf16 on sm_90a up to D = 256 and at 512, when on (prefillWgmma):
     /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
-    /// warpgroups split the head dim), sized by cuda_layout.h.
+    /// warpgroups split the head dim), sized by cuda_layout.h; in
+    /// rectangular mode with TMA stages a producer warpgroup more.
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
@@ -422,10 +423,12 @@ struct CUDAPlan: BackendPlan {
     func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
         let D = Int(headDim)
         if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
+            let rect = Int32(PYFA_PREFILL_KV_RECT), threads = pyfa_cuda_prefill_wgmma_block_threads(Int32(D), Int32(PYFA_PREFILL_KV_VARLEN))
             return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D))),
                                    blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D))),
-                                   threads: UInt32(PYFA_CUDA_PREFILL_WGMMA_THREADS),
-                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D))))
+                                   threads: UInt32(threads),
+                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D))),
+                                   rectangularExtraThreads: UInt32(pyfa_cuda_prefill_wgmma_block_threads(Int32(D), rect) - threads))
         }
         if dtype == .f32 {
             let (bq, bk) = (16, 32)

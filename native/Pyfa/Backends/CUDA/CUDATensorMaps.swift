@@ -1,6 +1,9 @@
 import CPyfa
 import PyfaCUDADriver
 import PyfaShaderCommon
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// TMA tensor maps a kernel reads from its inline arguments (cuda_layout.h):
 /// built at launch from the dispatch's buffers and parameter struct, because
@@ -20,13 +23,16 @@ struct CUDATensorMaps {
 
     let maps: [Map]
     let headDim: Int
+    static let enabled = getenv("PYFA_CUDA_PREFILL_TMA").map { String(cString: $0) != "0" } ?? true
 
     /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile)
     /// in rectangular mode takes K and V stages by TMA at the head dims
     /// pyfa_cuda_prefill_wgmma_tma names.
+    /// PYFA_CUDA_PREFILL_TMA=0 leaves every map out (the kernels' cp.async
+    /// stages, as where the driver cannot build a map; tests exercise that path with it).
     static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
         let v = constants.values
-        guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT) else { return nil }
+        guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
         guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
               v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d),
