@@ -26,6 +26,8 @@ if "cuda" not in pyfa.available_backends():
 
 # (D, dtype, causal, window, layout): every head dim with TMA stages, both dtypes and layouts.
 CASES = [
+    (64, "bfloat16", True, None, "bshd"),
+    (64, "float16", False, None, "bhsd"),
     (80, "float16", False, None, "bhsd"),
     (96, "bfloat16", True, None, "bshd"),
     (128, "float16", False, None, "bhsd"),

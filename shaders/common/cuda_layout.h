@@ -164,17 +164,6 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_q(int32_t D) {
     return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 64 : PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q;
 }
-/* Keys per tile: 128 at D 80 to 128; 64 beyond (shared memory) and at D 64,
- * where the smaller tile takes the kernel from 240 registers a thread to 116,
- * so two blocks share an SM (H200, bf16, 16/8 heads, against 128 keys in one
- * machine session: 16K 315 -> 354 TF non-causal and 317 -> 349 causal, 4K
- * non-causal 279 -> 308, 4K causal level at 237-247 against 239-249). */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D) { return D > 128 || D <= 64 ? 64 : 128; }
-/* Keys of one ring stage: the key tile, or half of it on the split path. */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
-    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? pyfa_cuda_prefill_wgmma_block_k(D) / 2
-                                                    : pyfa_cuda_prefill_wgmma_block_k(D);
-}
 /* In rectangular mode the K and V stages of both paths arrive by TMA when the
  * CUDA backend encoded their tensor maps (inline arguments in these slots;
  * an absent map, argument 0, leaves the stages to cp.async copies). With S the
@@ -186,15 +175,18 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D) {
 #define PYFA_CUDA_PREFILL_ARG_TMAP_K 13
 #define PYFA_CUDA_PREFILL_ARG_TMAP_V 14
 /* Whether the warpgroup-MMA paths keep K and V stages in a swizzled layout
- * (and take them by TMA in rectangular mode): from D = 80 on. D 64 keeps core
- * matrices and cp.async: TMA measured 3-8% slower there (H200, bf16, 16/8
- * heads, same machine session: 4K causal 216 against 202 TF, non-causal 302
- * against 286, 16K non-causal 330 against 320; D 256 4K causal gained 272 ->
- * 380, D 128 16K 417 -> 485 and 407 -> 478), also with the warpgroups taking
- * turns (4K non-causal 267-273 against 298-308 TF, 16K non-causal 304-308
- * against 332-334) and at two blocks an SM (16K non-causal 321-330 against
- * 357). */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D >= 80; }
+ * (and take them by TMA in rectangular mode): from D = 64 on (in the packed
+ * modes, whose threads copy the stages, from D = 128: attn_prefill_wgmma.cuh).
+ * At D 64 TMA measured 3-12% slower while thread 0 of a computing warpgroup
+ * issued the copies (H200, bf16, 16/8 heads: 16K non-causal 330 against 320
+ * TF with core matrices, also with the warpgroups taking turns, at two blocks
+ * an SM and with 128-key tiles); with the producer warpgroup and 128-key tiles
+ * it measured 10-15% faster than two blocks of 64-key tiles with the threads'
+ * copies (16K non-causal 358-361 -> 412-413, causal 363 -> 406, 4K
+ * non-causal 327-330 -> 371-372, causal 279-281 -> 309-310). From D = 80
+ * the stages' TMA gained 12-32% (D 256 4K causal 272 -> 380, D 128 16K
+ * 417 -> 485). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D >= 64; }
 /* Whether the warpgroup-MMA kernel at D in KV mode kv_mode has the producer
  * warpgroup (rectangular mode, TMA stages, D <= 256), and its block's threads. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mode) {
@@ -204,6 +196,21 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_threads(int32_t D, int32_t 
     return PYFA_CUDA_PREFILL_WGMMA_THREADS +
            (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS : 0);
 }
+/* Keys per tile in KV mode kv_mode: 128 at D 80 to 128 and where the producer
+ * copies D 64's stages (rectangular mode); 64 beyond D 128 (shared memory)
+ * and at D 64 in the packed modes, where the smaller tile takes the kernel
+ * from 240 registers a thread to 116, so two blocks share an SM (H200, bf16,
+ * 16/8 heads, against 128 keys with every thread's copies, one machine
+ * session: 16K 315 -> 354 TF non-causal and 317 -> 349 causal, 4K non-causal
+ * 279 -> 308, 4K causal level at 237-247 against 239-249). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D, int32_t kv_mode) {
+    return D > 128 ? 64 : D > 64 || pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? 128 : 64;
+}
+/* Keys of one ring stage: the key tile, or half of it on the split path. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D, int32_t kv_mode) {
+    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? pyfa_cuda_prefill_wgmma_block_k(D, kv_mode) / 2
+                                                    : pyfa_cuda_prefill_wgmma_block_k(D, kv_mode);
+}
 /* The swizzle span of those stages: the widest of 128, 64 and 32 bytes that
  * divides a row (D 128, 192, 256, 512: 128; D 96: 64; D 80: 32). A stage is
  * [D / (span / 2) blocks][key][span bytes, 16-byte chunk c of key r at
@@ -212,8 +219,8 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_threads(int32_t D, int32_t 
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_swizzle_bytes(int32_t D) {
     return (D * 2) % 128 == 0 ? 128 : (D * 2) % 64 == 0 ? 64 : 32;
 }
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D) {
-    const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D);
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_mode) {
+    const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;
     return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }

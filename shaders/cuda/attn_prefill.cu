@@ -924,10 +924,10 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
     if constexpr (DT == PYFA_DTYPE_F32) {
         prefill::prefill_simt<D, BQ, BK, KV_MODE>(a, f);
     } else if constexpr (D == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D) &&
-                         BK == pyfa_cuda_prefill_wgmma_block_k(D)) {
+                         BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE)) {
         prefill::prefill_wgmma_split<DT, KV_MODE>(a, f); /* the mma.sync path's D = 512 tile has BK 32 */
     } else if constexpr (BQ == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q) {
-        static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D), "flash_attn_prefill: the wgmma path's key tile");
+        static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE), "flash_attn_prefill: the wgmma path's key tile");
         prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
     } else {
         prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);

@@ -38,10 +38,10 @@
 #include "pyfa_wgmma.cuh"
 
 namespace prefill {
-template <int D>
+template <int D, int KV_MODE>
 struct wgmma_shape {
     static constexpr int BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q, BLOCK_THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
-    static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D);
+    static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE);
     static constexpr int KD = D / 16;  /* k-steps of Q Kᵀ */
     static constexpr int KP = BK / 16; /* k-steps of P V */
     static constexpr int NT = BK / 8;  /* 8-column blocks of a score tile */
@@ -54,7 +54,7 @@ struct wgmma_shape {
     static constexpr int SPAN = pyfa_cuda_prefill_wgmma_swizzle_bytes(D); /* the swizzle's bytes a key */
     static constexpr int BLOCK = BK * SPAN; /* swizzled stages: bytes between blocks of SPAN / 2 coordinates */
     static_assert(STAGES == 2, "two K stages and two V stages: the loop indexes them by tile parity");
-    static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
+    static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D, KV_MODE),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
     static_assert(BLOCK_THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
@@ -296,7 +296,7 @@ __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, i
 template <int DT, int D, int KV_MODE>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using S = wgmma_shape<D>;
+    using S = wgmma_shape<D, KV_MODE>;
     /* K and V stages swizzled: in rectangular mode wherever TMA may bring them,
      * in the packed modes (every thread's cp.async copies) from D = 128; D 80
      * and 96 keep core matrices there, whose copies step their addresses

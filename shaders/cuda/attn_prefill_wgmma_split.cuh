@@ -41,8 +41,9 @@
 namespace prefill {
 struct wgmma_split_shape {
     static constexpr int D = PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM, DH = D / 2; /* columns of a warpgroup */
-    static constexpr int BQ = pyfa_cuda_prefill_wgmma_block_q(D), BK = pyfa_cuda_prefill_wgmma_block_k(D);
-    static constexpr int KS = pyfa_cuda_prefill_wgmma_stage_keys(D); /* keys of a stage */
+    /* The tile and stages are the same in every KV mode at this head dim. */
+    static constexpr int BQ = pyfa_cuda_prefill_wgmma_block_q(D), BK = pyfa_cuda_prefill_wgmma_block_k(D, PYFA_PREFILL_KV_RECT);
+    static constexpr int KS = pyfa_cuda_prefill_wgmma_stage_keys(D, PYFA_PREFILL_KV_RECT); /* keys of a stage */
     static constexpr int BLOCK_THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
     static constexpr int KD = DH / 16;  /* k-steps of a half dot product */
     static constexpr int KP = KS / 16;  /* k-steps of P V */
@@ -57,7 +58,7 @@ struct wgmma_split_shape {
     static constexpr int EXCHANGE_BYTES = 2 * BQ * KS * 4;
     static_assert(PYFA_CUDA_PREFILL_WGMMA_KV_STAGES == 2, "two K stages and two V stages: indexed by parity");
     static_assert(BQ == 64 && BK == 2 * KS && BLOCK_THREADS == 2 * 128, "split path: two warpgroups, 64 rows");
-    static_assert(Q_BYTES + 4 * KV_BYTES + EXCHANGE_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D),
+    static_assert(Q_BYTES + 4 * KV_BYTES + EXCHANGE_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D, PYFA_PREFILL_KV_RECT),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
 };
 

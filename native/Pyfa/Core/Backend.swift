@@ -71,9 +71,6 @@ public struct PrefillGeometry {
     public var blockK: UInt32
     public var threads: UInt32
     public var threadgroupMemory: Int
-    /// Threads a rectangular-mode dispatch adds to `threads` (CUDA's TMA
-    /// producer warpgroup); the packed modes launch `threads`.
-    public var rectangularExtraThreads: UInt32 = 0
 }
 
 /// The per-backend choices dispatchers ask for. Dispatchers stay
@@ -86,9 +83,11 @@ public protocol BackendPlan {
     /// Threads of a kv_append workgroup (one cache row of headDim elements;
     /// no threadgroup memory).
     func kvAppend(headDim: UInt32) -> UInt32
-    /// Prefill tile shape and threadgroup needs; depends on head_dim and the
-    /// I/O dtype only, so a blk buffer built from it matches every dispatch.
-    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry
+    /// Prefill tile shape and threadgroup needs in KV mode kvMode
+    /// (PYFA_PREFILL_KV_RECT, _VARLEN or _PAGED); depends on head_dim, the I/O
+    /// dtype and the mode only, so a blk buffer built from it (rectangular
+    /// mode, the one that takes masks) matches every dispatch.
+    func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry
     /// Threads and threadgroup memory of the blk pre-pass and of merge_attention_states.
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Threads and threadgroup memory of the TurboQuant one-row-per-workgroup

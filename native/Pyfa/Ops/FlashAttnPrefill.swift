@@ -15,11 +15,11 @@ public enum FlashAttnPrefill {
     /// Checks the shape fields and fills the tile fields (block_q, block_k,
     /// num_q_blocks, num_k_blocks) from the backend's plan for `dtype`.
     /// Returns the geometry and the bytes a blk buffer for this mask layout needs.
-    public static func plan(_ device: Device, _ p: inout pyfa_flash_attn_prefill_params,
-                            dtype: DType) throws -> (PrefillGeometry, blkBytes: Int) {
+    public static func plan(_ device: Device, _ p: inout pyfa_flash_attn_prefill_params, dtype: DType,
+                            kvMode: Int32 = PYFA_PREFILL_KV_RECT) throws -> (PrefillGeometry, blkBytes: Int) {
         try validate(p)
         try require(floatTypes.contains(dtype), "dtype: \(dtype.name) not accepted (expected f32, f16 or bf16)")
-        let g = device.backend.plan.flashAttnPrefill(headDim: p.head_dim, dtype: dtype)
+        let g = device.backend.plan.flashAttnPrefill(headDim: p.head_dim, dtype: dtype, kvMode: kvMode)
         if p.block_q == 0 && p.block_k == 0 {
             p.block_q = g.blockQ
             p.block_k = g.blockK
@@ -160,8 +160,7 @@ public enum FlashAttnPrefill {
         ] + FlashAttnPrefillPacked.rectangularStandIns(q)
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
-                             threads: (geometry.threads + geometry.rectangularExtraThreads, 1, 1),
-                             threadgroupMemory: geometry.threadgroupMemory)
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
     }
 
     /// Encodes the blk pre-pass for `mask` (layout from params.mask_strides)

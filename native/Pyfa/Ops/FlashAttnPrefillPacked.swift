@@ -100,7 +100,7 @@ public enum FlashAttnPrefillPacked {
         try validate(p, mode: mode, packed: packed, pages: pages)
         let paged = mode == PYFA_PREFILL_KV_PAGED
         let q = try Check.buffer(q, "q", dtypes: FlashAttnPrefill.floatTypes, elements: 0, rows: true)
-        let (geometry, _) = try FlashAttnPrefill.plan(encoder.device, &p, dtype: q.dtype)
+        let (geometry, _) = try FlashAttnPrefill.plan(encoder.device, &p, dtype: q.dtype, kvMode: mode)
         let B = Int(p.batch), D = Int(p.head_dim)
         try Check.buffer(q, "q", dtypes: [q.dtype],
                          elements: packedExtent(p.q_strides, heads: p.num_heads, rows: packed.total_q, headDim: p.head_dim, "q"), rows: true)

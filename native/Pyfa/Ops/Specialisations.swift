@@ -102,7 +102,7 @@ public enum KernelSpecialisations {
         for dtype in FlashAttnPrefill.floatTypes {
             let outs = FlashAttnPrefill.outTypes(dtype)
             for d in headDims {
-                let g = plan.flashAttnPrefill(headDim: d, dtype: dtype)
+                let g = plan.flashAttnPrefill(headDim: d, dtype: dtype, kvMode: PYFA_PREFILL_KV_RECT)
                 for mask in masks {
                     for causal in flags {
                         for window in flags {
@@ -121,7 +121,9 @@ public enum KernelSpecialisations {
                         }
                     }
                 }
-                attn += try packedPrefill(dtype: dtype, headDim: d, blockQ: g.blockQ, blockK: g.blockK)
+                // Both packed modes take one tile (cuda_layout.h: only the rectangular mode differs).
+                let packed = plan.flashAttnPrefill(headDim: d, dtype: dtype, kvMode: PYFA_PREFILL_KV_VARLEN)
+                attn += try packedPrefill(dtype: dtype, headDim: d, blockQ: packed.blockQ, blockK: packed.blockK)
                 for kind in [PYFA_MASK_ADDITIVE, PYFA_MASK_BOOL] {
                     let c = try FlashAttnPrefill.blkConstants(dtype: dtype, blockQ: g.blockQ, blockK: g.blockK, maskKind: kind)
                     if !blk.contains(c) { blk.append(c) }

@@ -63,34 +63,21 @@ final class PrefillLayoutTests: XCTestCase {
             XCTAssertEqual(pyfa_cuda_prefill_uses_wgmma(1, 1, 4, d), 0, "f32 stays on the SIMT path")
             guard served == 1 else { continue }
             let split = d > 256
-            let bq = pyfa_cuda_prefill_wgmma_block_q(d), bk = pyfa_cuda_prefill_wgmma_block_k(d)
-            let keys = pyfa_cuda_prefill_wgmma_stage_keys(d)
+            let rect = Int32(PYFA_PREFILL_KV_RECT), varlen = Int32(PYFA_PREFILL_KV_VARLEN), paged = Int32(PYFA_PREFILL_KV_PAGED)
+            let bq = pyfa_cuda_prefill_wgmma_block_q(d), bk = pyfa_cuda_prefill_wgmma_block_k(d, rect)
             let threads = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS)
             let stages = Int32(PYFA_CUDA_PREFILL_WGMMA_KV_STAGES)
             XCTAssertEqual(bq, split ? 64 : Int32(PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q))
-            XCTAssertEqual(keys, split ? bk / 2 : bk)
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d),
-                           (bq + 2 * stages * keys) * d * 2 + (split ? 2 * bq * keys * 4 : 0))
-            XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d), 227 * 1024, "D \(d)")
-            XCTAssertTrue([32, 64, 128].contains(keys), "a stage with a shared-memory wgmma wrapper (gen_wgmma.py)")
             XCTAssertEqual(d % 16, 0)
-            XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
-            XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
-            // TMA's swizzled stages (a 128-, 64- or 32-byte span): whole spans a row, every stage 1 KiB aligned,
-            // a box of <= 256 keys.
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d >= 80 ? 1 : 0, "D \(d)")
+            // TMA's swizzled stages (a 128-, 64- or 32-byte span): whole spans a row.
+            XCTAssertEqual(pyfa_cuda_prefill_wgmma_tma(d), d >= 64 ? 1 : 0, "D \(d)")
             let span = pyfa_cuda_prefill_wgmma_swizzle_bytes(d)
             XCTAssertEqual(span, d % 64 == 0 ? 128 : d % 32 == 0 ? 64 : 32, "swizzle span, D \(d)")
             XCTAssertEqual(d * 2 % span, 0, "whole spans a row, D \(d)")
             // The producer warpgroup: rectangular mode with TMA stages, D <= 256; the registers it
             // hands over fit what the block launches with (whole 8-register steps of 64K / threads).
-            let rect = Int32(PYFA_PREFILL_KV_RECT), varlen = Int32(PYFA_PREFILL_KV_VARLEN)
-            let producer = d >= 80 && d <= 256
+            let producer = d >= 64 && d <= 256
             XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, rect), producer ? 1 : 0, "D \(d)")
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, varlen), 0, "D \(d): packed modes copy with every thread")
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, varlen), threads)
-            XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, rect),
-                           threads + (producer ? Int32(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS) : 0))
             if producer {
                 let all = Int32(PYFA_CUDA_PREFILL_WGMMA_THREADS + PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS)
                 let atLaunch = 65536 / all / 8 * 8
@@ -99,10 +86,29 @@ final class PrefillLayoutTests: XCTestCase {
                 XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
                 XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
             }
-            if pyfa_cuda_prefill_wgmma_tma(d) != 0 {
-                XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
-                XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
-                XCTAssertLessThanOrEqual(keys, 256)
+            // Key tiles: 128 at D 80-128 and D 64 in rectangular mode (the producer's), 64 in the packed
+            // modes at D 64 and beyond D 128.
+            XCTAssertEqual(bk, d > 128 ? 64 : 128, "D \(d)")
+            for mode in [rect, varlen, paged] {
+                let modeBk = pyfa_cuda_prefill_wgmma_block_k(d, mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(d, mode)
+                let withProducer = producer && mode == rect
+                XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, mode), withProducer ? 1 : 0, "D \(d) mode \(mode)")
+                XCTAssertEqual(modeBk, d > 128 || (d <= 64 && !withProducer) ? 64 : 128, "D \(d) mode \(mode)")
+                XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, mode),
+                               threads + (withProducer ? Int32(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS) : 0))
+                XCTAssertEqual(keys, split ? modeBk / 2 : modeBk)
+                XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d, mode),
+                               (bq + 2 * stages * keys) * d * 2 + (split ? 2 * bq * keys * 4 : 0))
+                XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d, mode), 225 * 1024,
+                                         "D \(d), beside 2 KiB of static shared memory")
+                XCTAssertTrue([32, 64, 128].contains(keys), "a stage with a shared-memory wgmma wrapper (gen_wgmma.py)")
+                XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
+                XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
+                if pyfa_cuda_prefill_wgmma_tma(d) != 0 {  // every stage 1 KiB aligned, a box of <= 256 keys
+                    XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
+                    XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
+                    XCTAssertLessThanOrEqual(keys, 256)
+                }
             }
             if split {
                 XCTAssertEqual(d, Int32(PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM))

@@ -364,7 +364,7 @@ struct CPUPlan: BackendPlan {
     func kvAppend(headDim: UInt32) -> UInt32 { 1 }
 
     /// The CPU prefill kernel is built for one tile shape (pyfa_cpu_prefill_tile).
-    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+    func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry {
         var bq: UInt32 = 0, bk: UInt32 = 0
         pyfa_cpu_prefill_tile(&bq, &bk)
         return PrefillGeometry(blockQ: bq, blockK: bk, threads: 1,

@@ -412,23 +412,22 @@ struct CUDAPlan: BackendPlan {
     /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
     /// f16 / bf16 on sm_90a up to D = 256 and at 512, when on (prefillWgmma):
     /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
-    /// warpgroups split the head dim), sized by cuda_layout.h; in
-    /// rectangular mode with TMA stages a producer warpgroup more.
+    /// warpgroups split the head dim), sized by cuda_layout.h for the KV
+    /// mode: in rectangular mode with TMA stages a producer warpgroup more
+    /// (and 128-key tiles at D = 64, where the packed modes take 64).
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
     /// holds Q [64][D+8], K [BK][D+8] and V [BK][DO+8] in 16 bits.
     /// f32 (SIMT path): 16 query rows x 32 keys; Q [16][D+4], one K-or-V
     /// buffer [32][D+4] and P [16][32] in f32.
-    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+    func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry {
         let D = Int(headDim)
         if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
-            let rect = Int32(PYFA_PREFILL_KV_RECT), threads = pyfa_cuda_prefill_wgmma_block_threads(Int32(D), Int32(PYFA_PREFILL_KV_VARLEN))
             return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D))),
-                                   blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D))),
-                                   threads: UInt32(threads),
-                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D))),
-                                   rectangularExtraThreads: UInt32(pyfa_cuda_prefill_wgmma_block_threads(Int32(D), rect) - threads))
+                                   blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D), kvMode)),
+                                   threads: UInt32(pyfa_cuda_prefill_wgmma_block_threads(Int32(D), kvMode)),
+                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D), kvMode)))
         }
         if dtype == .f32 {
             let (bq, bk) = (16, 32)

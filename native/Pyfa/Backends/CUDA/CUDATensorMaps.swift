@@ -36,9 +36,9 @@ struct CUDATensorMaps {
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
         guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
               v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d),
-              v[Int(PYFA_PREFILL_FC_BLOCK_K)] == pyfa_cuda_prefill_wgmma_block_k(d),
+              v[Int(PYFA_PREFILL_FC_BLOCK_K)] == pyfa_cuda_prefill_wgmma_block_k(d, PYFA_PREFILL_KV_RECT),
               v[Int(PYFA_PREFILL_FC_KV_MODE)] == PYFA_PREFILL_KV_RECT else { return nil }
-        let box = UInt32(pyfa_cuda_prefill_wgmma_stage_keys(d))
+        let box = UInt32(pyfa_cuda_prefill_wgmma_stage_keys(d, PYFA_PREFILL_KV_RECT))
         let kv = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.kv_len) }
         let kvHeads = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.num_kv_heads) }
         return CUDATensorMaps(maps: [

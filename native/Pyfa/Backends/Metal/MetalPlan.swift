@@ -43,7 +43,7 @@ struct MetalPlan: BackendPlan {
     func kvAppend(headDim: UInt32) -> UInt32 { UInt32(PYFA_METAL_KV_APPEND_THREADS) }
 
     /// The tile of metal_layout.h for head_dim and the I/O element size.
-    func flashAttnPrefill(headDim: UInt32, dtype: DType) -> PrefillGeometry {
+    func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry {
         let bytes = UInt32(dtype.size)
         return PrefillGeometry(blockQ: pyfa_metal_prefill_block_q(headDim, bytes),
                                blockK: pyfa_metal_prefill_block_k(headDim, bytes),
