@@ -30,7 +30,7 @@ def head_dims():
 # N of m64nNk16: the key stages of S = Q Kᵀ (operands in shared memory; pyfa_cuda_prefill_wgmma_stage_keys
 # of cuda_layout.h: 32 on the split path), the head dims of O += P V (P from registers; the split path's
 # 256-column halves are among them).
-SS_SIZES = (32, 64, 128)
+SS_SIZES = (32, 64, 96, 128, 192)
 
 HEAD = """\
 /*

@@ -196,15 +196,24 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_threads(int32_t D, int32_t 
     return PYFA_CUDA_PREFILL_WGMMA_THREADS +
            (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS : 0);
 }
-/* Keys per tile in KV mode kv_mode: 128 at D 80 to 128 and where the producer
- * copies D 64's stages (rectangular mode); 64 beyond D 128 (shared memory)
- * and at D 64 in the packed modes, where the smaller tile takes the kernel
- * from 240 registers a thread to 116, so two blocks share an SM (H200, bf16,
- * 16/8 heads, against 128 keys with every thread's copies, one machine
- * session: 16K 315 -> 354 TF non-causal and 317 -> 349 causal, 4K non-causal
- * 279 -> 308, 4K causal level at 237-247 against 239-249). */
+/* Keys per tile in KV mode kv_mode. Beside the producer (rectangular mode)
+ * D 64 takes 192 keys and D 192 takes 96, against 128 and 64 elsewhere: the
+ * per-tile work (barriers, waits, the rescale of o) spreads over more keys
+ * (H200, bf16, 16/8 heads, two rounds: D 64 16K non-causal 410-411 -> 435
+ * TF, causal 397-401 -> 418-422, 4K non-causal 341-352 -> 369-372; D 192 16K
+ * non-causal 632-655 -> 660-694). Wider tiles measured slower at the other
+ * head dims: D 96 192 keys (16K causal 558 -> 533-542 TF, 4K causal 417-422
+ * -> 358-360), D 128 176 and D 256 80 (FlashAttention-3's non-causal tiles:
+ * 0-10% at 16K, up to 20% at 4K causal). Elsewhere 128 at D 80 to 128; 64
+ * beyond D 128 (shared memory) and at D 64 in the packed modes, where the
+ * smaller tile takes the kernel from 240 registers a thread to 116, so two
+ * blocks share an SM (H200, bf16, 16/8 heads, against 128 keys with every
+ * thread's copies, one machine session: 16K 315 -> 354 TF non-causal and 317
+ * -> 349 causal, 4K non-causal 279 -> 308, 4K causal level at 237-247
+ * against 239-249). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D, int32_t kv_mode) {
-    return D > 128 ? 64 : D > 64 || pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? 128 : 64;
+    if (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D == 64 || D == 192)) return D == 64 ? 192 : 96;
+    return D > 128 ? 64 : D > 64 ? 128 : 64;
 }
 /* Keys of one ring stage: the key tile, or half of it on the split path. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D, int32_t kv_mode) {

@@ -86,14 +86,15 @@ final class PrefillLayoutTests: XCTestCase {
                 XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
                 XCTAssertEqual(PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS % 8, 0, "setmaxnreg takes multiples of 8")
             }
-            // Key tiles: 128 at D 80-128 and D 64 in rectangular mode (the producer's), 64 in the packed
-            // modes at D 64 and beyond D 128.
-            XCTAssertEqual(bk, d > 128 ? 64 : 128, "D \(d)")
+            // Key tiles: beside the producer (rectangular mode) 192 at D 64, 96 at D 192; elsewhere
+            // 128 at D 80-128, 64 at D 64 and beyond D 128.
+            let producerBk: [Int32: Int32] = [64: 192, 80: 128, 96: 128, 128: 128, 192: 96, 256: 64]
+            if producer { XCTAssertEqual(bk, producerBk[d, default: 0], "D \(d)") }
             for mode in [rect, varlen, paged] {
                 let modeBk = pyfa_cuda_prefill_wgmma_block_k(d, mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(d, mode)
                 let withProducer = producer && mode == rect
                 XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, mode), withProducer ? 1 : 0, "D \(d) mode \(mode)")
-                XCTAssertEqual(modeBk, d > 128 || (d <= 64 && !withProducer) ? 64 : 128, "D \(d) mode \(mode)")
+                XCTAssertEqual(modeBk, withProducer ? producerBk[d, default: 0] : d > 128 || d <= 64 ? 64 : 128, "D \(d) mode \(mode)")
                 XCTAssertEqual(pyfa_cuda_prefill_wgmma_block_threads(d, mode),
                                threads + (withProducer ? Int32(PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS) : 0))
                 XCTAssertEqual(keys, split ? modeBk / 2 : modeBk)
@@ -101,7 +102,7 @@ final class PrefillLayoutTests: XCTestCase {
                                (bq + 2 * stages * keys) * d * 2 + (split ? 2 * bq * keys * 4 : 0))
                 XCTAssertLessThanOrEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d, mode), 225 * 1024,
                                          "D \(d), beside 2 KiB of static shared memory")
-                XCTAssertTrue([32, 64, 128].contains(keys), "a stage with a shared-memory wgmma wrapper (gen_wgmma.py)")
+                XCTAssertTrue([32, 64, 96, 128, 192].contains(keys), "a stage with a shared-memory wgmma wrapper (gen_wgmma.py)")
                 XCTAssertEqual(bq * d / 8 % threads, 0, "Q copies per thread, D \(d)")
                 XCTAssertEqual(keys * d / 8 % threads, 0, "K / V copies per thread, D \(d)")
                 if pyfa_cuda_prefill_wgmma_tma(d) != 0 {  // every stage 1 KiB aligned, a box of <= 256 keys
