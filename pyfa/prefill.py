@@ -2,9 +2,11 @@
 merge_attention_states."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-from . import _args, _io, _plans, dtypes
+from . import _args, _io, _plans, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Device
 from .errors import check, invalid
@@ -67,9 +69,16 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     >>> pyfa.attention(q, q, q, causal=True).shape
     (1, 2, 5, 64)
     """
+    defaults = (mask is None and q_offset is None and window is None and out is None and out_dtype is None
+                and return_lse is False and type(causal) is bool and (scale is None or type(scale) is float)
+                and type(softcap) is float and softcap == 0.0)
+    if defaults and _repeat_torch is not None:
+        result = _repeat_call(q, k, v, device, scale, causal, layout)
+        if result is not None:
+            return result
     return _attention(q, k, v, scale=scale, causal=causal, q_offset=q_offset, mask=mask, window=window,
                       softcap=softcap, layout=layout, return_lse=return_lse, device=device, out=out,
-                      out_dtype=out_dtype, use_blk=None)
+                      out_dtype=out_dtype, use_blk=None, repeatable=defaults)
 
 
 def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk):
@@ -105,7 +114,7 @@ def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, retu
         args.lse.nbytes = B * H * qL * 4
     stream = like.stream if like is not None else 0
     _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, stream), args)
-    return result, lse
+    return result, lse, plan, args
 
 
 def _mask_array(mask, io_dtype, B, H, qL, kL, like):
@@ -148,10 +157,11 @@ def _out_dtype(out_dtype, io_dtype, io_name: str) -> np.dtype:
 
 
 def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layout, return_lse, device, out,
-               use_blk, out_dtype=None):
-    """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests)."""
+               use_blk, out_dtype=None, repeatable=False):
+    """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests).
+    `repeatable`: the call used every default the repeat path assumes (see there)."""
     device = _args.device_arg(device)
-    q_arg, out_arg = q, out
+    q_arg, out_arg, scale_arg, layout_arg = q, out, scale, layout
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
@@ -185,7 +195,10 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
     }
     if like is not None or device.host_visible:
-        result, lse = _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk)
+        result, lse, plan, args = _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse,
+                                                     use_blk)
+        if repeatable and like is not None and like.kind == "torch":
+            _remember(device, scale_arg, causal, layout_arg, q_arg, k, v, plan, args)
         result = _io.host_result(result, q_arg, out_arg)
         return (result, _io.host_result(lse, q_arg)) if return_lse else result
     mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
@@ -263,3 +276,53 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
     _io.finish(device, result, out_buf)
     _io.finish(device, lse, lse_buf)
     return _io.host_result(result, first, out_arg), _io.host_result(lse, first)
+
+
+# ---- the repeat path ---------------------------------------------------------------------------------
+# A model's prefill (or a benchmark's loop) calls attention with the same shapes, dtypes and options
+# again and again. After one call on torch CUDA tensors with the defaults below (no mask, q_offset,
+# window, softcap, out, out_dtype or LSE) has gone through every check above, its plan and its
+# run-argument struct are kept (per thread) under everything those checks looked at: the device, the
+# scale as given (None or a float), causal, the layout as given, and each tensor's shape, dtype and
+# GPU. A later call that matches checks only contiguity here and runs with new addresses and a new
+# output from torch's allocator. Anything else takes the full path.
+_repeat = threading.local()
+_repeat_torch = None  # torch.Tensor once a call was remembered
+
+
+def _remember(device, scale, causal, layout, q, k, v, plan, args) -> None:
+    global _repeat_torch
+    import torch
+
+    T = torch.Tensor
+    if type(q) is not T or type(k.obj) is not T or type(v.obj) is not T or type(layout) is not str:
+        return
+    table = getattr(_repeat, "table", None)
+    if table is None:
+        table = _repeat.table = {}
+    elif len(table) >= 64:
+        table.pop(next(iter(table)))
+    kt, vt = k.obj, v.obj
+    key = (device, scale, causal, layout, q.shape, kt.shape, vt.shape, q.dtype, kt.dtype, vt.dtype, q.get_device(),
+           kt.get_device(), vt.get_device())
+    table[key] = (plan, args, q.get_device())
+    _repeat_torch = T
+
+
+def _repeat_call(q, k, v, device, scale, causal, layout):
+    """The result of a call matching a remembered one, or None (take the full path)."""
+    table = getattr(_repeat, "table", None)
+    T = _repeat_torch
+    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
+        return None
+    device = _args.device_arg(device)
+    entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                       q.get_device(), k.get_device(), v.get_device()))
+    if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    plan, args, gpu = entry
+    out = q.new_empty(q.shape)
+    args.q.address, args.k.address, args.v.address, args.out.address = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)
+    return out
