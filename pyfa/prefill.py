@@ -71,7 +71,7 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     """
     defaults = (mask is None and q_offset is None and window is None and out is None and out_dtype is None
                 and return_lse is False and type(causal) is bool and (scale is None or type(scale) is float)
-                and type(softcap) is float and softcap == 0.0)
+                and type(softcap) is float and softcap == 0.0 and type(layout) is str)
     if defaults and _repeat_torch is not None:
         result = _repeat_call(q, k, v, device, scale, causal, layout)
         if result is not None:
@@ -283,9 +283,10 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
 # again and again. After one call on torch CUDA tensors with the defaults below (no mask, q_offset,
 # window, softcap, out, out_dtype or LSE) has gone through every check above, its plan and its
 # run-argument struct are kept (per thread) under everything those checks looked at: the device, the
-# scale as given (None or a float), causal, the layout as given, and each tensor's shape, dtype and
-# GPU. A later call that matches checks only contiguity here and runs with new addresses and a new
-# output from torch's allocator. Anything else takes the full path.
+# scale as given (None or a float), causal, the layout as given (a str), and each tensor's shape,
+# dtype and GPU. A later call that matches checks only that its tensors are CUDA tensors and
+# contiguous here, and runs with new addresses and a new output from torch's allocator. Anything
+# else takes the full path.
 _repeat = threading.local()
 _repeat_torch = None  # torch.Tensor once a call was remembered
 
@@ -300,11 +301,13 @@ def _remember(device, scale, causal, layout, q, k, v, plan, args) -> None:
     table = getattr(_repeat, "table", None)
     if table is None:
         table = _repeat.table = {}
-    elif len(table) >= 64:
-        table.pop(next(iter(table)))
     kt, vt = k.obj, v.obj
     key = (device, scale, causal, layout, q.shape, kt.shape, vt.shape, q.dtype, kt.dtype, vt.dtype, q.get_device(),
            kt.get_device(), vt.get_device())
+    if key in table:  # the same plan and run arguments (a non-contiguous tensor's full path, say)
+        return
+    if len(table) >= 64:
+        table.pop(next(iter(table)))
     table[key] = (plan, args, q.get_device())
     _repeat_torch = T
 
@@ -318,7 +321,9 @@ def _repeat_call(q, k, v, device, scale, causal, layout):
     device = _args.device_arg(device)
     entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
                        q.get_device(), k.get_device(), v.get_device()))
-    if entry is None or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+    # is_cuda: get_device() numbers other accelerators' tensors too
+    if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda and q.is_contiguous() and k.is_contiguous()
+                             and v.is_contiguous()):
         return None
     plan, args, gpu = entry
     out = q.new_empty(q.shape)

@@ -32,6 +32,13 @@ def assert_flash_rule(out, qn, kn, vn, **kw):
     assert np.abs(got - ref).max() <= 2 * np.abs(ref16 - ref).max() + 2e-5
 
 
+def repeat_only(monkeypatch):
+    """Makes the full path fail: a call that returns took the repeat path."""
+    def refuse(*a, **kw):
+        raise AssertionError("the full path ran")
+    monkeypatch.setattr(prefill, "_attention", refuse)
+
+
 def full_path(q, k, v, dev, **kw):
     """pyfa.attention through every check (never the repeat path, and not remembered)."""
     opts = dict(scale=None, causal=False, q_offset=None, mask=None, window=None, softcap=0.0, layout="bhsd",
@@ -42,7 +49,7 @@ def full_path(q, k, v, dev, **kw):
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_repeat_path_matches_the_full_path(rng, layout, causal):
+def test_repeat_path_matches_the_full_path(rng, monkeypatch, layout, causal):
     torch = pytest.importorskip("torch")
     dev = pyfa.Device("cuda")
     prefill._repeat.table = {}
@@ -55,7 +62,9 @@ def test_repeat_path_matches_the_full_path(rng, layout, causal):
     k.copy_(k2)
     torch.cuda.synchronize()
     before = pyfa.counters()
-    got = pyfa.attention(q, k, v2, causal=causal, layout=layout, device=dev)
+    with monkeypatch.context() as m:
+        repeat_only(m)
+        got = pyfa.attention(q, k, v2, causal=causal, layout=layout, device=dev)
     after = pyfa.counters()
     for name in STEADY:
         assert after[name] == before[name], (name, before, after)
@@ -67,9 +76,10 @@ def test_repeat_path_matches_the_full_path(rng, layout, causal):
     assert_flash_rule(got, qn, kn, vn2, causal=causal, layout=layout)
 
 
-def test_other_options_take_the_full_path(rng):
+def test_other_options_take_the_full_path(rng, monkeypatch):
     """Options the repeat path does not handle, another scale, a non-contiguous tensor: each is the
-    full path's result (checked against the reference), and bad input is refused as before."""
+    full path's result (checked against the reference), none replaces the remembered plan, and bad
+    input is refused as before."""
     torch = pytest.importorskip("torch")
     dev = pyfa.Device("cuda")
     prefill._repeat.table = {}
@@ -80,8 +90,11 @@ def test_other_options_take_the_full_path(rng):
     got = pyfa.attention(q, k, v, scale=0.05, device=dev)  # another scale: a second entry
     assert_flash_rule(got, qn, kn, vn, scale=0.05)
     assert len(prefill._repeat.table) == 2
-    got = pyfa.attention(q, k, v, scale=0.05, device=dev)  # ... which the next such call takes
+    with monkeypatch.context() as m:  # ... which the next such call takes
+        repeat_only(m)
+        got = pyfa.attention(q, k, v, scale=0.05, device=dev)
     assert_flash_rule(got, qn, kn, vn, scale=0.05)
+    remembered = dict(prefill._repeat.table)
     mask = torch.ones((200, 200), dtype=torch.bool, device="cuda").tril()
     got = pyfa.attention(q, k, v, mask=mask, device=dev)
     assert_flash_rule(got, qn, kn, vn, mask=np.tril(np.ones((200, 200), bool)))
@@ -92,7 +105,19 @@ def test_other_options_take_the_full_path(rng):
     assert_flash_rule(got, qn, kn, vn)
     kt = k.transpose(2, 3).contiguous().transpose(2, 3)  # same shape, not contiguous
     assert_flash_rule(pyfa.attention(q, kt, v, device=dev), qn, kn, vn)
-    assert len(prefill._repeat.table) == 2
+    # None of those calls replaced a remembered plan or struct; the next default call repeats the first.
+    assert prefill._repeat.table.keys() == remembered.keys()
+    assert all(prefill._repeat.table[key][0] is plan and prefill._repeat.table[key][1] is args
+               for key, (plan, args, _gpu) in remembered.items())
+    with monkeypatch.context() as m:
+        repeat_only(m)
+        got = pyfa.attention(q, k, v, device=dev)
+    assert_flash_rule(got, qn, kn, vn)
+    # Bad input: refused by the full path, also where it matches a remembered key but for the flaw.
+    with pytest.raises(pyfa.InvalidArgumentError, match="layout"):
+        pyfa.attention(q, k, v, layout=["bhsd"], device=dev)
+    with pytest.raises(pyfa.InvalidArgumentError, match="causal"):
+        pyfa.attention(q, k, v, causal=np.array([1, 0]), device=dev)
     with pytest.raises(pyfa.InvalidArgumentError, match="v: shape"):
         pyfa.attention(q, k, v[:, :, :100], device=dev)
     with pytest.raises(pyfa.InvalidArgumentError, match="k: dtype"):
