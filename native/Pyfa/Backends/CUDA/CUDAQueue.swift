@@ -414,7 +414,7 @@ struct CUDAPlan: BackendPlan {
     /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
     /// warpgroups split the head dim), sized by cuda_layout.h for the KV
     /// mode: in rectangular mode with TMA stages a producer warpgroup more
-    /// (and 128-key tiles at D = 64, where the packed modes take 64).
+    /// (and, at D = 64 and 192, wider key tiles than the packed modes take).
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
