@@ -296,7 +296,7 @@ def _remember(device, scale, causal, layout, q, k, v, plan, args) -> None:
     import torch
 
     T = torch.Tensor
-    if type(q) is not T or type(k.obj) is not T or type(v.obj) is not T or type(layout) is not str:
+    if type(q) is not T or type(k.obj) is not T or type(v.obj) is not T:  # (attention() checked the layout's type)
         return
     table = getattr(_repeat, "table", None)
     if table is None:
