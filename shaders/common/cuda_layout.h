@@ -228,6 +228,26 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_stage_keys(int32_t D, int32_t kv_
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_swizzle_bytes(int32_t D) {
     return (D * 2) % 128 == 0 ? 128 : (D * 2) % 64 == 0 ? 64 : 32;
 }
+/* Query heads a cluster of the warpgroup-MMA kernel holds: 2, or 1 (none).
+ * Beside the producer (rectangular mode) from D = 192 on, the blocks of one
+ * query tile of two query heads that share a KV head run as a cluster of 2
+ * along the grid's heads, where the query heads per KV head are even (the
+ * dispatch's rule): the two are co-scheduled and read the same K and V tiles
+ * at about the same time; each still copies its own. Alternated with lone
+ * blocks on three H200s (bf16, 16/8 heads, 16K), TFLOP/s: D 256 non-causal
+ * 628-631 -> 702-703, 680-685 -> 692-702 and 707 -> 738, causal 704-765 ->
+ * 774-780 and 714 -> 769; D 192 non-causal 662-666 -> 668-709 and 670 ->
+ * 673. Below D 192 it was not kept: D 128 non-causal gained on one machine
+ * (563-572 -> 630-636) and lost on another (641-668 -> 612-613), D 64 level,
+ * D 96 1-9% slower. Sharing the stages as well (each block copying half of
+ * every stage into both by TMA multicast, a stage refilled once both blocks
+ * released it) halves the tiles' reads from L2 but measured slower than
+ * clusters without it at every head dim (D 128 non-causal 592-601 against
+ * 630-636, D 256 641-643 against 702-703): it couples the two blocks'
+ * pipelines. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_cluster_heads(int32_t D, int32_t kv_mode) {
+    return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D >= 192 ? 2 : 1;
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_mode) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;

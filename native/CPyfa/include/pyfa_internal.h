@@ -17,5 +17,6 @@ const float *pyfa_turboquant_codebook_table(uint32_t bits);
 #define PYFA_COUNT_DEVICE_TO_HOST 5
 #define PYFA_COUNT_KERNEL_LAUNCH 6
 #define PYFA_COUNT_PLAN 7
-#define PYFA_COUNTER_KINDS 8
+#define PYFA_COUNT_CLUSTER_LAUNCH 8
+#define PYFA_COUNTER_KINDS 9
 void pyfa_count(int kind);

@@ -35,10 +35,11 @@ typedef struct CUevent_st *CUevent;
 #define PYFA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define PYFA_CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define PYFA_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define PYFA_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
 #define PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
 
 /* cuLaunchKernelEx's configuration (cuda.h's CUlaunchAttribute and
- * CUlaunchConfig, same layout): one attribute is all pyfa sets. */
+ * CUlaunchConfig, same layout): the attributes pyfa sets. */
 typedef struct pyfa_cu_launch_attribute {
     int id;
     char pad[4];
@@ -46,6 +47,9 @@ typedef struct pyfa_cu_launch_attribute {
         char pad[64];
         unsigned long long align; /* cuda.h's union holds 8-byte members */
         int programmatic_stream_serialization_allowed;
+        struct {
+            unsigned int x, y, z;
+        } cluster_dim; /* blocks a cluster along each grid axis */
     } value;
 } pyfa_cu_launch_attribute;
 

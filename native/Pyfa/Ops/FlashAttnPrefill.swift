@@ -158,9 +158,13 @@ public enum FlashAttnPrefill {
             .at(PYFA_PREFILL_ARG_BLK, .buffer(blk ?? q)),
             .at(PYFA_PREFILL_ARG_LSE, .buffer(lse ?? out)),
         ] + FlashAttnPrefillPacked.rectangularStandIns(q)
+        // The blocks of two heads of one KV head in a cluster, where the backend takes one: they read
+        // the same K and V tiles at about the same time.
+        let pair = geometry.clusterHeads > 1 && (p.num_heads / p.num_kv_heads) % geometry.clusterHeads == 0
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
-                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+                             threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory,
+                             cluster: (1, pair ? geometry.clusterHeads : 1, 1))
     }
 
     /// Encodes the blk pre-pass for `mask` (layout from params.mask_strides)

@@ -110,6 +110,9 @@ final class PrefillLayoutTests: XCTestCase {
                     XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
                     XCTAssertLessThanOrEqual(keys, 256)
                 }
+                // Clusters of two heads' blocks beside the producer from D 192 (tile_slot's cluster order takes 2).
+                XCTAssertEqual(pyfa_cuda_prefill_wgmma_cluster_heads(d, mode), withProducer && d >= 192 ? 2 : 1,
+                               "D \(d) mode \(mode)")
             }
             if split {
                 XCTAssertEqual(d, Int32(PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM))

@@ -112,6 +112,70 @@ final class CUDAQueue: CommandQueue {
         guard let p = d.pipeline as? CUDAPipeline else {
             throw PyfaError.internal("dispatch \(d.pipeline.name): pipeline is not a CUDA pipeline")
         }
+        // A cluster needs cuLaunchKernelEx; without it the blocks run alone (the kernels allow both).
+        let clustered = (d.cluster.0 != 1 || d.cluster.1 != 1 || d.cluster.2 != 1) && pyfa_cu.cuLaunchKernelEx != nil
+        var args = try arguments(d, p)
+        let smem = d.threadgroupMemory
+        try p.lock.withLock {
+            if smem > p.dynamicSharedLimit {
+                try require(smem <= maxShared, "dispatch \(p.name): \(smem) bytes of shared memory exceed the device's \(maxShared)")
+                try CU.check(pyfa_cu.cuFuncSetAttribute(p.function, PYFA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, Int32(smem)),
+                             "dispatch \(p.name): raising the shared-memory limit")
+                p.dynamicSharedLimit = smem
+            }
+        }
+        pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
+        if (dependentLaunch || clustered), let launchEx = pyfa_cu.cuLaunchKernelEx {
+            let status = withUnsafeMutablePointer(to: &args) { argsPtr -> CUresult in
+                // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
+                var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
+                return withUnsafeMutablePointer(to: &param) { pp in
+                    withUnsafeTemporaryAllocation(of: pyfa_cu_launch_attribute.self, capacity: 2) { attrs in
+                        var n = 0
+                        if dependentLaunch {
+                            attrs[n] = pyfa_cu_launch_attribute()
+                            attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                            attrs[n].value.programmatic_stream_serialization_allowed = 1
+                            n += 1
+                        }
+                        if clustered {
+                            attrs[n] = pyfa_cu_launch_attribute()
+                            attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                            attrs[n].value.cluster_dim.x = d.cluster.0
+                            attrs[n].value.cluster_dim.y = d.cluster.1
+                            attrs[n].value.cluster_dim.z = d.cluster.2
+                            n += 1
+                        }
+                        var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
+                                                           block_x: d.threads.0, block_y: d.threads.1,
+                                                           block_z: d.threads.2, shared_bytes: UInt32(smem),
+                                                           stream: stream, attrs: attrs.baseAddress, num_attrs: UInt32(n))
+                        return launchEx(&config, p.function, pp, nil)
+                    }
+                }
+            }
+            if status == 0 {
+                if clustered { pyfa_count(PYFA_COUNT_CLUSTER_LAUNCH) }
+                return
+            }
+            // Refused: a queue refused programmatic serialisation launches plainly from now on; a
+            // refused cluster launches this dispatch's blocks alone.
+            if !clustered { dependentLaunch = false }
+        }
+        try withUnsafeMutablePointer(to: &args) { argsPtr in
+            var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
+            try withUnsafeMutablePointer(to: &param) { pp in
+                try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
+                                                    d.threads.0, d.threads.1, d.threads.2,
+                                                    UInt32(smem), stream, pp, nil),
+                             "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+            }
+        }
+    }
+
+    /// The launch's argument block: buffer addresses and inline values by
+    /// slot, then the pipeline's tensor maps.
+    private func arguments(_ d: EncodedDispatch, _ p: CUDAPipeline) throws -> pyfa_cuda_args {
         var args = pyfa_cuda_args()
         var cursor = 0
         try withUnsafeMutableBytes(of: &args) { raw in
@@ -137,40 +201,7 @@ final class CUDAQueue: CommandQueue {
             }
             if let maps = p.tensorMaps { cursor = maps.encode(into: raw, cursor: cursor, args: d.args) }
         }
-        let smem = d.threadgroupMemory
-        try p.lock.withLock {
-            if smem > p.dynamicSharedLimit {
-                try require(smem <= maxShared, "dispatch \(p.name): \(smem) bytes of shared memory exceed the device's \(maxShared)")
-                try CU.check(pyfa_cu.cuFuncSetAttribute(p.function, PYFA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, Int32(smem)),
-                             "dispatch \(p.name): raising the shared-memory limit")
-                p.dynamicSharedLimit = smem
-            }
-        }
-        pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
-        try withUnsafeMutablePointer(to: &args) { argsPtr in
-            // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
-            var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
-            try withUnsafeMutablePointer(to: &param) { pp in
-                if dependentLaunch, let launchEx = pyfa_cu.cuLaunchKernelEx {
-                    var attribute = pyfa_cu_launch_attribute()
-                    attribute.id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-                    attribute.value.programmatic_stream_serialization_allowed = 1
-                    let status = withUnsafeMutablePointer(to: &attribute) { attr in
-                        var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
-                                                           block_x: d.threads.0, block_y: d.threads.1,
-                                                           block_z: d.threads.2, shared_bytes: UInt32(smem),
-                                                           stream: stream, attrs: attr, num_attrs: 1)
-                        return launchEx(&config, p.function, pp, nil)
-                    }
-                    if status == 0 { return }
-                    dependentLaunch = false  // refused: this launch and the queue's later ones go plainly
-                }
-                try CU.check(pyfa_cu.cuLaunchKernel(p.function, d.grid.0, d.grid.1, d.grid.2,
-                                                    d.threads.0, d.threads.1, d.threads.2,
-                                                    UInt32(smem), stream, pp, nil),
-                             "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
-            }
-        }
+        return args
     }
 }
 
@@ -277,6 +308,10 @@ struct CUDAPlan: BackendPlan {
     /// rounds P to f16 / bf16 before P V as FlashAttention does (its accuracy
     /// rule, half the P V tensor-core work); 2 keeps P exact to ~2^-17.
     static let prefillPTerms = min(envInt("PYFA_CUDA_PREFILL_P_TERMS", 1), 2)
+    /// Clusters of the blocks of two heads of one KV head in the warpgroup-MMA
+    /// prefill (cuda_layout.h, pyfa_cuda_prefill_wgmma_cluster_heads): on
+    /// unless PYFA_CUDA_PREFILL_CLUSTER=0, which launches every block alone.
+    static let prefillCluster = envFlag("PYFA_CUDA_PREFILL_CLUSTER", true)
     /// The warpgroup-MMA prefill (attn_prefill_wgmma.cuh, and
     /// attn_prefill_wgmma_split.cuh at D = 512) on sm_90a for f16 / bf16 up
     /// to D = 256 and at 512 (cuda_layout.h): unset or empty, the rule (-1: every D it serves);
@@ -424,10 +459,12 @@ struct CUDAPlan: BackendPlan {
     func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry {
         let D = Int(headDim)
         if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
+            let pairs = CUDAPlan.prefillCluster && pyfa_cu.cuLaunchKernelEx != nil
             return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D))),
                                    blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D), kvMode)),
                                    threads: UInt32(pyfa_cuda_prefill_wgmma_block_threads(Int32(D), kvMode)),
-                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D), kvMode)))
+                                   threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D), kvMode)),
+                                   clusterHeads: pairs ? UInt32(pyfa_cuda_prefill_wgmma_cluster_heads(Int32(D), kvMode)) : 1)
         }
         if dtype == .f32 {
             let (bq, bk) = (16, 32)
