@@ -233,20 +233,25 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_swizzle_bytes(int32_t D) {
  * query tile of two query heads that share a KV head run as a cluster of 2
  * along the grid's heads, where the query heads per KV head are even (the
  * dispatch's rule): the two are co-scheduled and read the same K and V tiles
- * at about the same time; each still copies its own. Alternated with lone
- * blocks on three H200s (bf16, 16/8 heads, 16K), TFLOP/s: D 256 non-causal
- * 628-631 -> 702-703, 680-685 -> 692-702 and 707 -> 738, causal 704-765 ->
- * 774-780 and 714 -> 769; D 192 non-causal 662-666 -> 668-709 and 670 ->
- * 673. Below D 192 it was not kept: D 128 non-causal gained on one machine
- * (563-572 -> 630-636) and lost on another (641-668 -> 612-613), D 64 level,
- * D 96 1-9% slower. Sharing the stages as well (each block copying half of
- * every stage into both by TMA multicast, a stage refilled once both blocks
- * released it) halves the tiles' reads from L2 but measured slower than
- * clusters without it at every head dim (D 128 non-causal 592-601 against
- * 630-636, D 256 641-643 against 702-703): it couples the two blocks'
- * pipelines. */
+ * at about the same time; each still copies its own. On H200s it measured
+ * 1-12% faster at D 256 (16K), level to 7% faster at D 192, and mixed from
+ * machine to machine at D 128 (+11% on one, -5 to -8% on another); sharing
+ * the stages between the two by TMA multicast measured slower than this
+ * everywhere (it couples the two blocks' pipelines). Figures:
+ * docs/cuda/NOTES.md, "Two heads' blocks in a cluster". */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_cluster_heads(int32_t D, int32_t kv_mode) {
     return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D >= 192 ? 2 : 1;
+}
+/* The launch-order rank of prefill block (x, y, z) of a (gx, gy, gz) grid
+ * whose clusters hold cluster_y blocks along y (1: no cluster; 2: two heads,
+ * gy even): its linear index without a cluster; in one, the cluster's linear
+ * index times 2 plus the block's rank in it, so that the two blocks take
+ * neighbouring ranks (tile_slot in attn_prefill.cu: the same query tile, an
+ * even head and the next). */
+PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uint32_t z, uint32_t gx, uint32_t gy,
+                                                     uint32_t cluster_y) {
+    return cluster_y == 2 ? 2 * ((uint64_t)x + (uint64_t)gx * ((uint64_t)z * (gy / 2) + y / 2)) + (y & 1)
+                          : (uint64_t)x + (uint64_t)gx * ((uint64_t)z * gy + y);
 }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_mode) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);

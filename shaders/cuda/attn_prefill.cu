@@ -126,21 +126,19 @@ __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { 
  * short ones and ran on after them (4K causal: 512 blocks on 132 SMs).
  * Launched in clusters of 2 along y (cuda_layout.h,
  * pyfa_cuda_prefill_wgmma_cluster_heads) the index is the cluster's, times
- * 2, plus the block's rank in it, so that the blocks of a cluster take
- * neighbouring indices: one query tile, heads 2c and 2c + 1 (of one KV head
- * where the query heads per KV head are even). */
+ * 2, plus the block's rank in it (pyfa_cuda_prefill_block_rank): the two
+ * blocks of a cluster take one query tile, an even head and the next (of one
+ * KV head where the query heads per KV head are even). */
 struct tile_slot {
     uint32_t qtile, h, b;
     __device__ __forceinline__ explicit tile_slot(uint32_t num_q_blocks) {
         const uint64_t planes = (uint64_t)gridDim.y * gridDim.z;
-        uint64_t rank = blockIdx.x + (uint64_t)gridDim.x * ((uint64_t)blockIdx.z * gridDim.y + blockIdx.y);
+        uint32_t cluster_y = 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        uint32_t cluster_y;
         asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(cluster_y));
-        if (cluster_y == 2)
-            rank = 2 * (blockIdx.x + (uint64_t)gridDim.x * ((uint64_t)blockIdx.z * (gridDim.y / 2) + blockIdx.y / 2)) +
-                   (blockIdx.y & 1);
 #endif
+        const uint64_t rank =
+            pyfa_cuda_prefill_block_rank(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, cluster_y);
         qtile = num_q_blocks - 1 - (uint32_t)(rank / planes);
         const uint32_t plane = (uint32_t)(rank % planes);
         h = plane % gridDim.y;

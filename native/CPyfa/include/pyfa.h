@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PYFA_ABI_VERSION 6
+#define PYFA_ABI_VERSION 7
 
 /* Status codes. */
 #define PYFA_OK 0

@@ -30,6 +30,9 @@ public final class CommandEncoder {
     public func dispatch(_ pipeline: Pipeline, args: [SlotArg],
                          grid: (UInt32, UInt32, UInt32), threads: (UInt32, UInt32, UInt32),
                          threadgroupMemory: Int = 0, cluster: (UInt32, UInt32, UInt32) = (1, 1, 1)) throws {
+        try require(cluster.0 >= 1 && cluster.1 >= 1 && cluster.2 >= 1 && grid.0 % cluster.0 == 0 &&
+                    grid.1 % cluster.1 == 0 && grid.2 % cluster.2 == 0,
+                    "dispatch \(pipeline.name): cluster \(cluster) does not divide grid \(grid)")
         var ranges: [Range<UInt64>] = []
         ranges.reserveCapacity(args.count)
         for a in args {
@@ -43,9 +46,6 @@ public final class CommandEncoder {
             memoryBarrier()
         }
         segmentRanges += ranges
-        try require(cluster.0 >= 1 && cluster.1 >= 1 && cluster.2 >= 1 && grid.0 % cluster.0 == 0 &&
-                    grid.1 % cluster.1 == 0 && grid.2 % cluster.2 == 0,
-                    "dispatch \(pipeline.name): cluster \(cluster) does not divide grid \(grid)")
         recorded.append(.dispatch(EncodedDispatch(pipeline: pipeline, args: args, grid: grid, threads: threads,
                                                   threadgroupMemory: threadgroupMemory, opKind: pendingOpKind,
                                                   cluster: cluster)))

@@ -121,4 +121,47 @@ final class PrefillLayoutTests: XCTestCase {
             }
         }
     }
+
+    /// pyfa_cuda_prefill_block_rank (tile_slot's launch order): without a cluster the block's
+    /// linear index; in clusters of 2 along the heads a bijection onto the same ranks in which the
+    /// two blocks of a cluster take neighbouring ranks, and so (as tile_slot reads a rank) one
+    /// query tile and sequence and an even head and the next: one KV head where the query heads
+    /// per KV head are even.
+    func testCudaPrefillClusterRanksPairTwoHeadsOfOneKVHead() {
+        for (gx, gy, gz) in [(1, 2, 1), (3, 4, 2), (5, 16, 3), (2, 32, 1), (7, 6, 2)] as [(UInt32, UInt32, UInt32)] {
+            let total = Int(gx * gy * gz), planes = UInt64(gy * gz)
+            var seen = [Bool](repeating: false, count: total)
+            func slot(_ r: UInt64) -> (qtile: UInt64, h: UInt64, b: UInt64) {
+                let plane = r % planes
+                return (r / planes, plane % UInt64(gy), plane / UInt64(gy))
+            }
+            for z in 0..<gz {
+                for y in 0..<gy {
+                    for x in 0..<gx {
+                        XCTAssertEqual(pyfa_cuda_prefill_block_rank(x, y, z, gx, gy, 1),
+                                       UInt64(x) + UInt64(gx) * (UInt64(z) * UInt64(gy) + UInt64(y)))
+                        let r = pyfa_cuda_prefill_block_rank(x, y, z, gx, gy, 2)
+                        XCTAssertLessThan(r, UInt64(total))
+                        if r < UInt64(total) {
+                            XCTAssertFalse(seen[Int(r)], "rank \(r) twice, grid (\(gx), \(gy), \(gz))")
+                            seen[Int(r)] = true
+                        }
+                        guard y % 2 == 0 else { continue }
+                        let partner = pyfa_cuda_prefill_block_rank(x, y + 1, z, gx, gy, 2)
+                        XCTAssertEqual(r % 2, 0)
+                        XCTAssertEqual(partner, r + 1)
+                        let (a, b) = (slot(r), slot(partner))
+                        XCTAssertEqual(a.qtile, b.qtile)
+                        XCTAssertEqual(a.b, b.b)
+                        XCTAssertEqual(a.h % 2, 0)
+                        XCTAssertEqual(b.h, a.h + 1)
+                        for group in [2, 4, 8] as [UInt64] where UInt64(gy) % group == 0 {
+                            XCTAssertEqual(a.h / group, b.h / group, "one KV head at \(group) query heads per KV head")
+                        }
+                    }
+                }
+            }
+            XCTAssertTrue(seen.allSatisfy { $0 }, "every rank taken, grid (\(gx), \(gy), \(gz))")
+        }
+    }
 }

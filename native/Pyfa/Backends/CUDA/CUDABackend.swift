@@ -17,6 +17,9 @@ final class CUDAPipeline: Pipeline {
     /// with 48 KB dynamic, CUDA_ERROR_INVALID_VALUE), so the first launch that
     /// takes dynamic shared memory sets the limit to what it takes.
     var dynamicSharedLimit = 0
+    /// The driver refused a launch of this function in clusters (e.g. too few
+    /// SMs free for one): its dispatches launch their blocks alone from then on.
+    var clustersRefused = false
     let lock = Lock()
     /// TMA tensor maps the kernel takes inline, built at each launch (nil: none).
     let tensorMaps: CUDATensorMaps?

@@ -18,7 +18,8 @@ final class CUDAQueue: CommandQueue {
     /// (CUDACompiler's entry) until that one has completed and its writes are
     /// visible, so the gap between dependent kernels closes. Opt-in
     /// (PYFA_CUDA_PDL=1, CUDABackend says why); a queue whose driver refused
-    /// such a launch once launches plainly (the launch is retried plainly).
+    /// such a launch once launches without it from then on (the refused
+    /// launch is retried at once).
     private(set) var dependentLaunch: Bool
     private let ownStream: CUstream
     private var stream: CUstream?
@@ -125,42 +126,21 @@ final class CUDAQueue: CommandQueue {
             }
         }
         pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
-        if (dependentLaunch || clustered), let launchEx = pyfa_cu.cuLaunchKernelEx {
-            let status = withUnsafeMutablePointer(to: &args) { argsPtr -> CUresult in
-                // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
-                var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
-                return withUnsafeMutablePointer(to: &param) { pp in
-                    withUnsafeTemporaryAllocation(of: pyfa_cu_launch_attribute.self, capacity: 2) { attrs in
-                        var n = 0
-                        if dependentLaunch {
-                            attrs[n] = pyfa_cu_launch_attribute()
-                            attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-                            attrs[n].value.programmatic_stream_serialization_allowed = 1
-                            n += 1
-                        }
-                        if clustered {
-                            attrs[n] = pyfa_cu_launch_attribute()
-                            attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                            attrs[n].value.cluster_dim.x = d.cluster.0
-                            attrs[n].value.cluster_dim.y = d.cluster.1
-                            attrs[n].value.cluster_dim.z = d.cluster.2
-                            n += 1
-                        }
-                        var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
-                                                           block_x: d.threads.0, block_y: d.threads.1,
-                                                           block_z: d.threads.2, shared_bytes: UInt32(smem),
-                                                           stream: stream, attrs: attrs.baseAddress, num_attrs: UInt32(n))
-                        return launchEx(&config, p.function, pp, nil)
-                    }
-                }
-            }
-            if status == 0 {
-                if clustered { pyfa_count(PYFA_COUNT_CLUSTER_LAUNCH) }
+        var cluster = clustered && !p.lock.withLock { p.clustersRefused }
+        while (dependentLaunch || cluster) && pyfa_cu.cuLaunchKernelEx != nil {
+            if launchExtended(d, p, &args, smem, cluster: cluster) == 0 {
+                if cluster { pyfa_count(PYFA_COUNT_CLUSTER_LAUNCH) }
                 return
             }
-            // Refused: a queue refused programmatic serialisation launches plainly from now on; a
-            // refused cluster launches this dispatch's blocks alone.
-            if !clustered { dependentLaunch = false }
+            // Refused: a pipeline whose cluster the driver refused launches its blocks alone from
+            // now on (retried at once without the cluster); a queue whose programmatic
+            // serialisation was refused launches plainly from now on.
+            if cluster {
+                cluster = false
+                p.lock.withLock { p.clustersRefused = true }
+            } else {
+                dependentLaunch = false
+            }
         }
         try withUnsafeMutablePointer(to: &args) { argsPtr in
             var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
@@ -169,6 +149,42 @@ final class CUDAQueue: CommandQueue {
                                                     d.threads.0, d.threads.1, d.threads.2,
                                                     UInt32(smem), stream, pp, nil),
                              "dispatch \(p.name): cuLaunchKernel grid \(d.grid) threads \(d.threads)")
+            }
+        }
+    }
+
+    /// cuLaunchKernelEx with programmatic serialisation (dependentLaunch) and,
+    /// with `cluster`, the dispatch's cluster shape; the driver's status
+    /// (nonzero, without a launch, where the driver lacks cuLaunchKernelEx).
+    private func launchExtended(_ d: EncodedDispatch, _ p: CUDAPipeline, _ args: inout pyfa_cuda_args, _ smem: Int,
+                                cluster: Bool) -> CUresult {
+        guard let launchEx = pyfa_cu.cuLaunchKernelEx else { return CUresult(1) }
+        return withUnsafeMutablePointer(to: &args) { argsPtr -> CUresult in
+            // The kernel's one parameter (the argument block), on the stack: no allocation per launch.
+            var param: UnsafeMutableRawPointer? = UnsafeMutableRawPointer(argsPtr)
+            return withUnsafeMutablePointer(to: &param) { pp in
+                withUnsafeTemporaryAllocation(of: pyfa_cu_launch_attribute.self, capacity: 2) { attrs in
+                    var n = 0
+                    if dependentLaunch {
+                        attrs[n] = pyfa_cu_launch_attribute()
+                        attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                        attrs[n].value.programmatic_stream_serialization_allowed = 1
+                        n += 1
+                    }
+                    if cluster {
+                        attrs[n] = pyfa_cu_launch_attribute()
+                        attrs[n].id = PYFA_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                        attrs[n].value.cluster_dim.x = d.cluster.0
+                        attrs[n].value.cluster_dim.y = d.cluster.1
+                        attrs[n].value.cluster_dim.z = d.cluster.2
+                        n += 1
+                    }
+                    var config = pyfa_cu_launch_config(grid_x: d.grid.0, grid_y: d.grid.1, grid_z: d.grid.2,
+                                                       block_x: d.threads.0, block_y: d.threads.1,
+                                                       block_z: d.threads.2, shared_bytes: UInt32(smem),
+                                                       stream: stream, attrs: attrs.baseAddress, num_attrs: UInt32(n))
+                    return launchEx(&config, p.function, pp, nil)
+                }
             }
         }
     }
