@@ -47,11 +47,10 @@ public struct EncodedDispatch {
     public var threads: (UInt32, UInt32, UInt32)
     public var threadgroupMemory: Int
     public var opKind: OpKind
-    /// Threadgroups the backend may run as one cluster along each grid axis
-    /// (co-scheduled, sharing their threadgroup memory; CUDA on sm_90 and
-    /// later). (1, 1, 1): none. A backend without clusters runs them apart,
-    /// and a kernel that asks for one reads its cluster's shape and is
-    /// correct either way.
+    /// Threadgroups the backend may run as one cluster along each grid axis,
+    /// co-scheduled (CUDA's thread-block clusters, sm_90 and later); (1, 1, 1):
+    /// none. A backend without clusters runs them apart, and a kernel that
+    /// asks for one reads its cluster's shape and is correct either way.
     public var cluster: (UInt32, UInt32, UInt32) = (1, 1, 1)
 }
 
@@ -78,8 +77,9 @@ public struct PrefillGeometry {
     public var threads: UInt32
     public var threadgroupMemory: Int
     /// Query heads of one KV head whose threadgroups (of one query tile) the
-    /// backend runs as one cluster, co-scheduled: 1 (none) or more. The
-    /// dispatch asks for it where the query heads per KV head are a multiple.
+    /// backend runs as one cluster, co-scheduled: 1 (none) or 2 (the CUDA
+    /// kernel's launch order takes pairs). The dispatch asks for it where the
+    /// query heads per KV head are a multiple.
     public var clusterHeads: UInt32 = 1
 }
 
