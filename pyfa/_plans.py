@@ -113,7 +113,18 @@ def run(device, runner, plan, enc, args, finish: bool = True) -> None:
         check(status)
 
 
-# ---- what the repeat paths share (pyfa/decode.py, pyfa/paged.py, pyfa/kvcache.py) -----------------
+# ---- what the repeat paths share (pyfa/decode.py, pyfa/paged.py, pyfa/prefill.py, pyfa/kvcache.py) --
+def repeat_table(local) -> dict:
+    """The table of remembered calls a repeat path keeps in the thread-local ``local``, with room for
+    one more entry: past 64 the oldest is dropped (a model makes a few shapes, a sweep many)."""
+    table = getattr(local, "table", None)
+    if table is None:
+        table = local.table = {}
+    elif len(table) >= 64:
+        table.pop(next(iter(table)))
+    return table
+
+
 # A host repeat path stores ffi.from_buffer(array) straight into the 64-bit address field of a kept
 # run-argument struct, seen as a pointer: possible where pointers are 64-bit.
 HOST_SLOTS = ffi.sizeof("void *") == 8

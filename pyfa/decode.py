@@ -208,15 +208,6 @@ _torch_tensor = None
 _torch_int32 = None
 
 
-def _table():
-    table = getattr(_repeat, "table", None)
-    if table is None:
-        table = _repeat.table = {}
-    elif len(table) >= 64:
-        table.pop(next(iter(table)))
-    return table
-
-
 def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     B = q.shape[0]
     if type(q) is np.ndarray:  # host arrays (numpy, or torch CPU tensors read as numpy)
@@ -260,7 +251,7 @@ def _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale):
     # [capacity, k's bytes per slot, v's]: the capacity the struct holds now, and what a new one's
     # nbytes fields take.
     caps = [capacity, k.nbytes // capacity, v.nbytes // capacity]
-    _table()[key] = (plan, reused, host, B, caps, q.shape, gpu, zeros, slots, seen)
+    _plans.repeat_table(_repeat)[key] = (plan, reused, host, B, caps, q.shape, gpu, zeros, slots, seen)
 
 
 def _uncapped(shape):

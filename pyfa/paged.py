@@ -280,17 +280,8 @@ def _repeatable(q, k, v, block_table, kv_len) -> bool:
             and type(kv_len) is int and kv_len >= 1 and _plans.HOST_SLOTS)
 
 
-def _table():
-    table = getattr(_repeat, "table", None)
-    if table is None:
-        table = _repeat.table = {}
-    elif len(table) >= 64:
-        table.pop(next(iter(table)))
-    return table
-
-
 def _remember(device, scale, page_layout, q, k, v, block_table, kv_len, plan, args, capacity):
-    table = _table()
+    table = _plans.repeat_table(_repeat)
     B = q.shape[0]
     host = ffi.new("int32_t[]", B)
     reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
@@ -370,7 +361,7 @@ def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, pl
     gpu = q.get_device()
     key = (device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype, k.dtype, v.dtype,
            gpu, k.get_device(), v.get_device(), block_table.get_device())
-    _table()[key] = (plan, reused, host, B, capacity, gpu)
+    _plans.repeat_table(_repeat)[key] = (plan, reused, host, B, capacity, gpu)
 
 
 def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scale):

@@ -298,17 +298,12 @@ def _remember(device, scale, causal, layout, q, k, v, plan, args) -> None:
     T = torch.Tensor
     if type(q) is not T or type(k.obj) is not T or type(v.obj) is not T:  # (attention() checked the layout's type)
         return
-    table = getattr(_repeat, "table", None)
-    if table is None:
-        table = _repeat.table = {}
     kt, vt = k.obj, v.obj
     key = (device, scale, causal, layout, q.shape, kt.shape, vt.shape, q.dtype, kt.dtype, vt.dtype, q.get_device(),
            kt.get_device(), vt.get_device())
-    if key in table:  # the same plan and run arguments (a non-contiguous tensor's full path, say)
+    if key in getattr(_repeat, "table", ()):  # the same plan and run arguments (a non-contiguous tensor's full path, say)
         return
-    if len(table) >= 64:
-        table.pop(next(iter(table)))
-    table[key] = (plan, args, q.get_device())
+    _plans.repeat_table(_repeat)[key] = (plan, args, q.get_device())
     _repeat_torch = T
 
 
