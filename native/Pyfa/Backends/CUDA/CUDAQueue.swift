@@ -113,11 +113,13 @@ final class CUDAQueue: CommandQueue {
         guard let p = d.pipeline as? CUDAPipeline else {
             throw PyfaError.internal("dispatch \(d.pipeline.name): pipeline is not a CUDA pipeline")
         }
-        // A cluster needs cuLaunchKernelEx; without it the blocks run alone (the kernels allow both).
-        let clustered = (d.cluster.0 != 1 || d.cluster.1 != 1 || d.cluster.2 != 1) && pyfa_cu.cuLaunchKernelEx != nil
         var args = try arguments(d, p)
         let smem = d.threadgroupMemory
+        // A cluster needs cuLaunchKernelEx (the loop below); without it, or where the driver refused
+        // this function's clusters, the blocks run alone (the kernels allow both).
+        var cluster = d.cluster.0 != 1 || d.cluster.1 != 1 || d.cluster.2 != 1
         try p.lock.withLock {
+            if cluster && p.clustersRefused { cluster = false }
             if smem > p.dynamicSharedLimit {
                 try require(smem <= maxShared, "dispatch \(p.name): \(smem) bytes of shared memory exceed the device's \(maxShared)")
                 try CU.check(pyfa_cu.cuFuncSetAttribute(p.function, PYFA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, Int32(smem)),
@@ -126,7 +128,6 @@ final class CUDAQueue: CommandQueue {
             }
         }
         pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
-        var cluster = clustered && !p.lock.withLock { p.clustersRefused }
         while (dependentLaunch || cluster) && pyfa_cu.cuLaunchKernelEx != nil {
             if launchExtended(d, p, &args, smem, cluster: cluster) == 0 {
                 if cluster { pyfa_count(PYFA_COUNT_CLUSTER_LAUNCH) }
