@@ -126,28 +126,30 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_tq_mma_smem_bytes(int32_t D, int32_t knob) {
 }
 
 /* attn_prefill_wgmma.cuh (sm_90a, f16 / bf16, D <= 256): query rows per block
- * (two warpgroups of 64), threads, the key tile and the dynamic shared bytes
- * (Q [128][D], then the K stages [BK][D] and the V stages [BK][D], in 16
- * bits, unpadded core matrices).
+ * (consumer warpgroups of 64 rows each), threads, the key tile and the
+ * dynamic shared bytes (Q [BQ][D], then the K stages [BK][D] and the V stages
+ * [BK][D], in 16 bits, unpadded core matrices).
  * attn_prefill_wgmma_split.cuh (D = PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM):
  * the two warpgroups share 64 query rows and split the head dim (each owns
  * 256 output columns and half of every Q Kᵀ dot product); its 64-key tile
  * streams in stages of 32 keys (four stages of 32 KiB beside Q's 64 KiB),
  * and the score halves meet in an exchange area ([2][64][32] f32). */
-#define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128
-#define PYFA_CUDA_PREFILL_WGMMA_THREADS 256
+#define PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q 128 /* two consumer warpgroups */
+#define PYFA_CUDA_PREFILL_WGMMA_THREADS 256 /* their threads */
+#define PYFA_CUDA_PREFILL_WGMMA_MAX_THREADS 512 /* the most a block launches: three consumers and the producer */
 #define PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM 256
 #define PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM 512
 /* In rectangular mode with TMA stages (pyfa_cuda_prefill_wgmma_tma, D <= 256)
- * a third warpgroup, the producer, issues the K and V copies and waits for
- * the stages' release, so neither consumer warpgroup waits for the other
- * outside its turn. The block launches with 168 registers a thread (384 x 168
- * fill the register file); the producer gives all but
- * PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS of them to the consumers, which then
- * hold PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS. */
+ * a further warpgroup, the producer, issues the K and V copies and waits for
+ * the stages' release, so no consumer warpgroup waits for another outside
+ * its turn. The block launches with 65536 / threads registers a thread (168
+ * beside two consumer warpgroups, 128 beside three); the producer keeps
+ * pyfa_cuda_prefill_wgmma_producer_regs of them and the consumers take the
+ * rest (pyfa_cuda_prefill_wgmma_consumer_regs), as FlashAttention-3 splits
+ * them: 24 / 240 and 32 / 160. */
 #define PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS 128
-#define PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS 24
-#define PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS 240
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer_regs(int32_t consumers) { return consumers == 3 ? 32 : 24; }
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_consumer_regs(int32_t consumers) { return consumers == 3 ? 160 : 240; }
 /* Whether flash_attn_prefill runs that path: kernels built for sm_90a, 16-bit
  * inputs (elem_size 2), D <= 256 or D = 512, and the knob
  * (PYFA_CUDA_PREFILL_WGMMA) not 0. At every head dim up to 256 it measured
@@ -161,9 +163,6 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
 /* Stages of the K ring and of the V ring (V runs one tile behind K), so a
  * tile's copies are issued a whole tile of work ahead of its use. */
 #define PYFA_CUDA_PREFILL_WGMMA_KV_STAGES 2
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_q(int32_t D) {
-    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 64 : PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q;
-}
 /* In rectangular mode the K and V stages of both paths arrive by TMA when the
  * CUDA backend encoded their tensor maps (inline arguments in these slots;
  * an absent map, argument 0, leaves the stages to cp.async copies). With S the
@@ -192,27 +191,44 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_tma(int32_t D) { return D >= 64; 
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mode) {
     return kv_mode == 0 /* PYFA_PREFILL_KV_RECT */ && pyfa_cuda_prefill_wgmma_tma(D) && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM;
 }
+/* Query rows a block: 64 a consumer warpgroup, two of them (128 rows) but
+ * three (192) at D = 64 beside the producer, as FlashAttention-3 runs D 64 on
+ * Hopper: the products of a 64-row warpgroup at D 64 take about as long as
+ * its softmax, so two other warpgroups' products cover one's softmax where
+ * one other's did not (H200, bf16, 16/8 heads, against two warpgroups in
+ * 128 x 192 tiles: 16K non-causal 441-443 -> 475-486 TF, causal 425-426 ->
+ * 454-461, 4K non-causal 380-382 -> 381-400, 4K causal level at 291-296).
+ * At D 128 three warpgroups (192 x 64 tiles) measured 6-18% slower. The
+ * split path (D = 512) holds 64 rows. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_q(int32_t D, int32_t kv_mode) {
+    if (D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM) return 64;
+    return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D == 64 ? 192 : PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q;
+}
+/* Consumer warpgroups of the D <= 256 kernel (the split path has two). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_consumers(int32_t D, int32_t kv_mode) {
+    return D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 : pyfa_cuda_prefill_wgmma_block_q(D, kv_mode) / 64;
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_threads(int32_t D, int32_t kv_mode) {
-    return PYFA_CUDA_PREFILL_WGMMA_THREADS +
+    return 128 * pyfa_cuda_prefill_wgmma_consumers(D, kv_mode) +
            (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) ? PYFA_CUDA_PREFILL_WGMMA_PRODUCER_THREADS : 0);
 }
 /* Keys per tile in KV mode kv_mode. Beside the producer (rectangular mode)
- * D 64 takes 192 keys and D 192 takes 96, against 128 and 64 elsewhere: the
- * per-tile work (barriers, waits, the rescale of o) spreads over more keys
- * (H200, bf16, 16/8 heads, two rounds: D 64 16K non-causal 410-411 -> 435
- * TF, causal 397-401 -> 418-422, 4K non-causal 341-352 -> 369-372; D 192 16K
- * non-causal 632-655 -> 660-694). Wider tiles measured slower at the other
- * head dims: D 96 192 keys (16K causal 558 -> 533-542 TF, 4K causal 417-422
- * -> 358-360), D 128 176 and D 256 80 (FlashAttention-3's non-causal tiles:
- * 0-10% at 16K, up to 20% at 4K causal). Elsewhere 128 at D 80 to 128; 64
- * beyond D 128 (shared memory) and at D 64 in the packed modes, where the
- * smaller tile takes the kernel from 240 registers a thread to 116, so two
- * blocks share an SM (H200, bf16, 16/8 heads, against 128 keys with every
- * thread's copies, one machine session: 16K 315 -> 354 TF non-causal and 317
- * -> 349 causal, 4K non-causal 279 -> 308, 4K causal level at 237-247
- * against 239-249). */
+ * D 192 takes 96 keys, against 64 elsewhere: the per-tile work (barriers,
+ * waits, the rescale of o) spreads over more keys (H200, bf16, 16/8 heads:
+ * 16K non-causal 632-655 -> 660-694 TF). D 64's 192-row tile there takes 128
+ * (FlashAttention-3's tile): a score tile, P and o of 192 keys would not fit
+ * the 160 registers of its consumers. Wider tiles measured slower at the
+ * other head dims: D 96 192 keys (16K causal 558 -> 533-542 TF, 4K causal
+ * 417-422 -> 358-360), D 128 176 and D 256 80 (FlashAttention-3's
+ * non-causal tiles: 0-10% at 16K, up to 20% at 4K causal). Elsewhere 128 at
+ * D 80 to 128; 64 beyond D 128 (shared memory) and at D 64 in the packed
+ * modes, where the smaller tile takes the kernel from 240 registers a thread
+ * to 116, so two blocks share an SM (H200, bf16, 16/8 heads, against 128 keys
+ * with every thread's copies, one machine session: 16K 315 -> 354 TF
+ * non-causal and 317 -> 349 causal, 4K non-causal 279 -> 308, 4K causal
+ * level at 237-247 against 239-249). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_block_k(int32_t D, int32_t kv_mode) {
-    if (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D == 64 || D == 192)) return D == 64 ? 192 : 96;
+    if (pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D == 64 || D == 192)) return D == 64 ? 128 : 96;
     return D > 128 ? 64 : D > 64 ? 128 : 64;
 }
 /* Keys of one ring stage: the key tile, or half of it on the split path. */
@@ -254,7 +270,7 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
                           : (uint64_t)x + (uint64_t)gx * ((uint64_t)z * gy + y);
 }
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_mode) {
-    const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);
+    const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D, kv_mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;
     return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }

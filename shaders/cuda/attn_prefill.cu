@@ -914,7 +914,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
  * launch 128). The entry's launch bound caps registers by it. */
 #define PYFA_MAX_THREADS_flash_attn_prefill(DT, D, BQ, BK, HAS_MASK, MASK_KIND, DO_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_BLK, \
                                             HAS_LSE, OUT_DT, KV_MODE)                                                   \
-    ((DT) != PYFA_DTYPE_F32 && (BQ) == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q && (D) <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM    \
+    ((DT) != PYFA_DTYPE_F32 && (D) <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM &&                                         \
+             (BQ) == pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE)                                                        \
          ? pyfa_cuda_prefill_wgmma_block_threads(D, KV_MODE)                                                            \
          : PYFA_CUDA_PREFILL_WGMMA_THREADS)
 
@@ -933,10 +934,10 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
                               OUT_DT == PYFA_DTYPE_F32};
     if constexpr (DT == PYFA_DTYPE_F32) {
         prefill::prefill_simt<D, BQ, BK, KV_MODE>(a, f);
-    } else if constexpr (D == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D) &&
+    } else if constexpr (D == PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE) &&
                          BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE)) {
         prefill::prefill_wgmma_split<DT, KV_MODE>(a, f); /* the mma.sync path's D = 512 tile has BK 32 */
-    } else if constexpr (BQ == PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q) {
+    } else if constexpr (D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE)) {
         static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE), "flash_attn_prefill: the wgmma path's key tile");
         prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
     } else {

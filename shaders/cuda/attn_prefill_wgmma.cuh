@@ -3,13 +3,15 @@
  * D <= 256). Part of attn_prefill.cu, whose block_info and tile steps
  * (finish_tile, softmax_tile, p_fragment, store_rows) it shares with the
  * mma.sync path; the CUDA plan picks it through the tile:
- * BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q (128) here, 64 for the mma.sync path.
+ * BQ = pyfa_cuda_prefill_wgmma_block_q (128; 192 at D 64 beside the
+ * producer) here, 64 for the mma.sync path.
  * Contract, features and numerics are prefill_mma's: masks and blk, causal,
  * window, softcap, LSE, f32 out, the packed modes, P in one or two 16-bit
  * terms (PYFA_PREFILL_P_TERMS).
  *
- * Block = 2 warpgroups = 128 query rows of one (head, sequence), 64 per
- * warpgroup. Q, K and V tiles sit in shared memory as core matrices (8 rows
+ * Block = 2 consumer warpgroups (3 at D 64 beside the producer) = 128
+ * (192) query rows of one (head, sequence), 64 per warpgroup. Q, K and V
+ * tiles sit in shared memory as core matrices (8 rows
  * of 16 bytes, 128 contiguous bytes) ordered [row / 8][col / 8][row % 8]
  * [col % 8], with no padding: the same layout is the K-major operand (Q as A,
  * K as B of S = Q Kᵀ) and the N-major operand (V as B of O += P V), and the
@@ -28,10 +30,11 @@
  * K_{i-1} and V_{i-2}. With the threads' copies one barrier per iteration
  * publishes the tiles and frees those stages; with TMA each stage has a full
  * and a released mbarrier instead, and the warpgroups run apart, taking turns
- * to issue their products (tiles_landed in prefill_wgmma). In rectangular
- * mode a third warpgroup, the producer, issues those TMA copies and waits for
- * the releases, with 24 registers a thread; the two consumer warpgroups take
- * 240 (setmaxnreg; cuda_layout.h).
+ * to issue their products in a round (tiles_landed in prefill_wgmma). In
+ * rectangular mode one more warpgroup, the producer, issues those TMA copies
+ * and waits for the releases, with 24 registers a thread (32 beside three
+ * consumers); the consumer warpgroups take 240 (160) (setmaxnreg;
+ * cuda_layout.h).
  */
 #pragma once
 #include "pyfa_tma.cuh"
@@ -40,7 +43,9 @@
 namespace prefill {
 template <int D, int KV_MODE>
 struct wgmma_shape {
-    static constexpr int BQ = PYFA_CUDA_PREFILL_WGMMA_BLOCK_Q, BLOCK_THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
+    static constexpr int BQ = pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE);
+    static constexpr int CONSUMERS = pyfa_cuda_prefill_wgmma_consumers(D, KV_MODE); /* warpgroups of 64 rows */
+    static constexpr int BLOCK_THREADS = 128 * CONSUMERS; /* the consumers' threads */
     static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE);
     static constexpr int KD = D / 16;  /* k-steps of Q Kᵀ */
     static constexpr int KP = BK / 16; /* k-steps of P V */
@@ -57,7 +62,7 @@ struct wgmma_shape {
     static_assert(Q_BYTES + 2 * STAGES * KV_BYTES == pyfa_cuda_prefill_wgmma_smem_bytes(D, KV_MODE),
                   "the plan sizes this path with pyfa_cuda_prefill_wgmma_smem_bytes");
     static_assert(D % 16 == 0 && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM, "wgmma path: D a multiple of 16, <= 256");
-    static_assert(BLOCK_THREADS == 2 * 128 && BQ == 2 * 64, "wgmma path: two warpgroups of 64 rows");
+    static_assert((CONSUMERS == 2 || CONSUMERS == 3) && BQ == 64 * CONSUMERS, "wgmma path: 2 or 3 warpgroups of 64 rows");
 };
 
 /* A tile in the mma accumulator layout ([n][e], attn_prefill.cu) as the flat
@@ -191,9 +196,13 @@ __device__ __forceinline__ constexpr uint32_t swizzled_kstep(int kk) {
 template <int D, int KEYS, int BLOCK_THREADS, int SPAN, class RowSrc>
 __device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, const char *any, uint32_t n) {
     constexpr int CH = D / 8, CHUNKS = KEYS * CH, CB = SPAN / 16; /* chunks a row, a block's row */
-    static_assert(CHUNKS % BLOCK_THREADS == 0, "every thread copies the same number of chunks");
+    /* Rounds of one copy a thread; the last may leave threads out (three
+     * consumer warpgroups' 384 threads over a 128-key stage at D 64, the
+     * stages TMA did not bring). */
+    constexpr int ROUNDS = (CHUNKS + BLOCK_THREADS - 1) / BLOCK_THREADS;
 #pragma unroll
-    for (int k = 0; k < CHUNKS / BLOCK_THREADS; k++) {
+    for (int k = 0; k < ROUNDS; k++) {
+        if (CHUNKS % BLOCK_THREADS != 0 && (int)threadIdx.x + k * BLOCK_THREADS >= CHUNKS) break;
         const core_chunk<CH> c((int)threadIdx.x + k * BLOCK_THREADS);
         const bool live = (uint32_t)c.r < n;
         /* One offset in two forms: each is the form whose kernels were measured
@@ -217,10 +226,10 @@ struct tma_rings {
     uint64_t *bar; /* [0, 4): K0, K1, V0, V1 landed; [4, 8): the same stages released */
     bool on;       /* uniform: both maps present */
     int issuer;    /* the thread that issues the copies */
-    /* Arrivals that release a stage: lane 0 of every warp of the block's two (consumer) warpgroups. */
-    static constexpr uint32_t RELEASES = 8;
-
-    __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0)
+    /* Arrivals that release a stage (releases): lane 0 of every warp of the
+     * block's consumer warpgroups, 8 for two of them. */
+    __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0,
+                                         uint32_t releases = 8)
         : bar(bars), issuer(issuer_thread) {
         auto map = [&](int slot) -> const void * {
             const uint64_t v = a.arg[slot];
@@ -232,7 +241,7 @@ struct tma_rings {
         if (on) {
             if (threadIdx.x == 0) {
                 for (int i = 0; i < 4; i++) pyfa_mbar_init(&bar[i], 1);
-                for (int i = 4; i < 8; i++) pyfa_mbar_init(&bar[i], RELEASES);
+                for (int i = 4; i < 8; i++) pyfa_mbar_init(&bar[i], releases);
                 pyfa_mbar_init_fence();
             }
             __syncthreads();
@@ -303,9 +312,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * (load_core_tile_strided) where the swizzled copies recompute each. */
     constexpr bool SWIZZLED = S::SWIZZLED && (KV_MODE == PYFA_PREFILL_KV_RECT || D >= 128);
     constexpr int BQ = S::BQ, BK = S::BK, BLOCK_THREADS = S::BLOCK_THREADS, KD = S::KD, KP = S::KP, NT = S::NT,
-                  ND = S::ND;
+                  ND = S::ND, CONSUMERS = S::CONSUMERS;
     constexpr int GROUP = S::GROUP;
-    /* A producer warpgroup (warpgroup 2) issues the TMA copies: cuda_layout.h. */
+    /* A producer warpgroup (warpgroup CONSUMERS) issues the TMA copies: cuda_layout.h. */
     constexpr bool PRODUCER = pyfa_cuda_prefill_wgmma_producer(D, KV_MODE) != 0;
     static_assert(PYFA_PREFILL_KV_RECT == 0, "pyfa_cuda_prefill_wgmma_producer names the rectangular mode 0");
     static_assert(!PRODUCER || SWIZZLED, "the producer's copies are TMA's, into swizzled stages");
@@ -372,8 +381,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * Without one thread 0 does, and may wait there for warpgroup 1 to release
      * a stage; a copier in warpgroup 1, which never waits so, measured slower
      * (H200, D 256 16K causal 485 against 536-560 TF). */
-    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars, PRODUCER ? BLOCK_THREADS : 0);
-    static_assert(BLOCK_THREADS / 32 == tma_rings::RELEASES, "every consumer warp releases each stage");
+    /* Every consumer warp releases each stage. */
+    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars, PRODUCER ? BLOCK_THREADS : 0,
+                        BLOCK_THREADS / 32);
 
     /* K or V rows of key tile t, the seq-th K or V tile of the block, into stage seq % 2 of dst's ring. */
     auto load_kv = [&](bool is_v, int seq, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
@@ -383,13 +393,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     };
 
     if constexpr (PRODUCER) {
-        if (wg == 2) {
+        if (wg == CONSUMERS) {
             /* The producer: K of every live tile in order, each followed by
              * the V of the tile before it (the consumers' order: iteration i
              * reads K_i and V_{i-1}); a stage's copy waits for the consumers'
              * release of the tile it held. Without TMA (a map the backend
              * could not build) the consumers copy their stages themselves. */
-            pyfa_setmaxnreg_dec<PYFA_CUDA_PREFILL_WGMMA_PRODUCER_REGS>();
+            pyfa_setmaxnreg_dec<pyfa_cuda_prefill_wgmma_producer_regs(CONSUMERS)>();
             if (tma.on && (int)threadIdx.x == tma.issuer) {
                 uint32_t t = bi.next_tile(bi.t_begin), prev = bi.t_end;
                 for (int seq = 0;; seq++) {
@@ -402,12 +412,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             }
             return;
         }
-        pyfa_setmaxnreg_inc<PYFA_CUDA_PREFILL_WGMMA_CONSUMER_REGS>();
+        pyfa_setmaxnreg_inc<pyfa_cuda_prefill_wgmma_consumer_regs(CONSUMERS)>();
     }
-    /* The consumer warpgroups' barrier (the producer has left). */
+    /* The consumer warpgroups' barrier (the producer has left); ids 1 to
+     * CONSUMERS are the turns'. */
     auto consumers_sync = [&]() {
         if constexpr (PRODUCER)
-            pyfa_bar_sync(3, BLOCK_THREADS);
+            pyfa_bar_sync(1 + CONSUMERS, BLOCK_THREADS);
         else
             __syncthreads();
     };
@@ -447,10 +458,12 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* K_ki and V_vi (-1: none) landed: the threads' copies (and Q's), or TMA's.
      * With the threads' copies a block barrier orders every stage's reuse. With
      * TMA only Q's copies need one (the first time): the warpgroups release
-     * each stage on its mbarrier (tma.release) and thread 0 waits for that
-     * before copying into it, so the two warpgroups run apart, and they take
-     * turns issuing their products (named barriers 1 and 2, as FlashAttention-3's
-     * ping-pong): one's softmax runs while the other's products do. */
+     * each stage on its mbarrier (tma.release) and the issuer waits for that
+     * before copying into it, so the warpgroups run apart, and they take
+     * turns issuing their products in a round, 0, 1 (, 2), 0, ... (named
+     * barrier 1 + w is warpgroup w's turn; the one before it in the round
+     * arrives there when its turn ends, as FlashAttention-3's scheduler
+     * barriers): one's softmax runs while the others' products do. */
     auto tiles_landed = [&](int ki, int vi) {
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
@@ -461,7 +474,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     };
     const bool turns = tma.on; /* uniform */
     auto my_turn = [&]() { if (turns) pyfa_bar_sync(1 + wg, 2 * 128); };
-    auto your_turn = [&]() { if (turns) pyfa_bar_arrive(2 - wg, 2 * 128); };
+    auto your_turn = [&]() {
+        if (turns) pyfa_bar_arrive(CONSUMERS == 2 ? 2 - wg : wg == CONSUMERS - 1 ? 1 : 2 + wg, 2 * 128);
+    };
     /* A score tile of zeros, pinned before the fence that precedes its product. */
     auto zero_scores = [](float (&s)[NT][4]) {
 #pragma unroll
@@ -506,7 +521,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * keep the compiler from moving those accesses across either. */
     if (kt < bi.t_end) {
         tiles_landed(0, -1);
-        if (wg == 1) your_turn(); /* warpgroup 0 issues first */
+        if (wg == CONSUMERS - 1) your_turn(); /* warpgroup 0 issues first */
         {
             float s[NT][4];
             zero_scores(s);
@@ -588,7 +603,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         your_turn();
         pyfa_wgmma_wait<0>();
         pin_operands<P_TERMS>(o, pa, pl);
-        if (wg == 0) my_turn(); /* warpgroup 1's last pass, so the named barriers end balanced */
+        if (wg == 0) my_turn(); /* the last warpgroup's last pass, so the named barriers end balanced */
     }
     pyfa_cp_async_wait<0>();
 

@@ -42,7 +42,8 @@ namespace prefill {
 struct wgmma_split_shape {
     static constexpr int D = PYFA_CUDA_PREFILL_WGMMA_SPLIT_HEAD_DIM, DH = D / 2; /* columns of a warpgroup */
     /* The tile and stages are the same in every KV mode at this head dim. */
-    static constexpr int BQ = pyfa_cuda_prefill_wgmma_block_q(D), BK = pyfa_cuda_prefill_wgmma_block_k(D, PYFA_PREFILL_KV_RECT);
+    static constexpr int BQ = pyfa_cuda_prefill_wgmma_block_q(D, PYFA_PREFILL_KV_RECT);
+    static constexpr int BK = pyfa_cuda_prefill_wgmma_block_k(D, PYFA_PREFILL_KV_RECT);
     static constexpr int KS = pyfa_cuda_prefill_wgmma_stage_keys(D, PYFA_PREFILL_KV_RECT); /* keys of a stage */
     static constexpr int BLOCK_THREADS = PYFA_CUDA_PREFILL_WGMMA_THREADS;
     static constexpr int KD = DH / 16;  /* k-steps of a half dot product */

@@ -466,7 +466,8 @@ struct CUDAPlan: BackendPlan {
     /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
     /// warpgroups split the head dim), sized by cuda_layout.h for the KV
     /// mode: in rectangular mode with TMA stages a producer warpgroup more
-    /// (and, at D = 64 and 192, wider key tiles than the packed modes take).
+    /// (and at D = 64 three consumer warpgroups of 192 rows with 128-key
+    /// tiles, at D = 192 wider key tiles than the packed modes take).
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
@@ -477,7 +478,7 @@ struct CUDAPlan: BackendPlan {
         let D = Int(headDim)
         if pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), Int32(D)) != 0 {
             let pairs = CUDAPlan.prefillCluster && pyfa_cu.cuLaunchKernelEx != nil
-            return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D))),
+            return PrefillGeometry(blockQ: UInt32(pyfa_cuda_prefill_wgmma_block_q(Int32(D), kvMode)),
                                    blockK: UInt32(pyfa_cuda_prefill_wgmma_block_k(Int32(D), kvMode)),
                                    threads: UInt32(pyfa_cuda_prefill_wgmma_block_threads(Int32(D), kvMode)),
                                    threadgroupMemory: Int(pyfa_cuda_prefill_wgmma_smem_bytes(Int32(D), kvMode)),

@@ -35,7 +35,7 @@ struct CUDATensorMaps {
         guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
         guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
-              v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d),
+              v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d, PYFA_PREFILL_KV_RECT),
               v[Int(PYFA_PREFILL_FC_BLOCK_K)] == pyfa_cuda_prefill_wgmma_block_k(d, PYFA_PREFILL_KV_RECT),
               v[Int(PYFA_PREFILL_FC_KV_MODE)] == PYFA_PREFILL_KV_RECT else { return nil }
         let box = UInt32(pyfa_cuda_prefill_wgmma_stage_keys(d, PYFA_PREFILL_KV_RECT))
