@@ -36,8 +36,11 @@ final class CUDACompiler {
         cacheDir = CUDACompiler.cacheDirectory()
     }
 
+    /// PYFA_CUDA_COMPILE_LOG=2 adds ptxas's resource report (registers, stack,
+    /// spill bytes per entry) to the log that =1 prints.
     var options: [String] {
         ["-arch=\(arch)", "-std=c++17", "-default-device", "-lineinfo", "-diag-suppress=177"] + extraOptions
+            + (CUDAPlan.envInt("PYFA_CUDA_COMPILE_LOG", 0) >= 2 ? ["--ptxas-options=-v"] : [])
     }
 
     /// Every entry's first step (sm_90 and later). A kernel launched with
@@ -130,8 +133,8 @@ final class CUDACompiler {
             let why = pyfa_nvrtc.nvrtcGetErrorString(r).map { String(cString: $0) } ?? "error \(r)"
             throw PyfaError.compile("kernel '\(name)' for \(arch): \(why)\n\(programLog())")
         }
-        // PYFA_CUDA_COMPILE_LOG=1: NVRTC's log of a successful compile (ptxas's
-        // warnings, such as wgmma products it had to serialise) on stderr.
+        // PYFA_CUDA_COMPILE_LOG=1 (or 2): NVRTC's log of a successful compile
+        // (ptxas's warnings, such as wgmma products it had to serialise) on stderr.
         if CUDAPlan.envInt("PYFA_CUDA_COMPILE_LOG", 0) != 0 {
             let log = programLog()
             if !log.isEmpty { fputs("kernel '\(name)' for \(arch):\n" + log + "\n", stderr) }
