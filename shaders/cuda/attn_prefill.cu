@@ -939,7 +939,17 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
         prefill::prefill_wgmma_split<DT, KV_MODE>(a, f); /* the mma.sync path's D = 512 tile has BK 32 */
     } else if constexpr (D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM && BQ == pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE)) {
         static_assert(BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE), "flash_attn_prefill: the wgmma path's key tile");
-        prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
+        if constexpr (pyfa_cuda_prefill_wgmma_consumers(D, KV_MODE) == 3) {
+            /* One body with the stage maps, one without: the consumers of the
+             * first keep no registers for the threads' copies, which their
+             * 160 registers could not spare. */
+            if (prefill::tma_maps_present(a))
+                prefill::prefill_wgmma<DT, D, KV_MODE, 1>(a, f);
+            else
+                prefill::prefill_wgmma<DT, D, KV_MODE, 0>(a, f);
+        } else {
+            prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
+        }
     } else {
         prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);
     }

@@ -228,8 +228,10 @@ struct tma_rings {
     int issuer;    /* the thread that issues the copies */
     /* Arrivals that release a stage (releases): lane 0 of every warp of the
      * block's consumer warpgroups, 8 for two of them. */
+    /* maps: 1 where the caller checked that both maps are present (tma_maps_present), so that `on`
+     * is a constant to the compiler; -1 where this reads them. */
     __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0,
-                                         uint32_t releases = 8)
+                                         uint32_t releases = 8, int maps = -1)
         : bar(bars), issuer(issuer_thread) {
         auto map = [&](int slot) -> const void * {
             const uint64_t v = a.arg[slot];
@@ -237,7 +239,7 @@ struct tma_rings {
         };
         k_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_K);
         v_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_V);
-        on = k_map != nullptr && v_map != nullptr;
+        on = maps == 1 ? allowed : k_map != nullptr && v_map != nullptr;
         if (on) {
             if (threadIdx.x == 0) {
                 for (int i = 0; i < 4; i++) pyfa_mbar_init(&bar[i], 1);
@@ -302,7 +304,14 @@ __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, i
     }
 }
 
-template <int DT, int D, int KV_MODE>
+/* Whether the launch carries both stage maps (the K and V tensor maps). */
+__device__ __forceinline__ bool tma_maps_present(const pyfa_cuda_args &a) {
+    return a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_K] != 0 && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_V] != 0;
+}
+
+/* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map
+ * missing, -1 where the kernel reads them as it starts (every body in one). */
+template <int DT, int D, int KV_MODE, int MAPS = -1>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = wgmma_shape<D, KV_MODE>;
@@ -382,8 +391,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * a stage; a copier in warpgroup 1, which never waits so, measured slower
      * (H200, D 256 16K causal 485 against 536-560 TF). */
     /* Every consumer warp releases each stage. */
-    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars, PRODUCER ? BLOCK_THREADS : 0,
-                        BLOCK_THREADS / 32);
+    const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT && MAPS != 0, stage_bars,
+                        PRODUCER ? BLOCK_THREADS : 0, BLOCK_THREADS / 32, MAPS);
 
     /* K or V rows of key tile t, the seq-th K or V tile of the block, into stage seq % 2 of dst's ring. */
     auto load_kv = [&](bool is_v, int seq, char *dst, const char *base, int64_t rowb, int pool_slot, uint32_t t) {
