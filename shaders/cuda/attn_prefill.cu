@@ -910,8 +910,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void merge_states(const pyfa_cuda_args &a, c
 #include "attn_prefill_wgmma_split.cuh"
 
 /* Threads a block: the warpgroup-MMA tile's (with its producer warpgroup
- * where it has one), else the registry's 256 (the mma.sync and SIMT paths
- * launch 128). The entry's launch bound caps registers by it. */
+ * where it has one), else 256 (the split path's; the mma.sync and SIMT
+ * paths launch 128). The entry's launch bound caps registers by it. */
 #define PYFA_MAX_THREADS_flash_attn_prefill(DT, D, BQ, BK, HAS_MASK, MASK_KIND, DO_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_BLK, \
                                             HAS_LSE, OUT_DT, KV_MODE)                                                   \
     ((DT) != PYFA_DTYPE_F32 && (D) <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM &&                                         \

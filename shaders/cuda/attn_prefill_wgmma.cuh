@@ -224,12 +224,12 @@ __device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, c
 struct tma_rings {
     const void *k_map, *v_map;
     uint64_t *bar; /* [0, 4): K0, K1, V0, V1 landed; [4, 8): the same stages released */
-    bool on;       /* uniform: both maps present */
+    bool on;       /* uniform: both maps present (and allowed) */
     int issuer;    /* the thread that issues the copies */
     /* Arrivals that release a stage (releases): lane 0 of every warp of the
      * block's consumer warpgroups, 8 for two of them. */
-    /* maps: 1 where the caller checked that both maps are present (tma_maps_present), so that `on`
-     * is a constant to the compiler; -1 where this reads them. */
+    /* maps: 1 only where the caller found both maps present (tma_maps_present),
+     * so that `on` is a constant to the compiler; -1 where this reads them. */
     __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0,
                                          uint32_t releases = 8, int maps = -1)
         : bar(bars), issuer(issuer_thread) {
@@ -313,6 +313,7 @@ __device__ __forceinline__ bool tma_maps_present(const pyfa_cuda_args &a) {
  * missing, -1 where the kernel reads them as it starts (every body in one). */
 template <int DT, int D, int KV_MODE, int MAPS = -1>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
+    static_assert(MAPS == -1 || KV_MODE == PYFA_PREFILL_KV_RECT, "stage maps exist in rectangular mode only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = wgmma_shape<D, KV_MODE>;
     /* K and V stages swizzled: in rectangular mode wherever TMA may bring them,
@@ -386,11 +387,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     }
 
     __shared__ uint64_t stage_bars[8];
-    /* The producer's first thread issues the copies, where there is one.
-     * Without one thread 0 does, and may wait there for warpgroup 1 to release
-     * a stage; a copier in warpgroup 1, which never waits so, measured slower
-     * (H200, D 256 16K causal 485 against 536-560 TF). */
-    /* Every consumer warp releases each stage. */
+    /* The producer's first thread issues the copies (every kernel here whose
+     * stages TMA may bring has the producer); every consumer warp releases
+     * each stage. */
     const tma_rings tma(a, SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT && MAPS != 0, stage_bars,
                         PRODUCER ? BLOCK_THREADS : 0, BLOCK_THREADS / 32, MAPS);
 

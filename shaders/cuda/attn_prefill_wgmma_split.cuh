@@ -91,7 +91,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma_split(const pyfa_cuda_arg
      * groups GROUP apart; K and V: swizzled stages (attn_prefill_wgmma.cuh). */
     auto q_desc = [](uint32_t addr) { return pyfa_wgmma_desc(addr, 128, GROUP); };
     __shared__ uint64_t stage_bars[8];
-    const tma_rings tma(a, KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars);
+    const tma_rings tma(a, KV_MODE == PYFA_PREFILL_KV_RECT, stage_bars, 0, BLOCK_THREADS / 32); /* thread 0 issues */
 
     const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
     const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;

@@ -463,11 +463,12 @@ struct CUDAPlan: BackendPlan {
 
     /// Prefill tile, threads and shared memory (mirrors shaders/cuda/attn_prefill.cu).
     /// f16 / bf16 on sm_90a up to D = 256 and at 512, when on (prefillWgmma):
-    /// the warpgroup-MMA paths (128 query rows; 64 at D = 512, whose two
-    /// warpgroups split the head dim), sized by cuda_layout.h for the KV
-    /// mode: in rectangular mode with TMA stages a producer warpgroup more
-    /// (and at D = 64 three consumer warpgroups of 192 rows with 128-key
-    /// tiles, at D = 192 wider key tiles than the packed modes take).
+    /// the warpgroup-MMA paths (64 query rows a consumer warpgroup, two of
+    /// them; at D = 512 two that split the head dim over 64 rows), sized by
+    /// cuda_layout.h for the KV mode: in rectangular mode with TMA stages a
+    /// producer warpgroup more, and at D = 64 three consumer warpgroups (192
+    /// rows) with 128-key tiles, at D = 192 wider key tiles than the packed
+    /// modes take.
     /// f16 / bf16 (mma path): 64 query rows (4 warps x 16), 64 keys (32 from
     /// D = 256: the score and output accumulators then fit the 255 registers;
     /// D = 512 runs two passes of 256 output columns); shared memory
