@@ -260,6 +260,26 @@ def test_blk_classification(device, rng):
     assert np.array_equal(got, want)
 
 
+def test_blk_refuses_more_tiles_than_a_grid_holds(device):
+    """The pre-pass runs a threadgroup a (query tile, key tile): a shape with more than 2^31 - 1
+    tiles is refused by name before anything runs (here every query row reads one shared mask
+    row, so the mask itself is small)."""
+    from pyfa import _io
+    from pyfa._native import ffi, lib
+    from pyfa.errors import PyfaError, check
+    qL, kL = 2**31 - 1, 4800
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": qL, "kv_len": kL,
+        "scale": 1.0, "mask_strides": [0, 0, 0]})
+    nbytes = ffi.new("uint64_t *")
+    check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, lib.PYFA_DTYPE_F32, nbytes))
+    assert params.num_q_blocks * params.num_k_blocks > 2**31 - 1
+    mask = _io.to_device(device, np.zeros(kL, np.float32))
+    blk = device.buffer((16,), np.uint8)
+    with pytest.raises(PyfaError, match=r"q_len/kv_len: .* tiles .* at most 2147483647"):
+        check(lib.pyfa_flash_attn_prefill_blk(device.encoder(), params, lib.PYFA_DTYPE_F32, mask.handle, blk.handle))
+
+
 def _run_blk(device, mask, io_dtype, batch, heads, qL, kL, strides, head_dim=64):
     """blk bytes of the device's pre-pass over `mask` (bool or io_dtype, flat
     with element strides `strides`), at the device's tile for head_dim."""
@@ -306,6 +326,9 @@ BLK_MASKS = [
     ("additive", BF16, 2, 33, 257, 256),
     ("bool", BF16, 4, 31, 70, 512),
     ("additive", np.float32, 4, 40, 100, 512),
+    # rows whose bytes are a multiple of 4 (whole 32-bit words on CUDA), a ragged last key tile
+    ("bool", np.float16, 2, 100, 260, 64),
+    ("additive", BF16, 4, 65, 198, 128),
 ]
 
 

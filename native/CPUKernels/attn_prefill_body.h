@@ -488,22 +488,22 @@ PYFA_INLINE void pf_blk_body(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y,
     const pyfa_flash_attn_prefill_params *p = (const pyfa_flash_attn_prefill_params *)d->args[PYFA_PREFILL_ARG_PARAMS];
     const uint32_t BQ = (uint32_t)d->constants[PYFA_BLK_FC_BLOCK_Q], BK = (uint32_t)d->constants[PYFA_BLK_FC_BLOCK_K];
     const uint32_t es = bool_mask ? 1 : dtype_size(dt);
-    const uint32_t i0 = x * BQ, nq = p->q_len - i0 < BQ ? p->q_len - i0 : BQ;
+    const uint32_t qt = x / p->num_k_blocks, kt = x % p->num_k_blocks;
+    const uint32_t i0 = qt * BQ, nq = p->q_len - i0 < BQ ? p->q_len - i0 : BQ;
+    const uint32_t j0 = kt * BK, nk = p->kv_len - j0 < BK ? p->kv_len - j0 : BK;
     const uint32_t mask_heads = p->mask_strides[1] ? p->num_heads : 1;
     const char *base = (const char *)d->args[PYFA_PREFILL_ARG_MASK] +
                        ((int64_t)z * p->mask_strides[0] + (int64_t)y * p->mask_strides[1] + (int64_t)i0 * p->mask_strides[2]) * es;
+    int any_open = 0, any_active = 0;
+    for (uint32_t i = 0; i < nq && !(any_open && any_active); i++)
+        pf_blk_row(base + ((int64_t)i * p->mask_strides[2] + j0) * es, nk, dt, bool_mask, &any_open, &any_active);
     uint8_t *out = (uint8_t *)d->args[PYFA_PREFILL_ARG_BLK] +
-                   (((uint64_t)z * mask_heads + y) * p->num_q_blocks + x) * (uint64_t)p->num_k_blocks;
-    for (uint32_t kt = 0; kt < p->num_k_blocks; kt++) {
-        const uint32_t j0 = kt * BK, nk = p->kv_len - j0 < BK ? p->kv_len - j0 : BK;
-        int any_open = 0, any_active = 0;
-        for (uint32_t i = 0; i < nq && !(any_open && any_active); i++)
-            pf_blk_row(base + ((int64_t)i * p->mask_strides[2] + j0) * es, nk, dt, bool_mask, &any_open, &any_active);
-        out[kt] = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
-    }
+                   ((uint64_t)z * mask_heads + y) * p->num_q_blocks * (uint64_t)p->num_k_blocks + x;
+    *out = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
 }
 
-/* Classifies the key tiles of query tile x of mask plane (z, y). */
+/* Classifies tile x (query tile x / num_k_blocks, key tile x % num_k_blocks)
+ * of mask plane (z, y). */
 void PYFA_ISA(pyfa_cpu_flash_attn_prefill_blk)(const pyfa_cpu_dispatch *d, uint32_t x, uint32_t y, uint32_t z,
                                                void *scratch) {
     (void)scratch;

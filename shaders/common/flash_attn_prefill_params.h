@@ -174,8 +174,10 @@ typedef struct pyfa_prefill_packed {
  *   row made only of large negative biases still has a softmax.
  * flash_attn_prefill with blk skips SKIP tiles and the mask read of ZERO
  * tiles; its result is bit-identical to the run without blk.
- * Grid: (num_q_blocks, mask_heads, mask_batch); threadgroup (x, y, z) writes
- * the num_k_blocks bytes of query tile x of mask plane (z, y).
+ * Grid: (num_q_blocks * num_k_blocks, mask_heads, mask_batch); threadgroup
+ * (x, y, z) writes byte x of mask plane (z, y): query tile x / num_k_blocks,
+ * key tile x % num_k_blocks (one tile a threadgroup, so that a mask shared by
+ * every head still fills the GPU).
  * ------------------------------------------------------------------------- */
 #define PYFA_BLK_SKIP 0
 #define PYFA_BLK_MIXED 1

@@ -835,44 +835,80 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_simt(const pyfa_cuda_args &a, c
 }
 
 /* ---------------------------------------------------------------- blk pass */
-/* Classifies the key tiles of query tile blockIdx.x of mask plane (z, y):
- * the block scans each tile's entries, then votes. */
+/* Folds one 32-bit word of mask entries into a tile's flags: open if an entry
+ * does not block, active if an entry is not a no-op (bit patterns: exact
+ * -inf blocks, +-0 is a no-op; bool 0 blocks, non-zero is a no-op). */
+__device__ __forceinline__ void blk_fold_word(const uint32_t w, const bool bool_mask, const uint32_t es,
+                                              const uint32_t ninf16, bool &open, bool &active) {
+    if (bool_mask) {
+        open |= w != 0u;
+        active |= ((w - 0x01010101u) & ~w & 0x80808080u) != 0u; /* some byte is zero (exact) */
+    } else if (es == 4) {
+        open |= w != 0xff800000u;
+        active |= (w & 0x7fffffffu) != 0u;
+    } else {
+        open |= (w & 0xffffu) != ninf16 || (w >> 16) != ninf16;
+        active |= (w & 0x7fff7fffu) != 0u;
+    }
+}
+
+/* Classifies one (query tile, key tile) of mask plane (z, y): blockIdx.x is
+ * query tile x / num_k_blocks, key tile x % num_k_blocks. The tile's entries
+ * are read as units, whole 32-bit words where every row segment is aligned
+ * to them, else one entry each; a warp's lanes take consecutive units (a
+ * row's run across lanes), each lane BLK_UNROLL of them before it folds any,
+ * so that the loads are in flight together. A warp stops at the first round
+ * that makes its part MIXED; the block then votes. */
+#define BLK_UNROLL 8
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_blk(const pyfa_cuda_args &a, const int dt, const bool bool_mask,
                                                       const uint32_t BQ, const uint32_t BK) {
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
     const uint32_t es = bool_mask ? 1 : (dt == PYFA_DTYPE_F32 ? 4 : 2);
     const uint32_t x = blockIdx.x, y = blockIdx.y, z = blockIdx.z;
-    const uint32_t i0 = x * BQ, nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
+    const uint32_t qt = x / p.num_k_blocks, kt = x % p.num_k_blocks;
+    const uint32_t i0 = qt * BQ, nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
+    const uint32_t j0 = kt * BK, nk = p.kv_len - j0 < BK ? p.kv_len - j0 : BK;
     const uint32_t mask_heads = p.mask_strides[1] ? p.num_heads : 1;
     const char *base = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_MASK) +
-                       ((int64_t)z * p.mask_strides[0] + (int64_t)y * p.mask_strides[1] + (int64_t)i0 * p.mask_strides[2]) * es;
-    uint8_t *out = pyfa_ptr<uint8_t>(a, PYFA_PREFILL_ARG_BLK) +
-                   (((uint64_t)z * mask_heads + y) * p.num_q_blocks + x) * (uint64_t)p.num_k_blocks;
+                       ((int64_t)z * p.mask_strides[0] + (int64_t)y * p.mask_strides[1] + (int64_t)i0 * p.mask_strides[2] + j0) * es;
+    const int64_t row_step = p.mask_strides[2] * (int64_t)es;
     const uint32_t ninf16 = dt == PYFA_DTYPE_F16 ? 0xfc00u : 0xff80u;
-    for (uint32_t kt = 0; kt < p.num_k_blocks; kt++) {
-        const uint32_t j0 = kt * BK, nk = p.kv_len - j0 < BK ? p.kv_len - j0 : BK;
-        int open = 0, active = 0;
-        for (uint32_t idx = threadIdx.x; idx < nq * nk; idx += blockDim.x) {
-            const uint32_t i = idx / nk, j = idx % nk;
-            const char *e = base + ((int64_t)i * p.mask_strides[2] + j0 + j) * es;
-            if (bool_mask) {
-                const uint8_t v = *reinterpret_cast<const uint8_t *>(e);
-                open |= v != 0;
-                active |= v == 0;
-            } else if (es == 4) {
-                const uint32_t u = *reinterpret_cast<const uint32_t *>(e);
-                open |= u != 0xff800000u;
-                active |= (u & 0x7fffffffu) != 0;
+    const bool words = ((unsigned long long)base | (unsigned long long)row_step | (nk * es)) % 4 == 0;
+    const uint32_t unit = words ? 4 : es, per_row = nk * es / unit, units = nq * per_row;
+    const uint32_t lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    bool open = false, active = false;
+    for (uint32_t f0 = threadIdx.x / 32 * (32 * BLK_UNROLL); f0 < units; f0 += warps * (32 * BLK_UNROLL)) {
+        uint32_t w[BLK_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BLK_UNROLL; u++) {
+            const uint32_t f = f0 + u * 32 + lane, r = f / per_row;
+            const char *e = base + r * row_step + (f - r * per_row) * unit;
+            w[u] = f >= units ? 0u
+                 : unit == 4 ? *reinterpret_cast<const uint32_t *>(e)
+                 : unit == 2 ? *reinterpret_cast<const uint16_t *>(e)
+                             : *reinterpret_cast<const uint8_t *>(e);
+        }
+#pragma unroll
+        for (int u = 0; u < BLK_UNROLL; u++) {
+            if (f0 + u * 32 + lane >= units) break;
+            if (words) {
+                blk_fold_word(w[u], bool_mask, es, ninf16, open, active);
+            } else if (bool_mask) {
+                open |= w[u] != 0u;
+                active |= w[u] == 0u;
             } else {
-                const uint32_t u = *reinterpret_cast<const uint16_t *>(e);
-                open |= u != ninf16;
-                active |= (u & 0x7fffu) != 0;
+                open |= w[u] != (es == 4 ? 0xff800000u : ninf16);
+                active |= (w[u] & (es == 4 ? 0x7fffffffu : 0x7fffu)) != 0u;
             }
         }
-        const int any_open = __syncthreads_or(open), any_active = __syncthreads_or(active);
-        if (threadIdx.x == 0) out[kt] = !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
+        if (__any_sync(0xffffffffu, open) && __any_sync(0xffffffffu, active)) break;
     }
+    const int any_open = __syncthreads_or(open), any_active = __syncthreads_or(active);
+    if (threadIdx.x == 0)
+        pyfa_ptr<uint8_t>(a, PYFA_PREFILL_ARG_BLK)[((uint64_t)z * mask_heads + y) * p.num_q_blocks * (uint64_t)p.num_k_blocks + x] =
+            !any_open ? PYFA_BLK_SKIP : !any_active ? PYFA_BLK_ZERO : PYFA_BLK_MIXED;
 }
+#undef BLK_UNROLL
 
 /* -------------------------------------------------------------- merge pass */
 /* Merges row (blockIdx.z, blockIdx.y, blockIdx.x) of two partial attentions
