@@ -6,7 +6,8 @@
 # those variables set (e.g. bundle/m@PYFA_CUDA_PREFILL_CLUSTER=0 beside bundle/m).
 # Each round runs, for every bundle in turn:
 #   - scripts/gpu_prefill_profile.py for every shape in $PYFA_AB_PREFILL (space-separated
-#     Hq,Hkv,D,L,causal[,N packed sequences: varlen]; default: D 128 and 256 at 16K and 4K);
+#     Hq,Hkv,D,L,causal[,N packed sequences: varlen][:options, see that script]; default: D 128
+#     and 256 at 16K and 4K);
 #   - scripts/gpu_tq_check.py's timing lines when PYFA_AB_TQ=1.
 # Lines are prefixed with the bundle's name; the kernel cache is shared (keys carry the source).
 set -uo pipefail
