@@ -87,21 +87,6 @@ struct tile_rules {
     bool read_mask, kv_edge, causal_edge, window_edge;
 };
 
-/* softcap * tanh(dot * scale / softcap) * log2(e) for the 16-bit paths, as
- * c - 2 c / (1 + 2^(k dot)) with c = softcap log2(e), k = 2 log2(e) scale /
- * softcap: two MUFU ops (ex2, rcp) and three others. Its error is a few f32
- * ulps of c for every dot (1 - 2 r cancels to an absolute, not a relative,
- * error near 0), which is what a score needs: the softmax and the LSE see
- * differences of scores. tanhf spends about fifteen more instructions a score
- * on small values' relative accuracy; the f32 path keeps it. The ends hold:
- * 2^(k dot) = +inf gives c, a flushed 0 gives -c. */
-__device__ __forceinline__ float softcap_log2_16(float dot, float c, float k) {
-    float e, r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(dot * k));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
-    return fmaf(-2.0f * c, r, c);
-}
-
 /* The score of (query row at absolute position pos, key) in the log2 domain:
  * scale (or softcap), mask, and the -inf rules. mrow is the query row's mask
  * row (nullptr: no read). */
@@ -116,13 +101,7 @@ __device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_p
         else
             return (int64_t)seq_kv_len;
     };
-    float x = dot * scale_log2;
-    if (f.has_softcap) {
-        if constexpr (DT == PYFA_DTYPE_F32)
-            x = p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E;
-        else
-            x = softcap_log2_16(dot, p.softcap * PYFA_LOG2E, 2.0f * PYFA_LOG2E * p.scale / p.softcap);
-    }
+    float x = f.has_softcap ? p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E : dot * scale_log2;
     if (tr.read_mask && mrow != nullptr && key < kv_len()) {
         if (f.bool_mask) {
             if (reinterpret_cast<const uint8_t *>(mrow)[key] == 0) x = -INFINITY;
