@@ -328,7 +328,11 @@ def test_prefill_plan_rules(cpu):
     for over, match in (({"mask_dtype": lib.PYFA_DTYPE_I32}, "mask_dtype: i32 not accepted"),
                         ({"use_blk": 1}, "use_blk: needs a mask"),
                         ({"out_dtype": lib.PYFA_DTYPE_F16}, "out_dtype: f16 must be the I/O dtype"),
-                        ({"reserved": 1}, "reserved: must be 0")):
+                        ({"reserved": 1}, "reserved: must be 0"),
+                        # more (query tile, key tile) pairs than the blk pass's grid holds: one shared mask row
+                        ({"mask_dtype": lib.PYFA_DTYPE_U8, "use_blk": 1, "attn": {
+                            "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": 2**31 - 1,
+                            "kv_len": 4800, "scale": 0.125}}, "tiles of 48 x 48 for blk to classify; must be at most")):
         assert lib.pyfa_prefill_plan_new(out, cpu.handle, _prefill_desc(**over)) == lib.PYFA_ERR_INVALID_ARGUMENT
         assert match in _last_error()
 

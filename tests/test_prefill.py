@@ -276,7 +276,7 @@ def test_blk_refuses_more_tiles_than_a_grid_holds(device):
     assert params.num_q_blocks * params.num_k_blocks > 2**31 - 1
     mask = _io.to_device(device, np.zeros(kL, np.float32))
     blk = device.buffer((16,), np.uint8)
-    with pytest.raises(PyfaError, match=r"q_len/kv_len: .* tiles .* at most 2147483647"):
+    with pytest.raises(PyfaError, match=r"q_len/kv_len: .* tiles .* must be at most 2147483647"):
         check(lib.pyfa_flash_attn_prefill_blk(device.encoder(), params, lib.PYFA_DTYPE_F32, mask.handle, blk.handle))
 
 
@@ -329,6 +329,7 @@ BLK_MASKS = [
     # rows whose bytes are a multiple of 4 (whole 32-bit words on CUDA), a ragged last key tile
     ("bool", np.float16, 2, 100, 260, 64),
     ("additive", BF16, 4, 65, 198, 128),
+    ("additive", np.float16, 2, 300, 388, 128),
 ]
 
 
@@ -361,6 +362,23 @@ def test_blk_matches_reference_bytes(device, rng, kind, dtype, rank, qL, kL, D):
     assert {lib.PYFA_BLK_SKIP, lib.PYFA_BLK_ZERO} <= set(want.tolist())
 
 
+@pytest.mark.parametrize("kind,dtype", [("bool", np.float32), ("additive", BF16)])
+def test_blk_of_one_row_shared_by_every_query_row(device, rng, kind, dtype):
+    """mask_strides [0, 0, 0]: every query row reads the same kv_len entries (a padding row)."""
+    qL, kL = 300, 520
+    tile = plan_tile(device, 64, dtype)
+    row = rng.random(kL) > 0.5
+    row[:tile[1]] = False                        # a SKIP key tile
+    row[tile[1]:2 * tile[1]] = True              # a ZERO key tile
+    mask = row if kind == "bool" else np.where(row, 0.0, -np.inf).astype(dtype)
+    got, got_tile = _run_blk(device, mask, dtype, 1, 1, qL, kL, [0, 0, 0])
+    assert got_tile == tile
+    want = _blk_reference(np.broadcast_to(mask, (qL, kL)), *tile).reshape(-1)
+    assert np.array_equal(got, want)
+    from pyfa._native import lib
+    assert {lib.PYFA_BLK_SKIP, lib.PYFA_BLK_ZERO, lib.PYFA_BLK_MIXED} <= set(want.tolist())
+
+
 # (window, softcap, q_offset, causal, dtype, D, qL, kL)
 OPTIONS = [
     (7, 0.0, None, True, BF16, 64, 65, 65),
@@ -369,6 +387,9 @@ OPTIONS = [
     (None, 0.0, 60, True, np.float32, 80, 40, 129),   # chunk 60..99 of a 129-key cache
     (16, 10.0, -5, True, BF16, 192, 31, 65),          # rows before position 0 see no key
     (1, 0.0, None, True, np.float16, 256, 7, 400),
+    # large caps: a tanh whose error is absolute (a few ulps of the cap) fails the LSE's 1e-4 here
+    (None, 1000.0, None, False, np.float16, 64, 65, 129),
+    (None, 1e4, None, True, BF16, 128, 33, 200),
 ]
 
 

@@ -177,7 +177,8 @@ typedef struct pyfa_prefill_packed {
  * Grid: (num_q_blocks * num_k_blocks, mask_heads, mask_batch); threadgroup
  * (x, y, z) writes byte x of mask plane (z, y): query tile x / num_k_blocks,
  * key tile x % num_k_blocks (one tile a threadgroup, so that a mask shared by
- * every head still fills the GPU).
+ * every head still fills the GPU). num_q_blocks * num_k_blocks <= INT32_MAX,
+ * else the pass (and a plan that asks for it) is refused.
  * ------------------------------------------------------------------------- */
 #define PYFA_BLK_SKIP 0
 #define PYFA_BLK_MIXED 1

@@ -156,7 +156,8 @@ int pyfa_kv_append(pyfa_encoder *encoder, const pyfa_kv_append_params *params, p
  * num_q_blocks and num_k_blocks for I/O dtype `dtype`, and the bytes a blk
  * buffer needs for params->mask_strides (one byte per tile per mask plane).
  * _blk encodes the pre-pass for the prefill dispatch of I/O dtype `dtype`,
- * followed by a barrier; blk requires a mask in pyfa_flash_attn_prefill.
+ * followed by a barrier (at most INT32_MAX tiles, num_q_blocks * num_k_blocks);
+ * blk requires a mask in pyfa_flash_attn_prefill.
  * mask, blk and lse may be NULL. out is in the I/O dtype, or f32 with f16 /
  * bf16 I/O (its buffer's dtype chooses). */
 int pyfa_flash_attn_prefill_plan(pyfa_device *device, pyfa_flash_attn_prefill_params *params, pyfa_dtype dtype,

@@ -167,6 +167,16 @@ public enum FlashAttnPrefill {
                              cluster: (1, pair ? geometry.clusterHeads : 1, 1))
     }
 
+    /// The blk pre-pass runs a threadgroup a (query tile, key tile) of a mask
+    /// plane: their count (the grid's x) must fit an Int32. Returns it.
+    /// Params with the tile fields filled (plan).
+    static func checkBlkTiles(_ p: pyfa_flash_attn_prefill_params) throws -> UInt32 {
+        let tiles = UInt64(p.num_q_blocks) * UInt64(p.num_k_blocks)
+        try require(tiles <= UInt64(Int32.max),
+                    "q_len/kv_len: \(p.q_len) x \(p.kv_len) make \(tiles) tiles of \(p.block_q) x \(p.block_k) for blk to classify; must be at most \(Int32.max)")
+        return UInt32(tiles)
+    }
+
     /// Encodes the blk pre-pass for `mask` (layout from params.mask_strides)
     /// with the tile of the prefill dispatch it serves (I/O dtype `dtype`),
     /// then a barrier so that dispatch reads it.
@@ -179,10 +189,7 @@ public enum FlashAttnPrefill {
         let kind = try maskKind(mask, ioType: dtype)
         try Check.buffer(mask, "mask", dtypes: [mask.dtype],
                          elements: extent(p.mask_strides, (p.batch, p.num_heads, p.q_len), inner: Int(p.kv_len), "mask"))
-        // One threadgroup a tile: their count is the grid's x.
-        let tiles = UInt64(p.num_q_blocks) * UInt64(p.num_k_blocks)
-        try require(tiles <= UInt64(Int32.max),
-                    "q_len/kv_len: \(p.q_len) x \(p.kv_len) make \(tiles) tiles of \(p.block_q) x \(p.block_k) for blk to classify; at most \(Int32.max)")
+        let tiles = try checkBlkTiles(p)
         let blk = try Check.buffer(blk, "blk", dtypes: [.u8], elements: blkBytes)
         try Check.sameDevice([mask, blk], encoder.device)
         let pipeline = try encoder.device.registry.pipeline(
@@ -193,7 +200,7 @@ public enum FlashAttnPrefill {
             .at(PYFA_PREFILL_ARG_PARAMS, .value(p)),
             .at(PYFA_PREFILL_ARG_MASK, .buffer(mask)),
             .at(PYFA_PREFILL_ARG_BLK, .buffer(blk)),
-        ], grid: (UInt32(tiles), p.mask_strides.1 != 0 ? p.num_heads : 1, p.mask_strides.0 != 0 ? p.batch : 1),
+        ], grid: (tiles, p.mask_strides.1 != 0 ? p.num_heads : 1, p.mask_strides.0 != 0 ? p.batch : 1),
            threads: (aux.threads, 1, 1), threadgroupMemory: aux.threadgroupMemory)
         encoder.memoryBarrier()
     }

@@ -269,6 +269,7 @@ public final class PrefillPlan: OpPlan {
         useBlk = desc.use_blk == 1
         returnLse = desc.return_lse == 1
         let (_, blkBytes) = try FlashAttnPrefill.plan(device, &p, dtype: dtype)
+        if useBlk { _ = try FlashAttnPrefill.checkBlkTiles(p) }
         params = p
         try super.init(device: device, workspaceBytes: useBlk ? (blkBytes + 3) / 4 * 4 : 0)
     }
