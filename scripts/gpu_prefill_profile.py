@@ -70,6 +70,8 @@ def run(Hq, Hkv, D, L, causal, packed=0, options=None):
     options = options or {}
     if options and (packed or "--fa4" in sys.argv):
         raise SystemExit("--shape options apply to pyfa.attention and --sdpa only (not varlen shapes or --fa4)")
+    if packed and ("--fa4" in sys.argv or "--sdpa" in sys.argv):
+        raise SystemExit("--fa4 and --sdpa time rectangular shapes only")
     dev = pyfa.Device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     if packed:

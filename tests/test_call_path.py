@@ -329,10 +329,12 @@ def test_prefill_plan_rules(cpu):
                         ({"use_blk": 1}, "use_blk: needs a mask"),
                         ({"out_dtype": lib.PYFA_DTYPE_F16}, "out_dtype: f16 must be the I/O dtype"),
                         ({"reserved": 1}, "reserved: must be 0"),
-                        # more (query tile, key tile) pairs than the blk pass's grid holds: one shared mask row
+                        # 17 (query tile, key tile) pairs more than the blk pass's grid holds (the CPU's
+                        # 48 x 48 tiles): one shared mask row
                         ({"mask_dtype": lib.PYFA_DTYPE_U8, "use_blk": 1, "attn": {
                             "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": 2**31 - 1,
-                            "kv_len": 4800, "scale": 0.125}}, "tiles of 48 x 48 for blk to classify; must be at most")):
+                            "kv_len": 2304, "scale": 0.125}}, "make 2147483664 tiles of 48 x 48 for blk to classify; "
+                                                             "must be at most 2147483647")):
         assert lib.pyfa_prefill_plan_new(out, cpu.handle, _prefill_desc(**over)) == lib.PYFA_ERR_INVALID_ARGUMENT
         assert match in _last_error()
 
