@@ -127,9 +127,7 @@ public func attention(q: Buffer, k: Buffer, v: Buffer,
 
     var blkBytes: UInt64 = 0
     try check(pyfa_flash_attn_prefill_plan(device.handle, &params, q.dtype.rawValue, &blkBytes))
-    // The pre-pass classifies at most Int32.max tiles (a threadgroup each); past that, none.
     let blk = options.mask != nil && params.num_k_blocks >= blkMinKeyBlocks && blkBytes > 0
-        && UInt64(params.num_q_blocks) * UInt64(params.num_k_blocks) <= UInt64(Int32.max)
         ? try Buffer(device, shape: [Int(clamping: blkBytes)], dtype: .uint8, storage: device.hostVisible ? .shared : .private)
         : nil
     let out = try resultBuffer(device, shape: q.shape, dtype: options.outDType ?? q.dtype)
