@@ -87,6 +87,24 @@ struct tile_rules {
     bool read_mask, kv_edge, causal_edge, window_edge;
 };
 
+/* softcap * tanh(dot * scale / softcap) * log2(e) for the 16-bit paths, with
+ * t = dot * scale / softcap, c = softcap log2(e): c tanh(t), tanh(t) as
+ * 1 - 2 / (1 + 2^(2 log2(e) t)) (ex2, rcp: error a few f32 ulps of 1) where
+ * |t| >= 1/8, and as t - t^3/3 + 2 t^5/15 - 17 t^7/315 (relative error under
+ * 2e-9) below, where that form's error would not be small next to tanh(t).
+ * So the score's error is relative, under 3e-6, whatever the cap. Both are
+ * computed and one selected (no branch): two MUFU ops and about ten others,
+ * where tanhf takes two and about fifteen. */
+__device__ __forceinline__ float softcap_log2_16(float dot, float scale_over_cap, float c) {
+    const float t = dot * scale_over_cap, t2 = t * t;
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(t * (2.0f * PYFA_LOG2E)));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    const float big = fmaf(-2.0f, r, 1.0f);
+    const float small = t * fmaf(t2, fmaf(t2, fmaf(t2, -17.0f / 315.0f, 2.0f / 15.0f), -1.0f / 3.0f), 1.0f);
+    return c * (fabsf(t) < 0.125f ? small : big);
+}
+
 /* The score of (query row at absolute position pos, key) in the log2 domain:
  * scale (or softcap), mask, and the -inf rules. mrow is the query row's mask
  * row (nullptr: no read). */
@@ -101,7 +119,13 @@ __device__ __forceinline__ float finish_score(float dot, const pyfa_flash_attn_p
         else
             return (int64_t)seq_kv_len;
     };
-    float x = f.has_softcap ? p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E : dot * scale_log2;
+    float x = dot * scale_log2;
+    if (f.has_softcap) {
+        if constexpr (DT == PYFA_DTYPE_F32)
+            x = p.softcap * tanhf(dot * (p.scale / p.softcap)) * PYFA_LOG2E;
+        else
+            x = softcap_log2_16(dot, p.scale / p.softcap, p.softcap * PYFA_LOG2E);
+    }
     if (tr.read_mask && mrow != nullptr && key < kv_len()) {
         if (f.bool_mask) {
             if (reinterpret_cast<const uint8_t *>(mrow)[key] == 0) x = -INFINITY;
