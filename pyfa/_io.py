@@ -87,6 +87,9 @@ def gpu_like(device: Device, *arrays) -> GpuArray | None:
 # on the encoder's stream. Larger ones are copied into private buffers.
 _SMALL_HOST_BYTES = 1 << 16
 
+# Kernels copy the rows of attention operands (q, k, v, out) in pieces of this many bytes.
+ROW_PIECE_BYTES = 16
+
 
 def to_device(device: Device, a, like: GpuArray | None = None) -> Buffer:
     """A buffer holding `a`: GPU arrays wrapped in place; host arrays wrapped on
@@ -163,6 +166,77 @@ def result_array(shape, dtype, out, name: str = "out", like: GpuArray | None = N
     return a, address(a)
 
 
+def result_rows(shape, dtype, out, like: GpuArray | None = None):
+    """(array, address, span bytes, element strides) of an attention op's result for a plan run:
+    ``out`` if given, which may be a strided view the kernels write in place (view_strides: the
+    library also checks that its elements do not share memory), else a new C-contiguous array."""
+    dtype = np.dtype(dtype)
+    view = None if out is None else _strided_out(out, tuple(shape), dtype, like)
+    if view is not None:
+        return view
+    a, at = result_array(shape, dtype, out, like=like)
+    return a, at, int(np.prod(shape)) * dtype.itemsize, c_strides(shape)
+
+
+_OUT_VIEW_RULE = (f"a non-contiguous output must have its last axis (head_dim) contiguous and every other axis "
+                  f"longer than 1 a non-negative multiple of {ROW_PIECE_BYTES} bytes apart")
+
+
+def out_view_strides(a, name: str = "out") -> tuple:
+    """view_strides of a non-contiguous output view (a host array or a GpuArray), whose elements
+    must also each have memory of their own; raises naming ``name`` otherwise."""
+    shape = tuple(a.shape)
+    if isinstance(a, GpuArray):
+        s = a.strides
+    else:
+        s = view_strides(shape, a.strides, a.itemsize) if a.size else None
+    if s is None:
+        raise invalid(f"{name}: {_OUT_VIEW_RULE}")
+    span = shape[-1]
+    for stride, n in sorted((st, n) for st, n in zip(s[:-1], shape[:-1]) if n > 1):
+        if stride < span:
+            raise invalid(f"{name}: element strides {s} make elements of shape {shape} share memory; each output "
+                          "element needs its own")
+        span = stride * n
+    return s
+
+
+def _strided_out(out, shape, dtype, like):
+    """result_rows' tuple for a non-contiguous ``out`` (checked), None for a contiguous one."""
+    name = "out"
+    if cuda_interop.is_gpu_array(out):
+        if type(out).__name__ != "Tensor" or out.is_contiguous():
+            return None  # _result checks it (other frameworks' outputs must be C-contiguous)
+        if like is None:
+            raise invalid(f"{name}: must be a host array when the inputs are")
+        if tuple(out.shape) != shape or cuda_interop.numpy_dtype(out.dtype) != dtype:
+            raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
+        g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)
+        if g is None:
+            raise invalid(f"{name}: {_OUT_VIEW_RULE}")
+        out_view_strides(g, name)
+        if g.device_id != like.device_id:
+            raise invalid(f"{name}: on GPU {g.device_id}, the inputs are on GPU {like.device_id}")
+        if out.requires_grad:
+            raise invalid(f"{name}: must not require grad")
+        return out, g.ptr, g.nbytes, g.strides
+    if torch_cpu.is_tensor(out):
+        if out.is_contiguous():
+            return None
+        a = torch_cpu.as_numpy(out, name, writable=True, strided=True)
+    elif isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+        a = out
+    else:
+        return None
+    if like is not None:
+        raise invalid(f"{name}: must be a GPU array when the inputs are")
+    if a.shape != shape or a.dtype != dtype:
+        raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {a.shape} {a.dtype}")
+    if not a.flags.writeable:
+        raise invalid(f"{name}: must be writable")
+    return out, address(a), span_bytes(a), out_view_strides(a, name)
+
+
 def _result(shape, dtype, out, name, like):
     """(array, its GpuArray or None): the checked `out`, or a new array."""
     dtype = np.dtype(dtype)
@@ -197,7 +271,68 @@ def address(a) -> int:
     """The address of a host array's or GpuArray's first byte (0 when empty)."""
     if isinstance(a, GpuArray):
         return a.ptr
-    return int(ffi.cast("uintptr_t", ffi.from_buffer(a))) if a.size else 0
+    if not a.size:
+        return 0
+    if not a.flags.c_contiguous:  # a strided view (rows_operand): its first element's address
+        return a.__array_interface__["data"][0]
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(a)))
+
+
+def span_bytes(a) -> int:
+    """Bytes from a host array's or GpuArray's first element to the end of its last (nbytes
+    unless it is a strided view)."""
+    if isinstance(a, GpuArray) or a.flags.c_contiguous or not a.size:
+        return a.nbytes
+    return a.itemsize * (1 + sum((n - 1) * s // a.itemsize for n, s in zip(a.shape, a.strides)))
+
+
+def view_strides(shape, byte_strides, itemsize) -> tuple | None:
+    """Element strides of a view the attention kernels can step through in place: the last axis
+    (head_dim) contiguous, every other axis longer than 1 a non-negative whole number of
+    ROW_PIECE_BYTES apart. An axis of extent 1 is never stepped along: its stride becomes 0.
+    None when the view does not qualify (it is then copied, or refused as an output)."""
+    out = []
+    for i, (n, b) in enumerate(zip(shape, byte_strides)):
+        if n == 1:
+            out.append(0)
+        elif n == 0 or b < 0 or b % itemsize or (b != itemsize if i == len(shape) - 1 else b % ROW_PIECE_BYTES):
+            return None
+        else:
+            out.append(b // itemsize)
+    return tuple(out)
+
+
+def c_strides(shape) -> tuple:
+    """Element strides of a C-contiguous array of ``shape``."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= int(n)
+    return tuple(reversed(out))
+
+
+def rows_operand(x, name: str):
+    """(array, element strides) of a 4-D float operand of an attention op: a strided view
+    (numpy, a torch CPU or CUDA tensor) is read in place when view_strides allows it, anything
+    else is made C-contiguous as by as_array."""
+    t = type(x)
+    if t is np.ndarray:
+        if not x.flags.c_contiguous and x.ndim == 4 and x.dtype in dtypes.FLOAT_TYPES and x.size:
+            s = view_strides(x.shape, x.strides, x.itemsize)
+            if s is not None:
+                return x, s
+    elif t.__name__ == "Tensor" and t.__module__ == "torch" and x.dim() == 4 and not x.is_contiguous():
+        if x.is_cuda:
+            g = cuda_interop.torch_cuda_view(x, dtypes.FLOAT_TYPES, view_strides)
+            if g is not None:
+                return g, g.strides
+        elif x.device.type == "cpu" and x.numel():
+            a = torch_cpu.as_numpy(x, name, strided=True)
+            s = view_strides(a.shape, a.strides, a.itemsize) if a.dtype in dtypes.FLOAT_TYPES else None
+            if s is not None:
+                return a, s
+    a = as_array(x, name, ndims=(4,), gpu=True)
+    return a, c_strides(a.shape)
 
 
 def host_result(a, first, out=None):
@@ -300,6 +435,29 @@ def layout_strides(layout: str, heads: int, seq: int, head_dim: int) -> list[int
     if layout == "bhsd":
         return [heads * seq * head_dim, seq * head_dim, head_dim]
     return [seq * heads * head_dim, head_dim, heads * head_dim]
+
+
+def layout_view(strides, layout: str) -> list[int]:
+    """Element strides (batch, head, row) of a 4-D array with element ``strides`` in ``layout``."""
+    b, x, y, _ = strides
+    return [b, x, y] if layout == "bhsd" else [b, y, x]
+
+
+def strided_host_out(out, shape, dtype):
+    """A non-contiguous host ``out`` (numpy, or a torch CPU tensor's numpy view) that an op
+    whose result is copied back from a device fills after the fact; None for anything else."""
+    if torch_cpu.is_cpu_tensor(out) and not out.is_contiguous():
+        a = torch_cpu.as_numpy(out, "out", writable=True, strided=True)
+    elif isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+        a = out
+    else:
+        return None
+    if a.shape != shape or a.dtype != dtype:
+        raise invalid(f"out: expected shape {shape} and dtype {dtype}, got {a.shape} {a.dtype}")
+    if not a.flags.writeable:
+        raise invalid("out: must be writable")
+    out_view_strides(a)  # the rules of a view written in place, though this one is filled afterwards
+    return a
 
 
 def handle(buffer):

@@ -23,11 +23,12 @@ class GpuArray:
     """A foreign device array: its address, shape, dtype and the stream its
     producer orders work on. ``obj`` (the producer's object) is kept alive."""
 
-    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "_stream", "device_id", "nbytes")
+    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "_stream", "device_id", "nbytes", "strides")
 
     def __init__(self, obj, kind: str, ptr: int, shape: tuple, dtype: np.dtype, stream, device_id: int,
-                 nbytes: int | None = None):
-        self.obj, self.kind, self.ptr = obj, kind, int(ptr)
+                 nbytes: int | None = None, strides: tuple | None = None):
+        # strides: element strides of a view read in place (nbytes then spans it), None when C-contiguous
+        self.obj, self.kind, self.ptr, self.strides = obj, kind, int(ptr), strides
         self.shape, self.dtype, self._stream, self.device_id = tuple(shape), np.dtype(dtype), stream, device_id
         if nbytes is None:
             nbytes = self.dtype.itemsize
@@ -56,7 +57,8 @@ class GpuArray:
         """``a[None]``: the same memory with a leading axis of 1."""
         if index is not None:
             raise TypeError("GpuArray supports only [None]")
-        return GpuArray(self.obj, self.kind, self.ptr, (1,) + self.shape, self.dtype, self._stream, self.device_id)
+        return GpuArray(self.obj, self.kind, self.ptr, (1,) + self.shape, self.dtype, self._stream, self.device_id,
+                        self.nbytes, None if self.strides is None else (0,) + self.strides)
 
     def ptr_of(self, a) -> int:
         """The address of a contiguous array that `empty` made."""
@@ -176,6 +178,24 @@ def torch_cuda(x, allowed, ndims):
     if dt is None or dt not in allowed or (ndims is not None and len(shape) not in ndims):
         return None
     return GpuArray(x, "torch", x.data_ptr(), shape, dt, None, x.get_device(), x.numel() * dt.itemsize)
+
+
+def torch_cuda_view(x, allowed, view_ok):
+    """A GpuArray over a non-contiguous CUDA torch tensor of an allowed dtype, in place, when
+    ``view_ok(shape, byte strides, itemsize)`` gives its element strides; else None."""
+    if type(x).__name__ != "Tensor" or not x.is_cuda or x.is_contiguous():
+        return None
+    dt = (_TORCH_DTYPES or _torch_dtypes()).get(x.dtype)
+    if dt is None or dt not in allowed:
+        return None
+    shape = tuple(x.shape)
+    strides = view_ok(shape, tuple(s * dt.itemsize for s in x.stride()), dt.itemsize) if x.numel() else None
+    if strides is None:
+        return None
+    if x.requires_grad:
+        x = x.detach()
+    span = dt.itemsize * (1 + sum((n - 1) * s for n, s in zip(shape, strides)))
+    return GpuArray(x, "torch", x.data_ptr(), shape, dt, None, x.get_device(), span, strides)
 
 
 def describe(x, name: str) -> GpuArray:

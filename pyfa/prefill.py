@@ -31,6 +31,9 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
         ``D`` in {64, 80, 96, 128, 192, 256, 512}.
     k, v : arrays ``[B, H_kv, kv_len, D]`` / ``[B, kv_len, H_kv, D]``, q's dtype; ``H % H_kv == 0``
         (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
+        Views of q, k and v (numpy arrays, torch CPU or CUDA tensors: transposed, sliced from wider
+        rows, broadcast) are read where they are when their last axis is contiguous and every other
+        axis longer than 1 is a whole number of 16 bytes apart; other arrays are copied first.
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     causal : query row ``i`` (absolute position ``q_offset + i``) sees keys ``j <= q_offset + i``.
     q_offset : int, default ``kv_len - q_len`` (bottom-right alignment, as flash-attn 2.1 and later;
@@ -46,8 +49,10 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     return_lse : also return the float32 LSE ``[B, H, q_len]``: the natural log of ``sum_j exp(s_j)``
         over the visible keys, ``s`` the scores after scale, softcap and an additive mask (``-inf``
         for a row with no visible key).
-    out : optional C-contiguous array of q's shape and the output dtype to write into (numpy or a torch CPU
-        tensor; a GPU array when the inputs are); it is returned.
+    out : optional array of q's shape and the output dtype to write into (numpy or a torch CPU
+        tensor; a GPU array when the inputs are); it is returned. C-contiguous, or a view under the
+        rule for q's views whose elements do not share memory (a torch view such as
+        ``o.transpose(1, 2)`` of ``o [B, q_len, H, D]`` gets "bhsd" results in "bshd" memory).
     out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
         bfloat16 inputs skips the rounding to 16 bits).
 
@@ -81,9 +86,11 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
                       out_dtype=out_dtype, use_blk=None, repeatable=defaults)
 
 
-def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse, use_blk):
+def _attention_planned(device, like, q, k, v, mask, fields, layout, out, out_dtype, return_lse, use_blk):
     """Arrays the device reads in place: a cached plan, run on this thread's encoder."""
     B, H, qL, kL = fields["batch"], fields["num_heads"], fields["q_len"], fields["kv_len"]
+    result, out_address, out_bytes, out_view = _io.result_rows(tuple(q.shape), out_dtype, out, like=like)
+    fields["out_strides"] = _io.layout_view(out_view, layout)
     m, mask_strides = (None, [0, 0, 0]) if mask is None else _mask_array(mask, q.dtype, B, H, qL, kL, like)
     mask_code = -1 if m is None else dtypes.code(np.uint8 if m.dtype == bool else m.dtype)
     # The blk pre-pass pays off from BLK_MIN_K_BLOCKS key tiles of the backend's plan.
@@ -100,14 +107,13 @@ def _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, retu
             "attn": dict(fields, mask_strides=mask_strides), "dtype": dtypes.code(q.dtype),
             "out_dtype": dtypes.code(out_dtype), "mask_dtype": mask_code, "use_blk": int(want_blk),
             "return_lse": int(return_lse)})))
-    result, out_address = _io.result_array(tuple(q.shape), out_dtype, out, like=like)
     args = ffi.new("pyfa_prefill_run_args *")
     for field, a in (("q", q), ("k", k), ("v", v)):
         t = getattr(args, field)
-        t.address, t.nbytes = _io.address(a), a.nbytes
+        t.address, t.nbytes = _io.address(a), _io.span_bytes(a)
     if m is not None:
         args.mask.address, args.mask.nbytes = _io.address(m), m.nbytes
-    args.out.address, args.out.nbytes = out_address, q.nbytes // q.dtype.itemsize * np.dtype(out_dtype).itemsize
+    args.out.address, args.out.nbytes = out_address, out_bytes
     lse = None
     if return_lse:
         lse, args.lse.address = _io.result_array((B, H, qL), np.float32, None, "lse", like=like)
@@ -165,11 +171,13 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
-    q = _io.as_array(q, "q", ndims=(4,), gpu=True)
-    k = _io.as_array(k, "k", ndims=(4,), gpu=True)
-    v = _io.as_array(v, "v", ndims=(4,), gpu=True)
+    (q, q_view), (k, k_view), (v, v_view) = (_io.rows_operand(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")))
     out_dtype = _out_dtype(out_dtype, q.dtype, "q")
     like = _io.gpu_like(device, q, k, v)
+    planned = like is not None or device.host_visible
+    if not planned:  # host arrays copied to the device: contiguous ones
+        (q, q_view), (k, k_view), (v, v_view) = ((a, _io.c_strides(a.shape)) if a.flags.c_contiguous else
+                                                 (np.ascontiguousarray(a), _io.c_strides(a.shape)) for a in (q, k, v))
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
             raise invalid(f"{name}: dtype {a.dtype} differs from q's {q.dtype} (k and v must have q's dtype)")
@@ -191,13 +199,14 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         "batch": B, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": qL, "kv_len": kL,
         "q_offset": q_offset, "window": window or 0, "scale": scale, "softcap": softcap,
         "causal": int(causal),
-        "q_strides": _io.layout_strides(layout, H, qL, D), "k_strides": _io.layout_strides(layout, Hkv, kL, D),
-        "v_strides": _io.layout_strides(layout, Hkv, kL, D), "out_strides": _io.layout_strides(layout, H, qL, D),
+        "q_strides": _io.layout_view(q_view, layout), "k_strides": _io.layout_view(k_view, layout),
+        "v_strides": _io.layout_view(v_view, layout), "out_strides": _io.layout_strides(layout, H, qL, D),
     }
-    if like is not None or device.host_visible:
-        result, lse, plan, args = _attention_planned(device, like, q, k, v, mask, fields, out, out_dtype, return_lse,
-                                                     use_blk)
-        if repeatable and like is not None and like.kind == "torch":
+    if planned:
+        result, lse, plan, args = _attention_planned(device, like, q, k, v, mask, fields, layout, out, out_dtype,
+                                                     return_lse, use_blk)
+        # (the repeat path runs contiguous tensors only: a strided call's plan must not serve them)
+        if repeatable and like is not None and like.kind == "torch" and q.strides is k.strides is v.strides is None:
             _remember(device, scale_arg, causal, layout_arg, q_arg, k, v, plan, args)
         result = _io.host_result(result, q_arg, out_arg)
         return (result, _io.host_result(lse, q_arg)) if return_lse else result
@@ -209,7 +218,8 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))
     want_blk = mask_buf is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
 
-    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, out, like=like)
+    strided_out = _io.strided_host_out(out, tuple(q.shape), out_dtype)
+    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, None if strided_out is not None else out, like=like)
     lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse", like=like) if return_lse else (None, None)
     q_buf, k_buf, v_buf = (_io.to_device(device, a, like) for a in (q, k, v))
     enc = _io.encoder(device, like)
@@ -221,6 +231,9 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
+    if strided_out is not None:  # the caller's strided view, filled from the contiguous result
+        strided_out[...] = result
+        result = strided_out
     result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)

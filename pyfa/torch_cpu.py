@@ -27,19 +27,20 @@ def is_cpu_tensor(x) -> bool:
     return is_tensor(x) and x.device.type == "cpu"
 
 
-def as_numpy(t, name: str, writable: bool = False) -> np.ndarray:
+def as_numpy(t, name: str, writable: bool = False, strided: bool = False) -> np.ndarray:
     """A numpy array over the memory of the CPU tensor ``t``. A non-contiguous
     tensor is first made contiguous (a copy) unless ``writable`` asks for its
-    own memory (an output), which must then be contiguous."""
+    own memory (an output), which must then be contiguous, or ``strided`` asks
+    for a view with the tensor's strides (the caller checks them)."""
     import torch
 
     if t.device.type != "cpu":
         raise invalid(f"{name}: a torch tensor on {t.device}; pyfa reads torch CPU tensors, and CUDA tensors "
                       "on a cuda device")
-    if writable and (t.requires_grad or not t.is_contiguous()):
+    if writable and (t.requires_grad or not (strided or t.is_contiguous())):
         raise invalid(f"{name}: must be a contiguous torch tensor that does not require grad")
     t = t.detach()
-    if not t.is_contiguous():
+    if not strided and not t.is_contiguous():
         t = t.contiguous()
     try:
         if not writable:

@@ -225,3 +225,31 @@ def test_split_decode_merged_in_its_last_workgroups_matches_the_reduce(rng, case
                                         ffi.new("uint64_t *")) == lib.PYFA_OK
     merges = 1 < p.nwg <= int(os.environ.get("PYFA_CUDA_VEC_MERGE_LAST_MAX_NWG", 16))
     assert launches == (1 if merges or p.nwg == 1 else 2), f"{launches} launches per call (nwg {p.nwg})"
+
+
+# (D, dtype, v broadcast over the batch): D 128 views every TMA map can take; a broadcast v
+# (batch stride 0) leaves the maps out and takes the cp.async stages
+@gpu
+@pytest.mark.parametrize("D,dtype,broadcast", [(128, "bfloat16", False), (64, "float16", True),
+                                               (256, "bfloat16", True)])
+def test_strided_torch_views_are_used_in_place(rng, D, dtype, broadcast):
+    """A prefill on views of torch CUDA memory (q and out transposed, k sliced from wider rows, v
+    broadcast) allocates nothing through torch (no copies) and gives the contiguous call's bits."""
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    B, H, Hkv, L = 2, 8, 2, 300
+    t = lambda *shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dt).cuda()
+    q = t(B, L, H, D).transpose(1, 2)
+    k = t(B, L, Hkv, D + 16)[..., :D].transpose(1, 2)
+    v = t(1, Hkv, L, D).expand(B, Hkv, L, D) if broadcast else t(B, L, Hkv, D).transpose(1, 2)
+    store = torch.full((B, L, H, D), float("nan"), dtype=dt, device="cuda")
+    out = store.transpose(1, 2)
+    dev = pyfa.Device("cuda")
+    pyfa.attention(q, k, v, causal=True, out=out, device=dev)  # the plan made
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    got = pyfa.attention(q, k, v, causal=True, out=out, device=dev)
+    torch.cuda.synchronize()
+    assert got is out and torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    whole = pyfa.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, device=dev)
+    assert torch.equal(store.transpose(1, 2), whole)

@@ -533,6 +533,94 @@ def test_out_argument(device, rng):
     check_close(out, reference.attention(q, k, v), BF16, in_dtype(q, k, v))
 
 
+def _other_layout(rng, dims, dtype, layout, pad=0):
+    """A view in ``layout`` of ``dims`` = (B, H, L, D) over memory of the other layout, whose rows
+    are ``pad`` elements longer than D (a slice of wider rows)."""
+    B, H, L, D = dims
+    store = rng.standard_normal((B, H, L, D + pad) if layout == "bshd" else (B, L, H, D + pad)).astype(dtype)
+    return store[..., :D].transpose(0, 2, 1, 3)
+
+
+# (dtype, D, layout): q and out views of the other layout's memory, k a view of wider rows, v one
+# [1, H_kv, kv_len, D] array broadcast to the batch (stride 0)
+STRIDED = [(np.float32, 64, "bhsd"), (np.float16, 128, "bshd"), (BF16, 80, "bhsd"), (BF16, 256, "bshd")]
+
+
+@pytest.mark.parametrize("dtype,D,layout", STRIDED)
+def test_strided_views_are_read_and_written_in_place(device, rng, dtype, D, layout):
+    """Strided views (transposed, sliced, broadcast) give the result of their contiguous copies,
+    bit for bit; a strided ``out`` is written where it is."""
+    B, H, Hkv, qL, kL = 2, 4, 2, 37, 70
+    shape = (lambda b, h, n: (b, h, n, D)) if layout == "bhsd" else (lambda b, h, n: (b, n, h, D))
+    q = _other_layout(rng, (B, H, qL, D), dtype, layout)
+    k = rng.standard_normal(shape(B, Hkv, kL)[:3] + (D + 8,)).astype(dtype)[..., :D]
+    v = np.broadcast_to(rng.standard_normal(shape(1, Hkv, kL)).astype(dtype), shape(B, Hkv, kL))
+    assert q.shape == shape(B, H, qL) and not q.flags.c_contiguous and not k.flags.c_contiguous
+    out = _other_layout(rng, (B, H, qL, D), dtype, layout)
+    kw = dict(causal=True, layout=layout, softcap=20.0)
+    got = pyfa.attention(q, k, v, out=out, device=device, **kw)
+    assert got is out
+    copies = [np.ascontiguousarray(a) for a in (q, k, v)]
+    assert_same_run(out, pyfa.attention(*copies, device=device, **kw))
+    check_close(np.ascontiguousarray(out), reference.attention(*copies, **kw), dtype, in_dtype(*copies, **kw))
+    assert_same_run(pyfa.attention(q, k, v, device=device, **kw), np.ascontiguousarray(out))
+
+
+def test_views_the_kernels_cannot_step_through_are_copied(device, rng):
+    """Inputs whose rows are not whole 16-byte pieces apart (or whose head_dim is strided) are
+    copied; the result is the contiguous one."""
+    q, k, v = make(rng, 1, 2, 1, 20, 30, 64, np.float32)
+    odd = rng.standard_normal((1, 1, 30, 65)).astype(np.float32)[..., :64]  # rows 260 bytes apart
+    odd[...] = k
+    columns = np.asfortranarray(v)  # head_dim not contiguous
+    assert_same_run(pyfa.attention(q, odd, columns, device=device), pyfa.attention(q, k, v, device=device))
+
+
+def test_strided_outputs_that_cannot_be_written_in_place_are_refused(device, rng):
+    q, k, v = make(rng, 1, 2, 1, 8, 8, 64, np.float32)
+    wide = np.zeros((1, 2, 8, 65), np.float32)
+    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+        pyfa.attention(q, k, v, out=wide[..., :64], device=device)  # rows 260 bytes apart
+    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+        pyfa.attention(q, k, v, out=np.asfortranarray(np.zeros_like(q)), device=device)
+    shared = np.lib.stride_tricks.as_strided(np.zeros(8 * 64, np.float32), q.shape, (0, 0, 256, 4))
+    with pytest.raises(pyfa.PyfaError, match=r"out: element strides \(0, 0, 64, 1\) make elements of shape"):
+        pyfa.attention(q, k, v, out=shared, device=device)  # both heads would write one row
+    assert not wide.any() and not shared.any()
+
+
+def test_abi_strides_rules(device):
+    """The C ABI's own rules for strides (any caller): row strides in whole 16-byte pieces, and
+    out's elements apart from each other."""
+    from pyfa import _io
+    from pyfa._native import ffi, lib
+    from pyfa.errors import check
+    q = np.zeros((1, 2, 8, 64), np.float16)
+    params = ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": 1, "num_heads": 2, "num_kv_heads": 2, "head_dim": 64, "q_len": 8, "kv_len": 8, "scale": 1.0,
+        "q_strides": [1024, 512, 64], "k_strides": [1024, 512, 64], "v_strides": [1024, 512, 64],
+        "out_strides": [1024, 512, 64]})
+    buf = _io.to_device(device, q)
+    out = _io.to_device(device, np.full(q.shape, 3.0, np.float16))
+    enc = device.encoder()
+    params.k_strides = [1024, 512, 60]  # 120 bytes between key rows
+    with pytest.raises(pyfa.PyfaError, match=r"k_strides: \(1024, 512, 60\) elements of 2 bytes; the stride of an "
+                                             r"axis longer than 1 must be a multiple of 16 bytes \(8 elements"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                          out.handle, ffi.NULL))
+    params.k_strides = [1024, 512, 64]
+    params.out_strides = [1024, 0, 64]  # both heads into one plane
+    with pytest.raises(pyfa.PyfaError, match="out_strides: \\(1024, 0, 64\\) elements make rows of out share memory"):
+        check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                          out.handle, ffi.NULL))
+    params.out_strides = [7, 512, 64]  # the batch axis has extent 1: its stride is never applied
+    check(lib.pyfa_flash_attn_prefill(enc, params, buf.handle, buf.handle, buf.handle, ffi.NULL, ffi.NULL,
+                                      out.handle, ffi.NULL))
+    check(lib.pyfa_encoder_commit(enc))
+    check(lib.pyfa_encoder_wait(enc))
+    assert np.array_equal(out.read(), np.zeros(q.shape, np.float16))  # zero q, k, v: the mean of zero rows
+
+
 @pytest.mark.parametrize("dtype,layout", [(np.float16, "bhsd"), (BF16, "bshd")])
 def test_f32_output_on_request(device, rng, dtype, layout):
     """out_dtype=float32 with 16-bit inputs: the f32 result itself (no rounding term in the bound), which

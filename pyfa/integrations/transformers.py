@@ -389,25 +389,19 @@ def _tensor(a):
     return torch.from_numpy(a)
 
 
-def _layout(q, k, v):
-    """(layout, q, k, v) with all three C-contiguous in one pyfa layout. The keys
-    decide (they are the big ones: usually the cache, [B, H_kv, L, D]); the query
-    is copied when it does not match (projections give [B, L, H, D] memory)."""
-    bshd = [t.transpose(1, 2) for t in (q, k, v)]
-    if not (k.is_contiguous() and v.is_contiguous()) and bshd[1].is_contiguous() and bshd[2].is_contiguous():
-        return "bshd", bshd[0].contiguous(), bshd[1], bshd[2]
-    return "bhsd", q.contiguous(), k.contiguous(), v.contiguous()
-
-
 def _prefill(q, k, v, *, mask, causal, window, scale, softcap, device, lse):
-    """pyfa.attention on [B, H, L, D] tensors; returns (out [B, q_len, H, D], not necessarily
-    contiguous, and with ``lse`` True the float32 output and LSE [B, H, q_len]; else q's dtype and None)."""
-    layout, qa, ka, va = _layout(q, k, v)
+    """pyfa.attention on [B, H, L, D] tensors as they come: views of the projections' [B, L, H, D]
+    memory and the cache's [B, H, L, D] are read in place, and the output is written as
+    [B, q_len, H, D]. Returns (out [B, q_len, H, D] contiguous, and with ``lse`` True the float32
+    output and LSE [B, H, q_len]; else q's dtype and None)."""
+    import torch
+
+    B, H, q_len, D = q.shape
+    out = q.new_empty((B, q_len, H, D), dtype=torch.float32 if lse else q.dtype)
     extra = dict(out_dtype=np.float32, return_lse=True) if lse else {}
-    res = pyfa.attention(_arg(qa), _arg(ka), _arg(va), scale=scale, causal=causal, mask=mask, window=window,
-                         softcap=softcap, layout=layout, device=device, **extra)
-    out, l = (_tensor(res[0]), _tensor(res[1])) if lse else (_tensor(res), None)
-    return (out if layout == "bshd" else out.transpose(1, 2)), l
+    res = pyfa.attention(q.detach(), k.detach(), v.detach(), scale=scale, causal=causal, mask=mask, window=window,
+                         softcap=softcap, layout="bhsd", device=device, out=out.transpose(1, 2), **extra)
+    return out, (_tensor(res[1]) if lse else None)
 
 
 def _prefill_masked(q, k, v, mask, *, scale, softcap, device, lse):

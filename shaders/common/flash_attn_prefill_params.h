@@ -14,7 +14,10 @@
  *   lse      [batch, num_heads, q_len] f32, contiguous, optional
  * Row addresses come from element strides (batch, head, row); the head_dim
  * axis is always contiguous. "bhsd" ([B, H, L, D]) and "bshd" ([B, L, H, D])
- * are two stride choices of the same kernel.
+ * are two stride choices of the same kernel. Kernels copy rows in 16-byte
+ * pieces: the stride of every axis of q, k, v and out longer than 1 is a
+ * multiple of 16 bytes (a stride of an axis of extent 1 is never applied),
+ * and no two elements of out share memory.
  *
  * Semantics (natural-log domain; kernels may work in base 2 internally):
  *   s = scale * q·k; if softcap > 0: s = softcap * tanh(s / softcap);

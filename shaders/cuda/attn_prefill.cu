@@ -42,8 +42,8 @@
  * `if constexpr`): its specialisations compile to the same PTX as before the
  * packed modes existed (checked by diffing NVRTC's PTX).
  *
- * Assumption: row strides of q, k, v and out are multiples of 16 bytes
- * (every layout pyfa builds; cp.async copies 16-byte chunks).
+ * Row strides of q, k, v and out are multiples of 16 bytes (cp.async copies
+ * 16-byte chunks): the contract's rule, checked by the dispatcher.
  */
 #include "pyfa_mma.cuh"
 

@@ -52,6 +52,38 @@ public enum FlashAttnPrefill {
         }
     }
 
+    /// Kernels copy rows of q, k, v and out in 16-byte pieces (the head_dim axis is contiguous), so
+    /// the stride of every axis they step along (extent above 1; a stride of an axis of extent 1 is
+    /// never applied) is a whole number of 16 bytes; and out's elements must not share memory
+    /// (two threads would write one). `qAxes`, `kvAxes`: the (batch, head, row) extents of q / out
+    /// and of k / v (nil: k and v are not read by strides, as paged pools).
+    static func checkStrides(_ p: pyfa_flash_attn_prefill_params, io: DType, out: DType,
+                             qAxes: (UInt32, UInt32, UInt32), kvAxes: (UInt32, UInt32, UInt32)?) throws {
+        func pieces(_ name: String, _ s: (Int64, Int64, Int64), _ n: (UInt32, UInt32, UInt32), _ dtype: DType) throws {
+            for (extent, stride) in [(n.0, s.0), (n.1, s.1), (n.2, s.2)] where extent > 1 {
+                try require(stride % Int64(16 / dtype.size) == 0,
+                            "\(name): \(s) elements of \(dtype.size) bytes; the stride of an axis longer than 1 must be a multiple of 16 bytes (\(16 / dtype.size) elements: kernels copy rows in 16-byte pieces)")
+            }
+        }
+        try pieces("q_strides", p.q_strides, qAxes, io)
+        if let kvAxes {
+            try pieces("k_strides", p.k_strides, kvAxes, io)
+            try pieces("v_strides", p.v_strides, kvAxes, io)
+        }
+        try pieces("out_strides", p.out_strides, qAxes, out)
+        // Disjoint when, axes taken from the smallest stride up (head_dim first: stride 1), each
+        // stride reaches past everything the smaller ones span.
+        let o = p.out_strides
+        var span = Int64(p.head_dim)
+        for (extent, stride) in [(qAxes.0, o.0), (qAxes.1, o.1), (qAxes.2, o.2)].filter({ $0.0 > 1 }).sorted(by: { $0.1 < $1.1 }) {
+            try require(stride >= span,
+                        "out_strides: \(o) elements make rows of out share memory (with head_dim \(p.head_dim) and extents \(qAxes)); each output element needs its own")
+            let (reach, overflow) = stride.multipliedReportingOverflow(by: Int64(extent))
+            try require(!overflow, "out_strides: size overflows 64 bits")
+            span = reach
+        }
+    }
+
     /// Elements a strided [n0, n1, n2, inner] view reaches (the last element + 1).
     static func extent(_ s: (Int64, Int64, Int64), _ n: (UInt32, UInt32, UInt32), inner: Int, _ name: String) throws -> Int {
         var total = inner
@@ -134,6 +166,7 @@ public enum FlashAttnPrefill {
             try Check.buffer(lse, "lse", dtypes: [.f32],
                              elements: checkedProduct([Int(p.batch), Int(p.num_heads), Int(p.q_len)], what: "lse"))
         }
+        try checkStrides(p, io: q.dtype, out: out.dtype, qAxes: qRows, kvAxes: kvRows)
         try Check.sameDevice([q, k, v, mask, blk, out, lse], encoder.device)
         let inputs: [(String, Buffer?)] = [("q", q), ("k", k), ("v", v), ("mask", mask), ("blk", blk)]
         try Check.noOverlap(out, "out", inputs: inputs)

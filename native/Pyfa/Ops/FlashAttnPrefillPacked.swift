@@ -115,6 +115,9 @@ public enum FlashAttnPrefillPacked {
         let out = try Check.buffer(out, "out", dtypes: FlashAttnPrefill.outTypes(q.dtype),
                                    elements: packedExtent(p.out_strides, heads: p.num_heads, rows: packed.total_q,
                                                           headDim: p.head_dim, "out"), rows: true)
+        // Packed rows have no batch stride (not read: extent 1 here).
+        try FlashAttnPrefill.checkStrides(p, io: q.dtype, out: out.dtype, qAxes: (1, p.num_heads, packed.total_q),
+                                          kvAxes: paged ? nil : (1, p.num_kv_heads, packed.total_k))
         if let lse {
             try Check.buffer(lse, "lse", dtypes: [.f32],
                              elements: checkedProduct([Int(p.num_heads), Int(packed.total_q)], what: "lse"))

@@ -270,6 +270,8 @@ public final class PrefillPlan: OpPlan {
         returnLse = desc.return_lse == 1
         let (_, blkBytes) = try FlashAttnPrefill.plan(device, &p, dtype: dtype)
         if useBlk { _ = try FlashAttnPrefill.checkBlkTiles(p) }
+        try FlashAttnPrefill.checkStrides(p, io: dtype, out: outDType, qAxes: (p.batch, p.num_heads, p.q_len),
+                                          kvAxes: (p.batch, p.num_kv_heads, p.kv_len))
         params = p
         try super.init(device: device, workspaceBytes: useBlk ? (blkBytes + 3) / 4 * 4 : 0)
     }
