@@ -97,8 +97,13 @@ def to_device(device: Device, a, like: GpuArray | None = None) -> Buffer:
     alignment an op needs of its rows is the library's check, made when the op
     takes the buffer."""
     if isinstance(a, GpuArray):
-        return device.wrap_device(a.ptr, a.nbytes, a.dtype, a.shape, keepalive=a.obj)
+        # a view (strides set) is wrapped from its first element to its last, as flat elements
+        shape = a.shape if a.strides is None else (a.nbytes // a.dtype.itemsize,)
+        return device.wrap_device(a.ptr, a.nbytes, a.dtype, shape, keepalive=a.obj)
     if device.host_visible:
+        if not a.flags.c_contiguous and a.size:  # a view, likewise (the elements between are its base's)
+            a = np.lib.stride_tricks.as_strided(a, (span_bytes(a) // a.itemsize,), (a.itemsize,),
+                                                writeable=a.flags.writeable)
         return device.wrap(a)
     if a.nbytes <= _SMALL_HOST_BYTES:
         b = device.buffer(a.shape, a.dtype, storage="shared")
@@ -168,14 +173,33 @@ def result_array(shape, dtype, out, name: str = "out", like: GpuArray | None = N
 
 def result_rows(shape, dtype, out, like: GpuArray | None = None):
     """(array, address, span bytes, element strides) of an attention op's result for a plan run:
-    ``out`` if given, which may be a strided view the kernels write in place (view_strides: the
-    library also checks that its elements do not share memory), else a new C-contiguous array."""
+    ``out`` if given, which may be a strided view the kernels write in place (out_view), else a
+    new C-contiguous array."""
     dtype = np.dtype(dtype)
-    view = None if out is None else _strided_out(out, tuple(shape), dtype, like)
+    view = None if out is None else out_view(out, tuple(shape), dtype, like)
     if view is not None:
-        return view
+        target, strides = view
+        return out, address(target), span_bytes(target), strides
     a, at = result_array(shape, dtype, out, like=like)
     return a, at, int(np.prod(shape)) * dtype.itemsize, c_strides(shape)
+
+
+def output_rows(device: Device, shape, dtype, out, like: GpuArray | None = None):
+    """(array, buffer, element strides, host view to fill afterwards or None) of an attention op's
+    result for a dispatch: a strided ``out`` (out_view) is written in place where the device
+    writes the caller's memory, and filled from a contiguous result after the call where the
+    result is copied back from a device."""
+    dtype = np.dtype(dtype)
+    if out is not None:
+        view = out_view(out, tuple(shape), dtype, like)
+        if view is not None:
+            target, strides = view
+            if isinstance(target, GpuArray) or device.host_visible:
+                return out, to_device(device, target, like), strides, None
+            a, buf = output(device, shape, dtype, None, like=like)
+            return a, buf, c_strides(shape), target
+    a, buf = output(device, shape, dtype, out, like=like)
+    return a, buf, c_strides(shape), None
 
 
 _OUT_VIEW_RULE = (f"a non-contiguous output must have its last axis (head_dim) contiguous and every other axis "
@@ -201,25 +225,26 @@ def out_view_strides(a, name: str = "out") -> tuple:
     return s
 
 
-def _strided_out(out, shape, dtype, like):
-    """result_rows' tuple for a non-contiguous ``out`` (checked), None for a contiguous one."""
+def out_view(out, shape, dtype, like):
+    """(numpy view or GpuArray, element strides) of a non-contiguous ``out`` (numpy, a torch CPU
+    or CUDA tensor), checked; None for a contiguous one or another array type (the contiguous
+    rules then apply)."""
     name = "out"
     if cuda_interop.is_gpu_array(out):
         if type(out).__name__ != "Tensor" or out.is_contiguous():
-            return None  # _result checks it (other frameworks' outputs must be C-contiguous)
+            return None
         if like is None:
             raise invalid(f"{name}: must be a host array when the inputs are")
         if tuple(out.shape) != shape or cuda_interop.numpy_dtype(out.dtype) != dtype:
             raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
+        if out.requires_grad:
+            raise invalid(f"{name}: must not require grad")
         g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)
         if g is None:
             raise invalid(f"{name}: {_OUT_VIEW_RULE}")
-        out_view_strides(g, name)
         if g.device_id != like.device_id:
             raise invalid(f"{name}: on GPU {g.device_id}, the inputs are on GPU {like.device_id}")
-        if out.requires_grad:
-            raise invalid(f"{name}: must not require grad")
-        return out, g.ptr, g.nbytes, g.strides
+        return g, out_view_strides(g, name)
     if torch_cpu.is_tensor(out):
         if out.is_contiguous():
             return None
@@ -234,7 +259,7 @@ def _strided_out(out, shape, dtype, like):
         raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {a.shape} {a.dtype}")
     if not a.flags.writeable:
         raise invalid(f"{name}: must be writable")
-    return out, address(a), span_bytes(a), out_view_strides(a, name)
+    return a, out_view_strides(a, name)
 
 
 def _result(shape, dtype, out, name, like):
@@ -311,17 +336,17 @@ def c_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
-def rows_operand(x, name: str):
-    """(array, element strides) of a 4-D float operand of an attention op: a strided view
+def rows_operand(x, name: str, ndim: int = 4):
+    """(array, element strides) of an ``ndim``-D float operand of an attention op: a strided view
     (numpy, a torch CPU or CUDA tensor) is read in place when view_strides allows it, anything
     else is made C-contiguous as by as_array."""
     t = type(x)
     if t is np.ndarray:
-        if not x.flags.c_contiguous and x.ndim == 4 and x.dtype in dtypes.FLOAT_TYPES and x.size:
+        if not x.flags.c_contiguous and x.ndim == ndim and x.dtype in dtypes.FLOAT_TYPES and x.size:
             s = view_strides(x.shape, x.strides, x.itemsize)
             if s is not None:
                 return x, s
-    elif t.__name__ == "Tensor" and t.__module__ == "torch" and x.dim() == 4 and not x.is_contiguous():
+    elif t.__name__ == "Tensor" and t.__module__ == "torch" and x.dim() == ndim and not x.is_contiguous():
         if x.is_cuda:
             g = cuda_interop.torch_cuda_view(x, dtypes.FLOAT_TYPES, view_strides)
             if g is not None:
@@ -331,8 +356,19 @@ def rows_operand(x, name: str):
             s = view_strides(a.shape, a.strides, a.itemsize) if a.dtype in dtypes.FLOAT_TYPES else None
             if s is not None:
                 return a, s
-    a = as_array(x, name, ndims=(4,), gpu=True)
+    a = as_array(x, name, ndims=(ndim,), gpu=True)
     return a, c_strides(a.shape)
+
+
+def row_operands(device: Device, named, ndim: int = 4):
+    """(arrays, their element strides, the first GpuArray or None) of attention operands
+    ``named`` ((name, array) pairs; rows_operand): views where the device reads them in place,
+    C-contiguous copies of host arrays a GPU device gets copies of anyway."""
+    pairs = [rows_operand(x, name, ndim) for name, x in named]
+    like = gpu_like(device, *(a for a, _ in pairs))
+    if like is None and not device.host_visible:
+        pairs = [(np.ascontiguousarray(a), c_strides(a.shape)) for a, _ in pairs]
+    return [a for a, _ in pairs], [s for _, s in pairs], like
 
 
 def host_result(a, first, out=None):
@@ -441,23 +477,6 @@ def layout_view(strides, layout: str) -> list[int]:
     """Element strides (batch, head, row) of a 4-D array with element ``strides`` in ``layout``."""
     b, x, y, _ = strides
     return [b, x, y] if layout == "bhsd" else [b, y, x]
-
-
-def strided_host_out(out, shape, dtype):
-    """A non-contiguous host ``out`` (numpy, or a torch CPU tensor's numpy view) that an op
-    whose result is copied back from a device fills after the fact; None for anything else."""
-    if torch_cpu.is_cpu_tensor(out) and not out.is_contiguous():
-        a = torch_cpu.as_numpy(out, "out", writable=True, strided=True)
-    elif isinstance(out, np.ndarray) and not out.flags.c_contiguous:
-        a = out
-    else:
-        return None
-    if a.shape != shape or a.dtype != dtype:
-        raise invalid(f"out: expected shape {shape} and dtype {dtype}, got {a.shape} {a.dtype}")
-    if not a.flags.writeable:
-        raise invalid("out: must be writable")
-    out_view_strides(a)  # the rules of a view written in place, though this one is filled afterwards
-    return a
 
 
 def handle(buffer):

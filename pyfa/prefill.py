@@ -171,13 +171,8 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
-    (q, q_view), (k, k_view), (v, v_view) = (_io.rows_operand(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")))
+    (q, k, v), (q_view, k_view, v_view), like = _io.row_operands(device, (("q", q), ("k", k), ("v", v)))
     out_dtype = _out_dtype(out_dtype, q.dtype, "q")
-    like = _io.gpu_like(device, q, k, v)
-    planned = like is not None or device.host_visible
-    if not planned:  # host arrays copied to the device: contiguous ones
-        (q, q_view), (k, k_view), (v, v_view) = ((a, _io.c_strides(a.shape)) if a.flags.c_contiguous else
-                                                 (np.ascontiguousarray(a), _io.c_strides(a.shape)) for a in (q, k, v))
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
             raise invalid(f"{name}: dtype {a.dtype} differs from q's {q.dtype} (k and v must have q's dtype)")
@@ -202,7 +197,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
         "q_strides": _io.layout_view(q_view, layout), "k_strides": _io.layout_view(k_view, layout),
         "v_strides": _io.layout_view(v_view, layout), "out_strides": _io.layout_strides(layout, H, qL, D),
     }
-    if planned:
+    if like is not None or device.host_visible:
         result, lse, plan, args = _attention_planned(device, like, q, k, v, mask, fields, layout, out, out_dtype,
                                                      return_lse, use_blk)
         # (the repeat path runs contiguous tensors only: a strided call's plan must not serve them)
@@ -218,8 +213,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     check(lib.pyfa_flash_attn_prefill_plan(device.handle, params, dtype_code, blk_bytes))
     want_blk = mask_buf is not None and (params.num_k_blocks >= BLK_MIN_K_BLOCKS if use_blk is None else use_blk)
 
-    strided_out = _io.strided_host_out(out, tuple(q.shape), out_dtype)
-    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, None if strided_out is not None else out, like=like)
+    result, out_buf, _, fill_after = _io.output_rows(device, tuple(q.shape), out_dtype, out, like=like)
     lse, lse_buf = _io.output(device, (B, H, qL), np.float32, None, "lse", like=like) if return_lse else (None, None)
     q_buf, k_buf, v_buf = (_io.to_device(device, a, like) for a in (q, k, v))
     enc = _io.encoder(device, like)
@@ -231,9 +225,9 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
-    if strided_out is not None:  # the caller's strided view, filled from the contiguous result
-        strided_out[...] = result
-        result = strided_out
+    if fill_after is not None:  # the caller's strided view, filled from the contiguous result
+        fill_after[...] = result
+        result = fill_after
     result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)

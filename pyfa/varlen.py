@@ -40,7 +40,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         (as :func:`pyfa.attention`).
     softcap : ``> 0`` applies ``softcap * tanh(s / softcap)`` to the scores.
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
-    out : optional C-contiguous array ``[total_q, H, D]`` of the output dtype to write into; it is returned.
+    out : optional array ``[total_q, H, D]`` of the output dtype to write into; it is returned.
+        q, k, v and out may be views (rows of a fused QKV projection's output, say) under
+        :func:`pyfa.attention`'s rule for views; other arrays are copied (an out must follow it).
     out_dtype : None (q's dtype) or float32.
     return_lse : also return the float32 LSE ``[H, total_q]`` (flash-attn's varlen layout; ``-inf``
         for a row with no visible key). Two calls over disjoint keys of the same queries (a shared
@@ -62,10 +64,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     """
     device = _args.device_arg(device)
     q_arg, out_arg = q, out
-    q = _io.as_array(q, "q", ndims=(3,), gpu=True)
-    k = _io.as_array(k, "k", ndims=(3,), gpu=True)
-    v = _io.as_array(v, "v", ndims=(3,), gpu=True)
-    like = _io.gpu_like(device, q, k, v)
+    (q, k, v), views, like = _io.row_operands(device, (("q", q), ("k", k), ("v", v)), ndim=3)
     _same_dtype(q, k, v, "k", "v")
     if tuple(v.shape) != tuple(k.shape):
         raise invalid(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
@@ -81,7 +80,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     max_q = _longest(max_seqlen_q, "max_seqlen_q", cu_q_host, "cu_seqlens_q")
     max_k = _longest(max_seqlen_k, "max_seqlen_k", cu_k_host, "cu_seqlens_k")
     fields = _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale)
-    fields.update(k_strides=[0, D, Hkv * D], v_strides=[0, D, Hkv * D])
+    fields.update(q_strides=_packed_strides(views[0]), k_strides=_packed_strides(views[1]),
+                  v_strides=_packed_strides(views[2]))
     packed = ffi.new("pyfa_prefill_packed *", {"total_q": total_q, "total_k": total_k})
 
     def call(enc, params, bufs, out_buf, lse_buf):
@@ -132,7 +132,7 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
     device = _args.device_arg(device)
     q_arg, out_arg = q, out
     page_layout = _args.page_layout_arg(page_layout)
-    q = _io.as_array(q, "q", ndims=(3,), gpu=True)
+    (q,), (q_view,), _ = _io.row_operands(device, (("q", q),), ndim=3)
     k_pages = _io.as_array(k_pages, "k_pages", ndims=(4,), gpu=True)
     v_pages = _io.as_array(v_pages, "v_pages", ndims=(4,), gpu=True)
     like = _io.gpu_like(device, q, k_pages, v_pages)
@@ -158,7 +158,8 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
     cap = pages_per_seq * page_size
     max_k = min(max(1, int(lens_host.max())), cap) if lens_host is not None and lens_host.size else cap
     fields = _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale)
-    fields.update(k_strides=[0, 0, D], v_strides=[0, 0, D])  # not read: pool rows are contiguous
+    fields.update(q_strides=_packed_strides(q_view), k_strides=[0, 0, D],
+                  v_strides=[0, 0, D])  # k, v: not read (pool rows are contiguous)
     packed = ffi.new("pyfa_prefill_packed *", {"total_q": total_q})
     pages = _args.params("pyfa_kv_pages *", {
         "page_size": page_size, "num_pages": num_pages, "pages_per_seq": pages_per_seq,
@@ -255,19 +256,28 @@ def _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale):
     }
 
 
+def _packed_strides(view) -> list[int]:
+    """The params' (batch, head, row) element strides of a packed [rows, heads, D] array with
+    element strides ``view`` (the batch stride is not read)."""
+    return [0, view[1], view[0]]
+
+
 def _run(device, like, fields, inputs, call, q_arg, out, out_arg, out_dtype, return_lse):
     q = inputs[0]
     return_lse = _args.bool_arg(return_lse, "return_lse")
     out_dtype = _out_dtype(out_dtype, q.dtype, "q")
-    params = _args.params("pyfa_flash_attn_prefill_params *", fields)
     total_q, H = q.shape[0], q.shape[1]
-    result, out_buf = _io.output(device, tuple(q.shape), out_dtype, out, like=like)
+    result, out_buf, out_view, fill_after = _io.output_rows(device, tuple(q.shape), out_dtype, out, like=like)
+    params = _args.params("pyfa_flash_attn_prefill_params *", dict(fields, out_strides=_packed_strides(out_view)))
     lse, lse_buf = _io.output(device, (H, total_q), np.float32, None, "lse", like=like) if return_lse else (None, None)
     bufs = [_io.to_device(device, a, like) for a in inputs]
     enc = _io.encoder(device, like)
     check(call(enc, params, bufs, out_buf, lse_buf))
     _io.submit(enc, like)
     _io.finish(device, result, out_buf)
+    if fill_after is not None:  # the caller's strided view, filled from the contiguous result
+        fill_after[...] = result
+        result = fill_after
     result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)

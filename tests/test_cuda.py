@@ -253,3 +253,25 @@ def test_strided_torch_views_are_used_in_place(rng, D, dtype, broadcast):
     assert got is out and torch.cuda.memory_stats()["allocation.all.allocated"] == before
     whole = pyfa.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, device=dev)
     assert torch.equal(store.transpose(1, 2), whole)
+
+
+@gpu
+def test_varlen_views_of_a_fused_qkv_tensor_are_used_in_place(rng):
+    """varlen_attention on slices of one torch [total, H + 2 H_kv, D] projection allocates nothing
+    through torch and gives the contiguous call's bits."""
+    torch = pytest.importorskip("torch")
+    H, Hkv, D, lens = 8, 2, 128, [5, 300, 77]
+    total = sum(lens)
+    qkv = torch.from_numpy(rng.standard_normal((total, H + 2 * Hkv, D)).astype(np.float32)).to(torch.bfloat16).cuda()
+    q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    dev = pyfa.Device("cuda")
+    out = torch.empty((total, H, D), dtype=torch.bfloat16, device="cuda")
+    kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens), causal=True, device=dev)
+    pyfa.varlen_attention(q, k, v, cu, cu, out=out, **kw)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    pyfa.varlen_attention(q, k, v, cu, cu, out=out, **kw)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert torch.equal(out, pyfa.varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, **kw))

@@ -63,6 +63,18 @@ def test_against_reference(device, rng, dtype, D, page_size, layout):
     assert_same_run(out, flat)
 
 
+def test_query_view_and_output_view(device, rng):
+    """q sliced from a fused projection's rows, out a transposed view: the contiguous call's bits."""
+    q, k, v, kp, vp, table = make_paged(rng, Q_LENS, KV_LENS, 4, 2, 128, np.float16, 16, "nhd")
+    cq, lens = cu(Q_LENS), np.array(KV_LENS, np.int32)
+    fused = np.zeros((q.shape[0], 8, 128), np.float16)
+    fused[:, 2:6] = q
+    store = np.zeros((4, q.shape[0], 128), np.float16)
+    out = store.transpose(1, 0, 2)
+    assert pyfa.paged_attention(fused[:, 2:6], kp, vp, table, cq, lens, out=out, device=device) is out
+    assert_same_run(np.ascontiguousarray(out), pyfa.paged_attention(q, kp, vp, table, cq, lens, device=device))
+
+
 def test_head_dim_512(device, rng):
     q, k, v, kp, vp, table = make_paged(rng, [4, 9], [30, 9], 2, 1, 512, np.float16, 16, "nhd")
     out = pyfa.paged_attention(q, kp, vp, table, cu([4, 9]), [30, 9], device=device)

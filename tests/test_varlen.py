@@ -147,6 +147,28 @@ def test_out_dtype_and_out(device, rng):
     check_close(got, ref, np.float32)
 
 
+@pytest.mark.parametrize("dtype,D", [(np.float32, 64), (np.float16, 128), (BF16, 256)])
+def test_views_of_a_fused_qkv_projection(device, rng, dtype, D):
+    """q, k and v as slices of one [total, H + 2 H_kv, D] projection, out a slice of wider rows:
+    read and written where they are, bit for bit the contiguous call's result."""
+    H, Hkv = 4, 2
+    cq = ck = cu(K_LENS)
+    qkv = rng.standard_normal((sum(K_LENS), H + 2 * Hkv, D)).astype(dtype)
+    q, k, v = qkv[:, :H], qkv[:, H:H + Hkv], qkv[:, H + Hkv:]
+    wide = np.full((sum(K_LENS), H, D + 16), 7, dtype)
+    out = wide[..., :D]
+    got, lse = pyfa.varlen_attention(q, k, v, cq, ck, causal=True, out=out, return_lse=True, device=device)
+    assert got is out and np.all(wide[..., D:] == 7)
+    copies = [np.ascontiguousarray(a) for a in (q, k, v)]
+    whole, whole_lse = pyfa.varlen_attention(*copies, cq, ck, causal=True, return_lse=True, device=device)
+    assert_same_run(np.ascontiguousarray(out), whole)
+    assert_same_run(lse, whole_lse)
+    ref, ref_lse = reference_varlen(*copies, cq, ck, causal=True)
+    check_close(np.ascontiguousarray(out), ref, dtype)
+    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+        pyfa.varlen_attention(q, k, v, cq, ck, out=np.zeros((sum(K_LENS), H, D + 1), dtype)[..., :D], device=device)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
 def test_equals_rectangular(device, rng, dtype):
     """Equal lengths: the varlen call computes what the rectangular kernel does on the padded-free batch."""
