@@ -915,15 +915,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_blk(const pyfa_cuda_args &a, co
 #pragma unroll
         for (int u = 0; u < BLK_UNROLL; u++) {
             if (f0 + u * 32 + lane >= units) break;
-            if (words) {
-                blk_fold_word(w[u], bool_mask, es, ninf16, open, active);
-            } else if (bool_mask) {
-                open |= w[u] != 0u;
-                active |= w[u] == 0u;
-            } else {
-                open |= w[u] != (es == 4 ? 0xff800000u : ninf16);
-                active |= (w[u] & (es == 4 ? 0x7fffffffu : 0x7fffu)) != 0u;
-            }
+            /* A single 8- or 16-bit entry, repeated to fill a word, folds as a word of such entries. */
+            blk_fold_word(unit == 4 ? w[u] : w[u] * (unit == 1 ? 0x01010101u : 0x00010001u), bool_mask, es, ninf16,
+                          open, active);
         }
         if (__any_sync(0xffffffffu, open) && __any_sync(0xffffffffu, active)) break;
     }

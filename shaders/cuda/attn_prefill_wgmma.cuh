@@ -217,6 +217,11 @@ __device__ __forceinline__ void load_swizzled_stage(char *dst, RowSrc row_src, c
     }
 }
 
+/* Whether the launch carries both stage maps (the K and V tensor maps). */
+__device__ __forceinline__ bool tma_maps_present(const pyfa_cuda_args &a) {
+    return a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_K] != 0 && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_V] != 0;
+}
+
 /* The K and V rings' arrival by TMA: the tensor maps the backend put in the
  * launch's inline bytes (rectangular mode), one mbarrier per stage (K stages
  * 0, 1, V stages 0, 1). The i-th K (V) tile of a block goes to stage i % 2 as
@@ -233,13 +238,9 @@ struct tma_rings {
     __device__ __forceinline__ tma_rings(const pyfa_cuda_args &a, bool allowed, uint64_t *bars, int issuer_thread = 0,
                                          uint32_t releases = 8, int maps = -1)
         : bar(bars), issuer(issuer_thread) {
-        auto map = [&](int slot) -> const void * {
-            const uint64_t v = a.arg[slot];
-            return v == 0 || !allowed ? nullptr : a.inline_bytes + (v & ~PYFA_CUDA_INLINE_TAG);
-        };
-        k_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_K);
-        v_map = map(PYFA_CUDA_PREFILL_ARG_TMAP_V);
-        on = maps == 1 ? allowed : k_map != nullptr && v_map != nullptr;
+        on = allowed && (maps == 1 || tma_maps_present(a));
+        k_map = a.inline_bytes + (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_K] & ~PYFA_CUDA_INLINE_TAG); /* read only when on */
+        v_map = a.inline_bytes + (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_V] & ~PYFA_CUDA_INLINE_TAG);
         if (on) {
             if (threadIdx.x == 0) {
                 for (int i = 0; i < 4; i++) pyfa_mbar_init(&bar[i], 1);
@@ -302,11 +303,6 @@ __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, i
     } else {
         load_core_tile_strided<D, KEYS, BLOCK_THREADS>(dst, base + (int64_t)j0 * rowb, rowb, n);
     }
-}
-
-/* Whether the launch carries both stage maps (the K and V tensor maps). */
-__device__ __forceinline__ bool tma_maps_present(const pyfa_cuda_args &a) {
-    return a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_K] != 0 && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_V] != 0;
 }
 
 /* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map

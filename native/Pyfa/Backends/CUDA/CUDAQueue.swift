@@ -128,7 +128,7 @@ final class CUDAQueue: CommandQueue {
             }
         }
         pyfa_count(PYFA_COUNT_KERNEL_LAUNCH)
-        while (dependentLaunch || cluster) && pyfa_cu.cuLaunchKernelEx != nil {
+        while dependentLaunch || cluster {  // (without cuLaunchKernelEx each try is refused, and the flags fall)
             if launchExtended(d, p, &args, smem, cluster: cluster) == 0 {
                 if cluster { pyfa_count(PYFA_COUNT_CLUSTER_LAUNCH) }
                 return
