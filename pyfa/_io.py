@@ -202,8 +202,9 @@ def output_rows(device: Device, shape, dtype, out, like: GpuArray | None = None)
     return a, buf, c_strides(shape), None
 
 
-_OUT_VIEW_RULE = (f"a non-contiguous output must have its last axis (head_dim) contiguous and every other axis "
-                  f"longer than 1 a non-negative multiple of {ROW_PIECE_BYTES} bytes apart")
+_OUT_VIEW_RULE = (f"a non-contiguous output must start on a {ROW_PIECE_BYTES}-byte boundary, with its last axis "
+                  f"(head_dim) contiguous and every other axis longer than 1 a non-negative multiple of "
+                  f"{ROW_PIECE_BYTES} bytes apart")
 
 
 def out_view_strides(a, name: str = "out") -> tuple:
@@ -213,7 +214,7 @@ def out_view_strides(a, name: str = "out") -> tuple:
     if isinstance(a, GpuArray):
         s = a.strides
     else:
-        s = view_strides(shape, a.strides, a.itemsize) if a.size else None
+        s = view_strides(shape, a.strides, a.itemsize, address(a)) if a.size else None
     if s is None:
         raise invalid(f"{name}: {_OUT_VIEW_RULE}")
     span = shape[-1]
@@ -237,9 +238,7 @@ def out_view(out, shape, dtype, like):
             raise invalid(f"{name}: must be a host array when the inputs are")
         if tuple(out.shape) != shape or cuda_interop.numpy_dtype(out.dtype) != dtype:
             raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
-        if out.requires_grad:
-            raise invalid(f"{name}: must not require grad")
-        g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)
+        g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)  # (detached, as describe does)
         if g is None:
             raise invalid(f"{name}: {_OUT_VIEW_RULE}")
         if g.device_id != like.device_id:
@@ -311,11 +310,14 @@ def span_bytes(a) -> int:
     return a.itemsize * (1 + sum((n - 1) * s // a.itemsize for n, s in zip(a.shape, a.strides)))
 
 
-def view_strides(shape, byte_strides, itemsize) -> tuple | None:
-    """Element strides of a view the attention kernels can step through in place: the last axis
-    (head_dim) contiguous, every other axis longer than 1 a non-negative whole number of
-    ROW_PIECE_BYTES apart. An axis of extent 1 is never stepped along: its stride becomes 0.
-    None when the view does not qualify (it is then copied, or refused as an output)."""
+def view_strides(shape, byte_strides, itemsize, start: int) -> tuple | None:
+    """Element strides of a view the attention kernels can step through in place: its first
+    element (at address ``start``) on a ROW_PIECE_BYTES boundary, the last axis (head_dim)
+    contiguous, every other axis longer than 1 a non-negative whole number of ROW_PIECE_BYTES
+    apart. An axis of extent 1 is never stepped along: its stride becomes 0. None when the view
+    does not qualify (it is then copied, or refused as an output)."""
+    if start % ROW_PIECE_BYTES:
+        return None
     out = []
     for i, (n, b) in enumerate(zip(shape, byte_strides)):
         if n == 1:
@@ -343,7 +345,7 @@ def rows_operand(x, name: str, ndim: int = 4):
     t = type(x)
     if t is np.ndarray:
         if not x.flags.c_contiguous and x.ndim == ndim and x.dtype in dtypes.FLOAT_TYPES and x.size:
-            s = view_strides(x.shape, x.strides, x.itemsize)
+            s = view_strides(x.shape, x.strides, x.itemsize, address(x))
             if s is not None:
                 return x, s
     elif t.__name__ == "Tensor" and t.__module__ == "torch" and x.dim() == ndim and not x.is_contiguous():
@@ -353,7 +355,7 @@ def rows_operand(x, name: str, ndim: int = 4):
                 return g, g.strides
         elif x.device.type == "cpu" and x.numel():
             a = torch_cpu.as_numpy(x, name, strided=True)
-            s = view_strides(a.shape, a.strides, a.itemsize) if a.dtype in dtypes.FLOAT_TYPES else None
+            s = view_strides(a.shape, a.strides, a.itemsize, address(a)) if a.dtype in dtypes.FLOAT_TYPES else None
             if s is not None:
                 return a, s
     a = as_array(x, name, ndims=(ndim,), gpu=True)

@@ -182,20 +182,21 @@ def torch_cuda(x, allowed, ndims):
 
 def torch_cuda_view(x, allowed, view_ok):
     """A GpuArray over a non-contiguous CUDA torch tensor of an allowed dtype, in place, when
-    ``view_ok(shape, byte strides, itemsize)`` gives its element strides; else None."""
+    ``view_ok(shape, byte strides, itemsize, address)`` gives its element strides; else None."""
     if type(x).__name__ != "Tensor" or not x.is_cuda or x.is_contiguous():
         return None
     dt = (_TORCH_DTYPES or _torch_dtypes()).get(x.dtype)
     if dt is None or dt not in allowed:
         return None
     shape = tuple(x.shape)
-    strides = view_ok(shape, tuple(s * dt.itemsize for s in x.stride()), dt.itemsize) if x.numel() else None
+    ptr = x.data_ptr()
+    strides = view_ok(shape, tuple(s * dt.itemsize for s in x.stride()), dt.itemsize, ptr) if x.numel() else None
     if strides is None:
         return None
     if x.requires_grad:
         x = x.detach()
     span = dt.itemsize * (1 + sum((n - 1) * s for n, s in zip(shape, strides)))
-    return GpuArray(x, "torch", x.data_ptr(), shape, dt, None, x.get_device(), span, strides)
+    return GpuArray(x, "torch", ptr, shape, dt, None, x.get_device(), span, strides)
 
 
 def describe(x, name: str) -> GpuArray:

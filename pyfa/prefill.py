@@ -32,8 +32,9 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     k, v : arrays ``[B, H_kv, kv_len, D]`` / ``[B, kv_len, H_kv, D]``, q's dtype; ``H % H_kv == 0``
         (GQA: head ``h`` reads KV head ``h // (H // H_kv)``).
         Views of q, k and v (numpy arrays, torch CPU or CUDA tensors: transposed, sliced from wider
-        rows, broadcast) are read where they are when their last axis is contiguous and every other
-        axis longer than 1 is a whole number of 16 bytes apart; other arrays are copied first.
+        rows, broadcast) are read where they are when they start on a 16-byte boundary, their last
+        axis is contiguous and every other axis longer than 1 is a whole number of 16 bytes apart;
+        other arrays are copied first.
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     causal : query row ``i`` (absolute position ``q_offset + i``) sees keys ``j <= q_offset + i``.
     q_offset : int, default ``kv_len - q_len`` (bottom-right alignment, as flash-attn 2.1 and later;
@@ -51,7 +52,8 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
         for a row with no visible key).
     out : optional array of q's shape and the output dtype to write into (numpy or a torch CPU
         tensor; a GPU array when the inputs are); it is returned. C-contiguous, or a view under the
-        rule for q's views whose elements do not share memory (a torch view such as
+        rule for q's views whose elements do not share memory and whose span does not overlap an
+        input's (a torch view such as
         ``o.transpose(1, 2)`` of ``o [B, q_len, H, D]`` gets "bhsd" results in "bshd" memory).
     out_dtype : None (q's dtype) or float32: the output's dtype (float32 output from float16 /
         bfloat16 inputs skips the rounding to 16 bits).
@@ -74,11 +76,11 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
     >>> pyfa.attention(q, q, q, causal=True).shape
     (1, 2, 5, 64)
     """
-    defaults = (mask is None and q_offset is None and window is None and out is None and out_dtype is None
+    defaults = (mask is None and q_offset is None and window is None and out_dtype is None
                 and return_lse is False and type(causal) is bool and (scale is None or type(scale) is float)
                 and type(softcap) is float and softcap == 0.0 and type(layout) is str)
     if defaults and _repeat_torch is not None:
-        result = _repeat_call(q, k, v, device, scale, causal, layout)
+        result = _repeat_call(q, k, v, out, device, scale, causal, layout)
         if result is not None:
             return result
     return _attention(q, k, v, scale=scale, causal=causal, q_offset=q_offset, mask=mask, window=window,
@@ -167,7 +169,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     """attention(); use_blk None applies the BLK_MIN_K_BLOCKS rule, True/False forces it (tests).
     `repeatable`: the call used every default the repeat path assumes (see there)."""
     device = _args.device_arg(device)
-    q_arg, out_arg, scale_arg, layout_arg = q, out, scale, layout
+    q_arg, k_arg, v_arg, out_arg, scale_arg, layout_arg = q, k, v, out, scale, layout
     layout = _args.choice_arg(layout, "layout", _io.LAYOUTS)
     causal = _args.bool_arg(causal, "causal")
     return_lse = _args.bool_arg(return_lse, "return_lse")
@@ -200,9 +202,8 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     if like is not None or device.host_visible:
         result, lse, plan, args = _attention_planned(device, like, q, k, v, mask, fields, layout, out, out_dtype,
                                                      return_lse, use_blk)
-        # (the repeat path runs contiguous tensors only: a strided call's plan must not serve them)
-        if repeatable and like is not None and like.kind == "torch" and q.strides is k.strides is v.strides is None:
-            _remember(device, scale_arg, causal, layout_arg, q_arg, k, v, plan, args)
+        if repeatable and like is not None and like.kind == "torch":
+            _remember(device, scale_arg, causal, layout_arg, q_arg, k_arg, v_arg, out_arg, q, k, v, plan, args)
         result = _io.host_result(result, q_arg, out_arg)
         return (result, _io.host_result(lse, q_arg)) if return_lse else result
     mask_buf, mask_strides = (None, [0, 0, 0]) if mask is None else \
@@ -288,48 +289,61 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, *, layout="bhsd", device: Dev
 # ---- the repeat path ---------------------------------------------------------------------------------
 # A model's prefill (or a benchmark's loop) calls attention with the same shapes, dtypes and options
 # again and again. After one call on torch CUDA tensors with the defaults below (no mask, q_offset,
-# window, softcap, out, out_dtype or LSE) has gone through every check above, its plan and its
-# run-argument struct are kept (per thread) under everything those checks looked at: the device, the
-# scale as given (None or a float), causal, the layout as given (a str), and each tensor's shape,
-# dtype and GPU. A later call that matches checks only that its tensors are CUDA tensors and
-# contiguous here, and runs with new addresses and a new output from torch's allocator. Anything
-# else takes the full path.
+# window, softcap, out_dtype or LSE) has gone through every check above and read its tensors in
+# place, its plan and its run-argument struct are kept (per thread) under everything those checks
+# looked at: the device, the scale as given (None or a float), causal, the layout as given (a str),
+# each tensor's shape, strides, dtype and GPU, and out's strides, dtype and GPU (or that there was
+# none). A later call that matches checks only that its tensors are CUDA tensors and that views
+# start on a 16-byte boundary here (the library checks the rest of every run), and runs with new
+# addresses, writing out or a new output from torch's allocator. Anything else takes the full path.
 _repeat = threading.local()
 _repeat_torch = None  # torch.Tensor once a call was remembered
 
 
-def _remember(device, scale, causal, layout, q, k, v, plan, args) -> None:
+def _out_key(out):
+    return None if out is None else (out.shape, out.stride(), out.dtype, out.get_device())
+
+
+def _remember(device, scale, causal, layout, q_arg, k_arg, v_arg, out, q, k, v, plan, args) -> None:
+    """Keeps a call's plan and run arguments for _repeat_call; q, k, v: the GpuArrays it ran on,
+    which must be the caller's tensors themselves (a copy's strides would not fit them)."""
     global _repeat_torch
     import torch
 
     T = torch.Tensor
-    if type(q) is not T or type(k.obj) is not T or type(v.obj) is not T:  # (attention() checked the layout's type)
+    if type(q_arg) is not T or type(k_arg) is not T or type(v_arg) is not T or out is not None and type(out) is not T:
         return
-    kt, vt = k.obj, v.obj
-    key = (device, scale, causal, layout, q.shape, kt.shape, vt.shape, q.dtype, kt.dtype, vt.dtype, q.get_device(),
-           kt.get_device(), vt.get_device())
-    if key in getattr(_repeat, "table", ()):  # the same plan and run arguments (a non-contiguous tensor's full path, say)
+    if (q.ptr, k.ptr, v.ptr) != (q_arg.data_ptr(), k_arg.data_ptr(), v_arg.data_ptr()):
+        return  # an input was copied
+    key = (device, scale, causal, layout, q_arg.shape, k_arg.shape, v_arg.shape, q_arg.stride(), k_arg.stride(),
+           v_arg.stride(), q_arg.dtype, k_arg.dtype, v_arg.dtype, q_arg.get_device(), k_arg.get_device(),
+           v_arg.get_device(), _out_key(out))
+    if key in getattr(_repeat, "table", ()):
         return
-    _plans.repeat_table(_repeat)[key] = (plan, args, q.get_device())
+    _plans.repeat_table(_repeat)[key] = (plan, args, q_arg.get_device())
     _repeat_torch = T
 
 
-def _repeat_call(q, k, v, device, scale, causal, layout):
+def _repeat_call(q, k, v, out, device, scale, causal, layout):
     """The result of a call matching a remembered one, or None (take the full path)."""
     table = getattr(_repeat, "table", None)
     T = _repeat_torch
-    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
+    if table is None or type(q) is not T or type(k) is not T or type(v) is not T or out is not None and type(out) is not T:
         return None
     device = _args.device_arg(device)
-    entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-                       q.get_device(), k.get_device(), v.get_device()))
+    entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+                       q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), _out_key(out)))
     # is_cuda: get_device() numbers other accelerators' tensors too
-    if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda and q.is_contiguous() and k.is_contiguous()
-                             and v.is_contiguous()):
+    if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda) or out is not None and not out.is_cuda:
         return None
+    addresses = [t.data_ptr() for t in (q, k, v)]
+    for t, at in zip((q, k, v, out), addresses + [None]):
+        if t is not None and not t.is_contiguous() and (at if at is not None else t.data_ptr()) % _io.ROW_PIECE_BYTES:
+            return None  # a view off the boundary: the full path copies it (or refuses it as out)
     plan, args, gpu = entry
-    out = q.new_empty(q.shape)
-    args.q.address, args.k.address, args.v.address, args.out.address = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    if out is None:
+        out = q.new_empty(q.shape)
+    args.q.address, args.k.address, args.v.address = addresses
+    args.out.address = out.data_ptr()
     _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)
     return out

@@ -38,7 +38,7 @@ def as_numpy(t, name: str, writable: bool = False, strided: bool = False) -> np.
         raise invalid(f"{name}: a torch tensor on {t.device}; pyfa reads torch CPU tensors, and CUDA tensors "
                       "on a cuda device")
     if writable and (t.requires_grad or not (strided or t.is_contiguous())):
-        raise invalid(f"{name}: must be a contiguous torch tensor that does not require grad")
+        raise invalid(f"{name}: must be a {'' if strided else 'contiguous '}torch tensor that does not require grad")
     t = t.detach()
     if not strided and not t.is_contiguous():
         t = t.contiguous()

@@ -576,13 +576,27 @@ def test_views_the_kernels_cannot_step_through_are_copied(device, rng):
     assert_same_run(pyfa.attention(q, odd, columns, device=device), pyfa.attention(q, k, v, device=device))
 
 
+def test_views_starting_off_a_16_byte_boundary_are_copied(device, rng):
+    q, k, v = make(rng, 1, 2, 1, 20, 30, 64, np.float16)
+    wide = np.zeros((1, 1, 30, 72), np.float16)
+    off = wide[..., 4:68]  # rows 144 bytes apart, the first 8 bytes past a boundary
+    off[...] = k
+    assert off.__array_interface__["data"][0] % 16 == 8
+    assert_same_run(pyfa.attention(q, off, v, device=device), pyfa.attention(q, k, v, device=device))
+
+
 def test_strided_outputs_that_cannot_be_written_in_place_are_refused(device, rng):
     q, k, v = make(rng, 1, 2, 1, 8, 8, 64, np.float32)
     wide = np.zeros((1, 2, 8, 65), np.float32)
-    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+    rule = "out: a non-contiguous output must start on a 16-byte boundary, with its last axis"
+    with pytest.raises(pyfa.PyfaError, match=rule):
         pyfa.attention(q, k, v, out=wide[..., :64], device=device)  # rows 260 bytes apart
-    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+    with pytest.raises(pyfa.PyfaError, match=rule):
         pyfa.attention(q, k, v, out=np.asfortranarray(np.zeros_like(q)), device=device)
+    off = np.zeros((1, 2, 8, 72), np.float32)[..., 2:66]  # rows 288 bytes apart, starting 8 bytes in
+    with pytest.raises(pyfa.PyfaError, match=rule):
+        pyfa.attention(q, k, v, out=off, device=device)
+    assert not off.any()
     shared = np.lib.stride_tricks.as_strided(np.zeros(8 * 64, np.float32), q.shape, (0, 0, 256, 4))
     with pytest.raises(pyfa.PyfaError, match=r"out: element strides \(0, 0, 64, 1\) make elements of shape"):
         pyfa.attention(q, k, v, out=shared, device=device)  # both heads would write one row

@@ -55,7 +55,7 @@ def test_repeat_path_matches_the_full_path(rng, monkeypatch, layout, causal):
     prefill._repeat.table = {}
     (qn, kn, vn), (q, k, v) = tensors(torch, rng, 300, layout)
     pyfa.attention(q, k, v, causal=causal, layout=layout, device=dev)  # full path, remembered
-    assert prefill._repeat_call(q, k, v, dev, None, causal, layout) is not None
+    assert prefill._repeat_call(q, k, v, None, dev, None, causal, layout) is not None
     # New contents in place, and a new tensor for v: the repeat path reads what the call passes.
     (qn, kn, vn2), (q2, k2, v2) = tensors(torch, rng, 300, layout)
     q.copy_(q2)
@@ -124,3 +124,35 @@ def test_other_options_take_the_full_path(rng, monkeypatch):
         pyfa.attention(q, k.float(), v.float(), device=dev)
     with pytest.raises(pyfa.InvalidArgumentError, match="layout"):
         pyfa.attention(q, k, v, layout="sbhd", device=dev)
+
+
+def test_views_and_out_repeat_too(rng, monkeypatch):
+    """Views read in place and an out view (as the transformers integration passes them) take the
+    repeat path after one full call, keyed by their strides; a view whose first element is off a
+    16-byte boundary takes the full path, which copies it."""
+    torch = pytest.importorskip("torch")
+    dev = pyfa.Device("cuda")
+    prefill._repeat.table = {}
+    L = 150
+    t = lambda *shape: torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).half().cuda()
+    q, k, v = t(B, L, H, D).transpose(1, 2), t(B, L, HKV, D + 8)[..., :D].transpose(1, 2), t(B, HKV, L, D)
+    store = torch.empty((B, L, H, D), dtype=torch.float16, device="cuda")
+    out = store.transpose(1, 2)
+    assert pyfa.attention(q, k, v, causal=True, out=out, device=dev) is out
+    assert len(prefill._repeat.table) == 1
+    q2 = t(B, L, H, D).transpose(1, 2)
+    with monkeypatch.context() as m:
+        repeat_only(m)
+        assert pyfa.attention(q2, k, v, causal=True, out=out, device=dev) is out
+    fresh = pyfa.attention(q2, k, v, causal=True, device=dev)  # no out: another key, the full path
+    want = full_path(q2.contiguous(), k.contiguous(), v, dev, causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(fresh, want)
+    # The same strides from an address 8 bytes past a boundary: copied by the full path.
+    wide = t(B, L, HKV, D + 8)
+    k_off = wide[..., 4:D + 4].transpose(1, 2)
+    assert k_off.stride() == k.stride() and k_off.data_ptr() % 16 == 8
+    got = pyfa.attention(q2, k_off, v, causal=True, out=out, device=dev)
+    want = full_path(q2.contiguous(), k_off.contiguous(), v, dev, causal=True)
+    torch.cuda.synchronize()
+    assert got is out and torch.equal(out, want)

@@ -165,7 +165,7 @@ def test_views_of_a_fused_qkv_projection(device, rng, dtype, D):
     assert_same_run(lse, whole_lse)
     ref, ref_lse = reference_varlen(*copies, cq, ck, causal=True)
     check_close(np.ascontiguousarray(out), ref, dtype)
-    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must have its last axis"):
+    with pytest.raises(pyfa.PyfaError, match="out: a non-contiguous output must start on a 16-byte boundary, with its last axis"):
         pyfa.varlen_attention(q, k, v, cq, ck, out=np.zeros((sum(K_LENS), H, D + 1), dtype)[..., :D], device=device)
 
 
