@@ -603,6 +603,16 @@ def test_strided_outputs_that_cannot_be_written_in_place_are_refused(device, rng
     assert not wide.any() and not shared.any()
 
 
+def _raw_params(q):
+    """C ABI prefill params for a contiguous [B, H, L, D] array serving as its own k, v and out."""
+    from pyfa._native import ffi
+    B, H, L, D = q.shape
+    s = [H * L * D, L * D, D]
+    return ffi.new("pyfa_flash_attn_prefill_params *", {
+        "batch": B, "num_heads": H, "num_kv_heads": H, "head_dim": D, "q_len": L, "kv_len": L, "scale": 1.0,
+        "q_strides": s, "k_strides": s, "v_strides": s, "out_strides": s})
+
+
 def test_abi_strides_rules(device):
     """The C ABI's own rules for strides (any caller): row strides in whole 16-byte pieces, and
     out's elements apart from each other."""
@@ -610,10 +620,7 @@ def test_abi_strides_rules(device):
     from pyfa._native import ffi, lib
     from pyfa.errors import check
     q = np.zeros((1, 2, 8, 64), np.float16)
-    params = ffi.new("pyfa_flash_attn_prefill_params *", {
-        "batch": 1, "num_heads": 2, "num_kv_heads": 2, "head_dim": 64, "q_len": 8, "kv_len": 8, "scale": 1.0,
-        "q_strides": [1024, 512, 64], "k_strides": [1024, 512, 64], "v_strides": [1024, 512, 64],
-        "out_strides": [1024, 512, 64]})
+    params = _raw_params(q)
     buf = _io.to_device(device, q)
     out = _io.to_device(device, np.full(q.shape, 3.0, np.float16))
     enc = device.encoder()
@@ -712,10 +719,7 @@ def test_low_level_rules(device):
     from pyfa._native import ffi, lib
     from pyfa.errors import check
     q = np.zeros((1, 1, 8, 64), np.float32)
-    params = ffi.new("pyfa_flash_attn_prefill_params *", {
-        "batch": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64, "q_len": 8, "kv_len": 8, "scale": 1.0,
-        "q_strides": [512, 512, 64], "k_strides": [512, 512, 64], "v_strides": [512, 512, 64],
-        "out_strides": [512, 512, 64]})
+    params = _raw_params(q)
     buf = _io.to_device(device, q)
     out = _io.to_device(device, np.zeros_like(q))
     blk = device.buffer((64,), np.uint8)
