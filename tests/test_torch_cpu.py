@@ -161,3 +161,20 @@ def test_tensor_rules(dev, rng):
     with pytest.raises(pyfa.InvalidArgumentError, match="v: dtype int32 not accepted"):
         c.append(torch.ones(1, 2, 64), torch.ones(1, 2, 64, dtype=torch.int32))
     assert len(c) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, pyfa.bfloat16])
+def test_attention_reads_and_writes_tensor_views_in_place(device, wrapped, rng, dtype):
+    """Transposed, sliced and broadcast torch CPU tensors reach the kernels as the tensors' own
+    memory, an out view is written where it is, and the result is the contiguous call's."""
+    _host_visible(device)
+    B, H, Hkv, L, D = 2, 4, 2, 33, 64
+    q = _tensor(rng.standard_normal((B, L, H, D)).astype(dtype)).transpose(1, 2)
+    k = _tensor(rng.standard_normal((B, L, Hkv, D + 8)).astype(dtype))[..., :D].transpose(1, 2)
+    v = _tensor(rng.standard_normal((1, Hkv, L, D)).astype(dtype)).expand(B, Hkv, L, D)
+    store = torch.zeros((B, L, H, D), dtype=TORCH[np.dtype(dtype)])
+    out = store.transpose(1, 2)
+    assert pyfa.attention(q, k, v, causal=True, out=out, device=device) is out
+    assert {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()} <= set(wrapped)
+    whole = pyfa.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, device=device)
+    assert torch.equal(store.transpose(1, 2), whole)
