@@ -238,7 +238,9 @@ def out_view(out, shape, dtype, like):
             raise invalid(f"{name}: must be a host array when the inputs are")
         if tuple(out.shape) != shape or cuda_interop.numpy_dtype(out.dtype) != dtype:
             raise invalid(f"{name}: expected shape {shape} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
-        g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)  # (detached, as describe does)
+        if out.requires_grad:
+            raise invalid(f"{name}: must be a tensor that does not require grad (pyfa writes it in place)")
+        g = cuda_interop.torch_cuda_view(out, (dtype,), view_strides)
         if g is None:
             raise invalid(f"{name}: {_OUT_VIEW_RULE}")
         if g.device_id != like.device_id:
@@ -268,6 +270,8 @@ def _result(shape, dtype, out, name, like):
         if out is None:
             a = like.empty(shape, dtype)
             return a, GpuArray(a, like.kind, like.ptr_of(a), shape, dtype, like._stream, like.device_id)
+        if getattr(out, "requires_grad", False):
+            raise invalid(f"{name}: must be a tensor that does not require grad (pyfa writes it in place)")
         g = cuda_interop.describe(out, name) if cuda_interop.is_gpu_array(out) else None
         if g is None:
             raise invalid(f"{name}: must be a GPU array when the inputs are")

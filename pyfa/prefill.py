@@ -34,7 +34,7 @@ def attention(q, k, v, *, scale=None, causal=False, q_offset=None, mask=None, wi
         Views of q, k and v (numpy arrays, torch CPU or CUDA tensors: transposed, sliced from wider
         rows, broadcast) are read where they are when they start on a 16-byte boundary, their last
         axis is contiguous and every other axis longer than 1 is a whole number of 16 bytes apart;
-        other arrays are copied first.
+        other views are copied first (contiguous arrays are used as they are).
     scale : multiplies ``q·k`` (default ``1/sqrt(D)``).
     causal : query row ``i`` (absolute position ``q_offset + i``) sees keys ``j <= q_offset + i``.
     q_offset : int, default ``kv_len - q_len`` (bottom-right alignment, as flash-attn 2.1 and later;
@@ -334,7 +334,8 @@ def _repeat_call(q, k, v, out, device, scale, causal, layout):
     entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
                        q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), _out_key(out)))
     # is_cuda: get_device() numbers other accelerators' tensors too
-    if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda) or out is not None and not out.is_cuda:
+    if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda) or out is not None and (
+            not out.is_cuda or out.requires_grad):
         return None
     addresses = [t.data_ptr() for t in (q, k, v)]
     for t, at in zip((q, k, v, out), addresses + [None]):

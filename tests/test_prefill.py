@@ -546,10 +546,31 @@ def _other_layout(rng, dims, dtype, layout, pad=0):
 STRIDED = [(np.float32, 64, "bhsd"), (np.float16, 128, "bshd"), (BF16, 80, "bhsd"), (BF16, 256, "bshd")]
 
 
+@pytest.fixture
+def run_addresses(monkeypatch):
+    """The (q, k, v, out) addresses each prefill plan run hands the library (the path of arrays the
+    device reads in place: host arrays on a host-visible device, GPU arrays on a GPU)."""
+    from pyfa import _plans
+    from pyfa._native import lib
+    seen, original = [], _plans.run
+
+    def run(device, runner, plan, enc, args, *rest, **kw):
+        if runner == lib.pyfa_prefill_run:
+            seen.append((args.q.address, args.k.address, args.v.address, args.out.address))
+        return original(device, runner, plan, enc, args, *rest, **kw)
+    monkeypatch.setattr(_plans, "run", run)
+    return seen
+
+
+def _at(a):
+    return a.__array_interface__["data"][0]
+
+
 @pytest.mark.parametrize("dtype,D,layout", STRIDED)
-def test_strided_views_are_read_and_written_in_place(device, rng, dtype, D, layout):
+def test_strided_views_are_read_and_written_in_place(device, rng, run_addresses, dtype, D, layout):
     """Strided views (transposed, sliced, broadcast) give the result of their contiguous copies,
-    bit for bit; a strided ``out`` is written where it is."""
+    bit for bit; where the device reads host memory, the run is handed the views' own memory,
+    and a strided ``out`` is written where it is."""
     B, H, Hkv, qL, kL = 2, 4, 2, 37, 70
     shape = (lambda b, h, n: (b, h, n, D)) if layout == "bhsd" else (lambda b, h, n: (b, n, h, D))
     q = _other_layout(rng, (B, H, qL, D), dtype, layout)
@@ -560,6 +581,8 @@ def test_strided_views_are_read_and_written_in_place(device, rng, dtype, D, layo
     kw = dict(causal=True, layout=layout, softcap=20.0)
     got = pyfa.attention(q, k, v, out=out, device=device, **kw)
     assert got is out
+    if device.host_visible:
+        assert run_addresses == [(_at(q), _at(k), _at(v), _at(out))]
     copies = [np.ascontiguousarray(a) for a in (q, k, v)]
     assert_same_run(out, pyfa.attention(*copies, device=device, **kw))
     check_close(np.ascontiguousarray(out), reference.attention(*copies, **kw), dtype, in_dtype(*copies, **kw))
@@ -576,13 +599,19 @@ def test_views_the_kernels_cannot_step_through_are_copied(device, rng):
     assert_same_run(pyfa.attention(q, odd, columns, device=device), pyfa.attention(q, k, v, device=device))
 
 
-def test_views_starting_off_a_16_byte_boundary_are_copied(device, rng):
+def test_views_starting_off_a_16_byte_boundary_are_copied(device, rng, run_addresses):
     q, k, v = make(rng, 1, 2, 1, 20, 30, 64, np.float16)
     wide = np.zeros((1, 1, 30, 72), np.float16)
     off = wide[..., 4:68]  # rows 144 bytes apart, the first 8 bytes past a boundary
     off[...] = k
-    assert off.__array_interface__["data"][0] % 16 == 8
-    assert_same_run(pyfa.attention(q, off, v, device=device), pyfa.attention(q, k, v, device=device))
+    aligned = np.zeros((1, 1, 30, 80), np.float16)[..., 8:72]  # the same strides from a boundary
+    aligned[...] = k
+    assert _at(off) % 16 == 8 and _at(aligned) % 16 == 0
+    got = pyfa.attention(q, off, v, device=device)
+    assert_same_run(got, pyfa.attention(q, aligned, v, device=device))
+    assert_same_run(got, pyfa.attention(q, k, v, device=device))
+    if device.host_visible:  # the first run got a copy of off, the second the aligned view itself
+        assert run_addresses[0][1] != _at(off) and run_addresses[1][1] == _at(aligned)
 
 
 def test_strided_outputs_that_cannot_be_written_in_place_are_refused(device, rng):

@@ -156,3 +156,11 @@ def test_views_and_out_repeat_too(rng, monkeypatch):
     want = full_path(q2.contiguous(), k_off.contiguous(), v, dev, causal=True)
     torch.cuda.synchronize()
     assert got is out and torch.equal(out, want)
+    # An out that requires grad matches the remembered key but is refused, as by the full path.
+    grad_out = store.clone().requires_grad_().transpose(1, 2)
+    with pytest.raises(pyfa.InvalidArgumentError, match="out: must be a tensor that does not require grad"):
+        pyfa.attention(q2, k, v, causal=True, out=grad_out, device=dev)
+    # A call that copied an input is not remembered: its plan has the copy's strides.
+    prefill._repeat.table = {}
+    pyfa.attention(q2, k_off, v, causal=True, out=out, device=dev)
+    assert not prefill._repeat.table
