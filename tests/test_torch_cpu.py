@@ -10,6 +10,8 @@ from pyfa.device import Device
 
 torch = pytest.importorskip("torch")
 
+from test_prefill import run_addresses  # noqa: E402,F401 (fixture: the addresses a prefill plan run is handed)
+
 TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, pyfa.bfloat16: torch.bfloat16}
 
 
@@ -164,19 +166,10 @@ def test_tensor_rules(dev, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, pyfa.bfloat16])
-def test_attention_reads_and_writes_tensor_views_in_place(device, monkeypatch, rng, dtype):
+def test_attention_reads_and_writes_tensor_views_in_place(device, run_addresses, rng, dtype):
     """Transposed, sliced and broadcast torch CPU tensors reach the kernels as the tensors' own
     memory, an out view is written where it is, and the result is the contiguous call's."""
     _host_visible(device)
-    from pyfa import _plans
-    from pyfa._native import lib
-    handed, original = [], _plans.run
-
-    def run(dev, runner, plan, enc, args, *rest, **kw):
-        if runner == lib.pyfa_prefill_run:
-            handed.append((args.q.address, args.k.address, args.v.address, args.out.address))
-        return original(dev, runner, plan, enc, args, *rest, **kw)
-    monkeypatch.setattr(_plans, "run", run)
     B, H, Hkv, L, D = 2, 4, 2, 33, 64
     q = _tensor(rng.standard_normal((B, L, H, D)).astype(dtype)).transpose(1, 2)
     k = _tensor(rng.standard_normal((B, L, Hkv, D + 8)).astype(dtype))[..., :D].transpose(1, 2)
@@ -184,6 +177,6 @@ def test_attention_reads_and_writes_tensor_views_in_place(device, monkeypatch, r
     store = torch.zeros((B, L, H, D), dtype=TORCH[np.dtype(dtype)])
     out = store.transpose(1, 2)
     assert pyfa.attention(q, k, v, causal=True, out=out, device=device) is out
-    assert handed == [(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())]
+    assert run_addresses == [(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())]
     whole = pyfa.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, device=device)
     assert torch.equal(store.transpose(1, 2), whole)
