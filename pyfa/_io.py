@@ -202,6 +202,16 @@ def output_rows(device: Device, shape, dtype, out, like: GpuArray | None = None)
     return a, buf, c_strides(shape), None
 
 
+def finish_rows(device: Device, a, buffer: Buffer, fill_after=None):
+    """finish, then (output_rows' fourth value) the caller's strided view filled from the
+    contiguous result ``a``; returns the array that holds the result."""
+    finish(device, a, buffer)
+    if fill_after is None:
+        return a
+    fill_after[...] = a
+    return fill_after
+
+
 _OUT_VIEW_RULE = (f"a non-contiguous output must start on a {ROW_PIECE_BYTES}-byte boundary, with its last axis "
                   f"(head_dim) contiguous and every other axis longer than 1 a non-negative multiple of "
                   f"{ROW_PIECE_BYTES} bytes apart")

@@ -225,10 +225,7 @@ def _attention(q, k, v, *, scale, causal, q_offset, mask, window, softcap, layou
     check(lib.pyfa_flash_attn_prefill(enc, params, q_buf.handle, k_buf.handle, v_buf.handle, _io.handle(mask_buf),
                                       _io.handle(blk), out_buf.handle, _io.handle(lse_buf)))
     _io.submit(enc, like)
-    _io.finish(device, result, out_buf)
-    if fill_after is not None:  # the caller's strided view, filled from the contiguous result
-        fill_after[...] = result
-        result = fill_after
+    result = _io.finish_rows(device, result, out_buf, fill_after)
     result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)
@@ -300,8 +297,12 @@ _repeat = threading.local()
 _repeat_torch = None  # torch.Tensor once a call was remembered
 
 
-def _out_key(out):
-    return None if out is None else (out.shape, out.stride(), out.dtype, out.get_device())
+def _repeat_key(device, scale, causal, layout, q, k, v, out):
+    """What a remembered call is found by: the options as given, and each tensor's shape, strides,
+    dtype and GPU (out's, or None)."""
+    return (device, scale, causal, layout, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,
+            k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
 
 
 def _remember(device, scale, causal, layout, q_arg, k_arg, v_arg, out, q, k, v, plan, args) -> None:
@@ -315,9 +316,7 @@ def _remember(device, scale, causal, layout, q_arg, k_arg, v_arg, out, q, k, v, 
         return
     if (q.ptr, k.ptr, v.ptr) != (q_arg.data_ptr(), k_arg.data_ptr(), v_arg.data_ptr()):
         return  # an input was copied
-    key = (device, scale, causal, layout, q_arg.shape, k_arg.shape, v_arg.shape, q_arg.stride(), k_arg.stride(),
-           v_arg.stride(), q_arg.dtype, k_arg.dtype, v_arg.dtype, q_arg.get_device(), k_arg.get_device(),
-           v_arg.get_device(), _out_key(out))
+    key = _repeat_key(device, scale, causal, layout, q_arg, k_arg, v_arg, out)
     if key in getattr(_repeat, "table", ()):
         return
     _plans.repeat_table(_repeat)[key] = (plan, args, q_arg.get_device())
@@ -331,20 +330,19 @@ def _repeat_call(q, k, v, out, device, scale, causal, layout):
     if table is None or type(q) is not T or type(k) is not T or type(v) is not T or out is not None and type(out) is not T:
         return None
     device = _args.device_arg(device)
-    entry = table.get((device, scale, causal, layout, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
-                       q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), _out_key(out)))
+    entry = table.get(_repeat_key(device, scale, causal, layout, q, k, v, out))
     # is_cuda: get_device() numbers other accelerators' tensors too
     if entry is None or not (q.is_cuda and k.is_cuda and v.is_cuda) or out is not None and (
             not out.is_cuda or out.requires_grad):
         return None
-    addresses = [t.data_ptr() for t in (q, k, v)]
-    for t, at in zip((q, k, v, out), addresses + [None]):
-        if t is not None and not t.is_contiguous() and (at if at is not None else t.data_ptr()) % _io.ROW_PIECE_BYTES:
-            return None  # a view off the boundary: the full path copies it (or refuses it as out)
+    tensors = (q, k, v) if out is None else (q, k, v, out)
+    addresses = [t.data_ptr() for t in tensors]
+    if any(at % _io.ROW_PIECE_BYTES and not t.is_contiguous() for t, at in zip(tensors, addresses)):
+        return None  # a view off the boundary: the full path copies it (or refuses it as out)
     plan, args, gpu = entry
     if out is None:
         out = q.new_empty(q.shape)
-    args.q.address, args.k.address, args.v.address = addresses
-    args.out.address = out.data_ptr()
+        addresses.append(out.data_ptr())
+    args.q.address, args.k.address, args.v.address, args.out.address = addresses
     _plans.run(device, lib.pyfa_prefill_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)
     return out

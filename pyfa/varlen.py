@@ -252,7 +252,6 @@ def _fields(batch, H, Hkv, D, max_q, max_k, causal, window, softcap, scale):
         "batch": batch, "num_heads": H, "num_kv_heads": Hkv, "head_dim": D, "q_len": max_q, "kv_len": max_k,
         "q_offset": 0, "window": window or 0, "scale": _args.default_scale(scale, D),
         "softcap": _args.float_arg(softcap, "softcap"), "causal": int(_args.bool_arg(causal, "causal")),
-        "q_strides": [0, D, H * D], "out_strides": [0, D, H * D],
     }
 
 
@@ -274,10 +273,7 @@ def _run(device, like, fields, inputs, call, q_arg, out, out_arg, out_dtype, ret
     enc = _io.encoder(device, like)
     check(call(enc, params, bufs, out_buf, lse_buf))
     _io.submit(enc, like)
-    _io.finish(device, result, out_buf)
-    if fill_after is not None:  # the caller's strided view, filled from the contiguous result
-        fill_after[...] = result
-        result = fill_after
+    result = _io.finish_rows(device, result, out_buf, fill_after)
     result = _io.host_result(result, q_arg, out_arg)
     if return_lse:
         _io.finish(device, lse, lse_buf)

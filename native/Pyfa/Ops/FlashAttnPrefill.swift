@@ -72,10 +72,15 @@ public enum FlashAttnPrefill {
         }
         try pieces("out_strides", p.out_strides, qAxes, out)
         // Disjoint when, axes taken from the smallest stride up (head_dim first: stride 1), each
-        // stride reaches past everything the smaller ones span.
+        // stride reaches past everything the smaller ones span. (The three axes sorted in place:
+        // this runs at every dispatch.)
         let o = p.out_strides
+        var a = (qAxes.0, o.0), b = (qAxes.1, o.1), c = (qAxes.2, o.2)
+        if a.1 > b.1 { swap(&a, &b) }
+        if b.1 > c.1 { swap(&b, &c) }
+        if a.1 > b.1 { swap(&a, &b) }
         var span = Int64(p.head_dim)
-        for (extent, stride) in [(qAxes.0, o.0), (qAxes.1, o.1), (qAxes.2, o.2)].filter({ $0.0 > 1 }).sorted(by: { $0.1 < $1.1 }) {
+        for (extent, stride) in [a, b, c] where extent > 1 {
             try require(stride >= span,
                         "out_strides: \(o) elements make rows of out share memory (with head_dim \(p.head_dim) and extents \(qAxes)); each output element needs its own")
             let (reach, overflow) = stride.multipliedReportingOverflow(by: Int64(extent))
