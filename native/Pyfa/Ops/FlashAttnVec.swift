@@ -139,7 +139,7 @@ public enum FlashAttnVec {
         try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
         try Check.noOverlap(lse, "lse", inputs: inputs, ("tmp", tmpBuffer), ("out", out))
 
-        let merge = tickets != nil && paged == nil && mergesLast(encoder.device, p, geometry)
+        let merge = tickets != nil && mergesLast(encoder.device, p, geometry)
         let ticketBuffer = merge ? try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: B * H) : nil
         let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
                                          direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,

@@ -35,11 +35,14 @@ public final class PagedDecodePlan: OpPlan {
                                                     paged: true)
         params = p
         pages = desc.pages
-        try super.init(device: device, workspaceBytes: tmp)
+        // As the dense plan: where the backend allows it, the split's last workgroup of each row
+        // merges it (one launch; tickets in the plan's memory).
+        let merge = FlashAttnVec.mergesLast(device, p, geometry)
+        try super.init(device: device, workspaceBytes: tmp, tickets: merge ? Int(p.batch) * Int(p.num_heads) : 0)
         // Compiled now, so no run compiles.
         _ = try device.registry.pipeline(FlashAttnVec.kernel, constants: FlashAttnVec.vecConstants(
             q: qDType, kv: kvDType, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
-            variant: geometry.variant, out: outDType, lse: returnLse, paged: true))
+            variant: geometry.variant, out: outDType, lse: returnLse, paged: true, merge: merge))
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, kPages: TensorRef, vPages: TensorRef, out: TensorRef,
@@ -56,7 +59,7 @@ public final class PagedDecodePlan: OpPlan {
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: nil,
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
             lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true),
-            paged: PagedKV(pages: pages, blockTable: table))
+            paged: PagedKV(pages: pages, blockTable: table), tickets: tickets)
     }
 }
 
