@@ -364,6 +364,17 @@ def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, pl
     _plans.repeat_table(_repeat)[key] = (plan, reused, host, B, capacity, gpu)
 
 
+def torch_repeat_entry(device, scale, page_layout, q, k, v, block_table, kv_len):
+    """The (plan, run arguments, host lengths, B, capacity, GPU) a torch call of these arguments
+    left on this thread's repeat path, or None (decode_attention's token-major caches reuse it)."""
+    table = getattr(_repeat, "table", None)
+    kind = _plans.repeat_length_kind(kv_len, _torch_tensor) if _torch_tensor is not None else None
+    if table is None or kind is None:
+        return None
+    return table.get((device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype,
+                      k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), block_table.get_device()))
+
+
 def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scale):
     T = _torch_tensor
     if type(k) is not T or type(v) is not T or type(block_table) is not T:

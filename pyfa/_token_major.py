@@ -1,0 +1,175 @@
+"""Dense caches in flash-attn's token-major layout, decoded where they are.
+
+``flash_attn_with_kvcache`` keeps a cache as ``[B, capacity, H_kv, D]``; passed to
+:func:`pyfa.decode_attention` as ``k_cache.transpose(1, 2)`` it has the head-major shape
+``[B, H_kv, capacity, D]`` with token-major strides. Those bytes are a paged pool in the NHD
+layout (``[num_pages, page_size, H_kv, D]``) whose pages each hold ``page_size`` consecutive
+slots of one sequence: page ``i`` of sequence ``b`` is pool page ``b * pages_per_seq + i``.
+decode_attention hands such a cache to the paged decode with that fixed block table instead of
+copying it on every call.
+
+``page_size`` is the largest power of two that divides ``capacity``, at most the paged kernels'
+largest page; the block tables are made once per (framework, GPU, batch, pages per sequence) and
+kept for the process's life (a few bytes each, never written again, so a CUDA graph that
+captured a call may use one later).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _args, cuda_interop, dtypes
+from ._native import lib
+from .errors import invalid
+
+_MAX_PAGE_SIZE = lib.PYFA_MAX_PAGE_SIZE
+_tables: dict = {}  # (kind, GPU, B, pages_per_seq) -> block table; kept for the process's life
+_tables_lock = threading.Lock()
+_head_dims: frozenset | None = None
+
+
+class Pools:
+    """What decode_attention passes to the paged decode for a token-major cache: the pools
+    ``[B * pages_per_seq, page_size, H_kv, D]`` (views of the caches' memory), the block
+    table, and q (and out) with a leading batch axis where the call was for one sequence."""
+
+    __slots__ = ("q", "k", "v", "table", "out", "single", "k_cache", "v_cache")
+
+    def __init__(self, q, k, v, table, out, single, k_cache, v_cache):
+        self.q, self.k, self.v, self.table, self.out, self.single = q, k, v, table, out, single
+        self.k_cache, self.v_cache = k_cache, v_cache  # the caller's views
+
+
+def _kind(x) -> str | None:
+    """"numpy", "torch" (CPU or CUDA) or "cupy" for the arrays this path reads, else None."""
+    t = type(x)
+    if t is np.ndarray:
+        return "numpy"
+    if t.__name__ == "Tensor" and t.__module__ == "torch":
+        return "torch"
+    if t.__module__.startswith("cupy") and t.__name__ == "ndarray":
+        return "cupy"
+    return None
+
+
+def _element_strides(x, kind: str):
+    if kind == "torch":
+        return tuple(x.stride())
+    size = x.dtype.itemsize
+    if any(s % size for s in x.strides):
+        return None
+    return tuple(s // size for s in x.strides)
+
+
+def _token_major(x, kind: str, shape) -> bool:
+    """Whether ``x`` (of head-major ``shape``, 3-D or 4-D) has the strides of a transposed
+    C-contiguous ``[(B,) capacity, H_kv, D]`` array."""
+    strides = _element_strides(x, kind)
+    if strides is None:
+        return False
+    Hkv, capacity, D = shape[-3:]
+    want = (D, Hkv * D, 1)
+    if strides[-3:] != want:
+        return False
+    return len(shape) == 3 or shape[0] == 1 or strides[0] == capacity * Hkv * D
+
+
+def _check_lengths(kv_len, batch: int, capacity: int) -> None:
+    """decode_attention's rule for host kv_len (1..capacity), worded as the library words it;
+    GPU values are checked by the paged path (dtype, size) and clamped by the kernels."""
+    if type(kv_len) is int:
+        values = [kv_len]
+    elif cuda_interop.is_gpu_array(kv_len):
+        return
+    else:
+        values = _args.index_array(kv_len, "kv_len", batch, -_args.I32_MAX, _args.I32_MAX).tolist()
+    for i, n in enumerate(values):
+        if not 1 <= n <= capacity:
+            raise invalid(f"kv_len[{i}]: {n} must be in 1...kv_capacity ({capacity})")
+
+
+def _table(kind: str, like, batch: int, pages_per_seq: int):
+    """The block table ``[batch, pages_per_seq]`` int32 (entry ``[b, i]`` = ``b * pages_per_seq
+    + i``) where the pools are: numpy for host arrays (torch CPU tensors included), else on the
+    GPU of ``like``. None where it cannot be made now (a graph is capturing torch's stream)."""
+    gpu = kind != "numpy" and not (kind == "torch" and not like.is_cuda)
+    device_id = like.get_device() if kind == "torch" and gpu else (like.device.id if gpu else -1)
+    key = (kind if gpu else "host", device_id, batch, pages_per_seq)
+    table = _tables.get(key)
+    if table is not None:
+        return table
+    n = batch * pages_per_seq
+    if not gpu:
+        table = np.arange(n, dtype=np.int32).reshape(batch, pages_per_seq)
+        table.flags.writeable = False
+    elif kind == "torch":
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        table = torch.arange(n, dtype=torch.int32, device=like.device).view(batch, pages_per_seq)
+        # Written on this stream; later calls may come on others: the one wait of a table's life.
+        torch.cuda.current_stream(like.device).synchronize()
+    else:
+        import cupy
+
+        if cupy.cuda.get_current_stream().is_capturing():
+            return None
+        with cupy.cuda.Device(device_id):
+            table = cupy.arange(n, dtype=cupy.int32).reshape(batch, pages_per_seq)
+            cupy.cuda.get_current_stream().synchronize()
+    with _tables_lock:
+        return _tables.setdefault(key, table)
+
+
+def pools(q, k_cache, v_cache, kv_len, ring_start, out):
+    """:class:`Pools` for a decode_attention call whose caches are token-major views that the
+    paged decode reads as they are, or None (the call takes the dense path, copying them).
+    Taken: q, k_cache and v_cache numpy arrays, torch tensors or cupy arrays of one kind,
+    k_cache and v_cache of one float dtype and shape ``[B, H_kv, capacity, D]`` (``[H_kv,
+    capacity, D]`` with a 2-D q) with token-major strides, ``H_kv > 1``, a head dim the kernels
+    take, ``ring_start`` 0 (a paged sequence is not a ring). Raises for a host kv_len outside
+    ``1..capacity``, as the dense path does."""
+    global _head_dims
+    kind = _kind(k_cache)
+    if kind is None or _kind(v_cache) != kind or _kind(q) != kind:
+        return None
+    if k_cache.is_contiguous() if kind == "torch" else k_cache.flags.c_contiguous:
+        return None
+    if not (type(ring_start) is int and ring_start == 0):
+        return None
+    qs, shape = tuple(q.shape), tuple(k_cache.shape)
+    if len(qs) not in (2, 3) or len(shape) != len(qs) + 1 or tuple(v_cache.shape) != shape:
+        return None
+    dtype = cuda_interop.numpy_dtype(k_cache.dtype) if kind == "torch" else k_cache.dtype
+    if k_cache.dtype != v_cache.dtype or dtype not in dtypes.FLOAT_TYPES:
+        return None
+    Hkv, capacity, D = shape[-3:]
+    B = shape[0] if len(shape) == 4 else 1
+    if Hkv < 2 or qs[-1] != D or qs[-2] % Hkv or (len(qs) == 3 and qs[0] != B):
+        return None
+    if _head_dims is None:
+        from .device import supported
+
+        _head_dims = frozenset(supported("head_dims"))
+    if D not in _head_dims or capacity < 1 or B * capacity * Hkv > 0xFFFFFFFF:
+        return None
+    if not (_token_major(k_cache, kind, shape) and _token_major(v_cache, kind, shape)):
+        return None
+    if kind != "numpy" and (k_cache.device != v_cache.device or q.device != k_cache.device):
+        return None
+    _check_lengths(kv_len, B, capacity)
+    page_size = min(capacity & -capacity, _MAX_PAGE_SIZE)
+    pages_per_seq = capacity // page_size
+    table = _table(kind, k_cache, B, pages_per_seq)
+    if table is None:
+        return None
+    single = len(qs) == 2
+    if single and out is not None and _kind(out) is None:
+        return None
+    pool_shape = (B * pages_per_seq, page_size, Hkv, D)
+    k, v = (c[None] if single else c for c in (k_cache, v_cache))
+    k, v = (c.swapaxes(1, 2).reshape(pool_shape) for c in (k, v))  # views: token-major memory is contiguous
+    return Pools(q[None] if single else q, k, v, table, out[None] if single and out is not None else out, single,
+                 k_cache, v_cache)
