@@ -5,13 +5,12 @@
 ``[B, H_kv, capacity, D]`` with token-major strides. Those bytes are a paged pool in the NHD
 layout (``[num_pages, page_size, H_kv, D]``) whose pages each hold ``page_size`` consecutive
 slots of one sequence: page ``i`` of sequence ``b`` is pool page ``b * pages_per_seq + i``.
-decode_attention hands such a cache to the paged decode with that fixed block table instead of
-copying it on every call.
+decode_attention reads such a cache in place through the paged decode with that fixed block
+table.
 
 ``page_size`` is the largest power of two that divides ``capacity``, at most the paged kernels'
-largest page; the block tables are made once per (framework, GPU, batch, pages per sequence) and
-kept for the process's life (a few bytes each, never written again, so a CUDA graph that
-captured a call may use one later).
+largest page. The block tables are prefixes of one ``arange`` per framework and GPU (``_table``),
+never written after they are made, so a CUDA graph that captured a call may read one later.
 """
 from __future__ import annotations
 
@@ -21,10 +20,11 @@ import numpy as np
 
 from . import _args, cuda_interop, dtypes
 from ._native import lib
-from .errors import invalid
+from .errors import PyfaError
 
 _MAX_PAGE_SIZE = lib.PYFA_MAX_PAGE_SIZE
-_tables: dict = {}  # (kind, GPU, B, pages_per_seq) -> block table; kept for the process's life
+_bases: dict = {}  # (framework, GPU) or ("host", -1) -> the longest int32 arange made there
+_kept: list = []  # every base made: a captured graph may read any of them
 _tables_lock = threading.Lock()
 _head_dims: frozenset | None = None
 
@@ -75,52 +75,73 @@ def _token_major(x, kind: str, shape) -> bool:
     return len(shape) == 3 or shape[0] == 1 or strides[0] == capacity * Hkv * D
 
 
-def _check_lengths(kv_len, batch: int, capacity: int) -> None:
-    """decode_attention's rule for host kv_len (1..capacity), worded as the library words it;
-    GPU values are checked by the paged path (dtype, size) and clamped by the kernels."""
+def _lengths_in_range(kv_len, batch: int, capacity: int) -> bool:
+    """Whether a host kv_len holds ``batch`` values in decode_attention's range 1..capacity (the
+    paged decode also takes 0: such calls, and malformed ones, take the dense path, which words
+    their errors). GPU values pass: the paged path checks their dtype and size, and the kernels
+    clamp them as the dense ones do."""
     if type(kv_len) is int:
-        values = [kv_len]
-    elif cuda_interop.is_gpu_array(kv_len):
-        return
-    else:
-        values = _args.index_array(kv_len, "kv_len", batch, -_args.I32_MAX, _args.I32_MAX).tolist()
-    for i, n in enumerate(values):
-        if not 1 <= n <= capacity:
-            raise invalid(f"kv_len[{i}]: {n} must be in 1...kv_capacity ({capacity})")
+        return 1 <= kv_len <= capacity
+    if cuda_interop.is_gpu_array(kv_len):
+        return True
+    try:
+        values = _args.index_array(kv_len, "kv_len", batch, -_args.I32_MAX, _args.I32_MAX)
+    except PyfaError:
+        return False
+    return bool(values.size == batch and (values >= 1).all() and (values <= capacity).all())
+
+
+def _capturing(kind: str, device) -> bool:
+    """Whether a CUDA graph is capturing the current stream of ``device`` (torch or cupy)."""
+    if kind == "torch":
+        import torch
+
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.cuda.get_current_stream().is_capturing()
 
 
 def _table(kind: str, like, batch: int, pages_per_seq: int):
     """The block table ``[batch, pages_per_seq]`` int32 (entry ``[b, i]`` = ``b * pages_per_seq
     + i``) where the pools are: numpy for host arrays (torch CPU tensors included), else on the
-    GPU of ``like``. None where it cannot be made now (a graph is capturing torch's stream)."""
-    gpu = kind != "numpy" and not (kind == "torch" and not like.is_cuda)
-    device_id = like.get_device() if kind == "torch" and gpu else (like.device.id if gpu else -1)
-    key = (kind if gpu else "host", device_id, batch, pages_per_seq)
-    table = _tables.get(key)
-    if table is not None:
-        return table
+    GPU of ``like``. Every table is a prefix of one ``arange`` per place, made by an eager call
+    and replaced by one twice as long when a longer table is asked for (the shorter ones stay
+    alive: a captured graph may read them). None where none can be made now: a graph is
+    capturing the stream of the call that would make it (that call copies the caches)."""
+    gpu = kind == "cupy" or (kind == "torch" and like.is_cuda)
+    place = (kind, like.get_device() if kind == "torch" else like.device.id) if gpu else ("host", -1)
     n = batch * pages_per_seq
-    if not gpu:
-        table = np.arange(n, dtype=np.int32).reshape(batch, pages_per_seq)
-        table.flags.writeable = False
-    elif kind == "torch":
-        import torch
-
-        if torch.cuda.is_current_stream_capturing():
+    base = _bases.get(place)
+    if base is None or len(base) < n:
+        size = max(n, 2 * len(base)) if base is not None else n
+        if not gpu:
+            base = np.arange(size, dtype=np.int32)
+            base.flags.writeable = False
+        elif _capturing(kind, place[1]):
             return None
-        table = torch.arange(n, dtype=torch.int32, device=like.device).view(batch, pages_per_seq)
-        # Written on this stream; later calls may come on others: the one wait of a table's life.
-        torch.cuda.current_stream(like.device).synchronize()
-    else:
-        import cupy
+        elif kind == "torch":
+            import torch
 
-        if cupy.cuda.get_current_stream().is_capturing():
-            return None
-        with cupy.cuda.Device(device_id):
-            table = cupy.arange(n, dtype=cupy.int32).reshape(batch, pages_per_seq)
-            cupy.cuda.get_current_stream().synchronize()
-    with _tables_lock:
-        return _tables.setdefault(key, table)
+            with torch.cuda.device(place[1]):
+                base = torch.arange(size, dtype=torch.int32, device=like.device)
+                # Written on this stream; later calls may come on others: the one wait of a base's life.
+                torch.cuda.current_stream().synchronize()
+        else:
+            import cupy
+
+            with cupy.cuda.Device(place[1]):
+                base = cupy.arange(size, dtype=cupy.int32)
+                cupy.cuda.get_current_stream().synchronize()
+        with _tables_lock:
+            _kept.append(base)
+            if len(_bases.get(place, ())) < size:
+                _bases[place] = base
+            base = _bases[place]
+    table = base[:n]
+    return table.view(batch, pages_per_seq) if kind == "torch" and gpu else table.reshape(batch, pages_per_seq)
 
 
 def pools(q, k_cache, v_cache, kv_len, ring_start, out):
@@ -129,8 +150,7 @@ def pools(q, k_cache, v_cache, kv_len, ring_start, out):
     Taken: q, k_cache and v_cache numpy arrays, torch tensors or cupy arrays of one kind,
     k_cache and v_cache of one float dtype and shape ``[B, H_kv, capacity, D]`` (``[H_kv,
     capacity, D]`` with a 2-D q) with token-major strides, ``H_kv > 1``, a head dim the kernels
-    take, ``ring_start`` 0 (a paged sequence is not a ring). Raises for a host kv_len outside
-    ``1..capacity``, as the dense path does."""
+    take, ``ring_start`` 0 (a paged sequence is not a ring), a host kv_len in ``1..capacity``."""
     global _head_dims
     kind = _kind(k_cache)
     if kind is None or _kind(v_cache) != kind or _kind(q) != kind:
@@ -159,7 +179,8 @@ def pools(q, k_cache, v_cache, kv_len, ring_start, out):
         return None
     if kind != "numpy" and (k_cache.device != v_cache.device or q.device != k_cache.device):
         return None
-    _check_lengths(kv_len, B, capacity)
+    if not _lengths_in_range(kv_len, B, capacity):
+        return None
     page_size = min(capacity & -capacity, _MAX_PAGE_SIZE)
     pages_per_seq = capacity // page_size
     table = _table(kind, k_cache, B, pages_per_seq)

@@ -184,11 +184,18 @@ def _decode_pools(pools, kv_len, scale, softcap, window, device, out, out_dtype,
         entry = paged.torch_repeat_entry(_args.device_arg(device), scale, "nhd", pools.q, pools.k, pools.v,
                                          pools.table, kv_len)
         if entry is not None:
+            plan, kept, host, B, capacity, gpu = entry
+            # A struct of its own: the paged repeat path points its kept one at its callers' tables.
+            args = ffi.new("pyfa_paged_decode_run_args *", kept[0])
+            host = ffi.new("int32_t[]", B) if host is not None else None
+            args.kv_len.host = host if host is not None else ffi.NULL
+            args.block_table.device.address = pools.table.data_ptr()
             c = pools.k_cache
-            key = (_args.device_arg(device), scale, _plans.repeat_length_kind(kv_len, _torch_tensor), c.shape,
-                   c.stride(), pools.v_cache.stride(), pools.q.shape, pools.q.dtype, c.dtype, pools.v_cache.dtype,
-                   pools.q.get_device(), c.get_device(), pools.v_cache.get_device())
-            _plans.repeat_table(_token_major_repeat)[key] = entry
+            kind = _plans.repeat_length_kind(kv_len, _torch_tensor)
+            key = (_args.device_arg(device), scale, kind, c.shape, c.stride(), pools.v_cache.stride(), pools.q.shape,
+                   pools.q.dtype, c.dtype, pools.v_cache.dtype, pools.q.get_device(), c.get_device(),
+                   pools.v_cache.get_device())
+            _plans.repeat_table(_token_major_repeat)[key] = (plan, args, host, B, capacity, gpu, pools.table)
     result, lse = res if return_lse else (res, None)
     if pools.single:
         result, lse = result[0], (None if lse is None else lse[0])
@@ -333,10 +340,10 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     return out
 
 
-# Token-major torch CUDA caches (flash-attn's layout, transposed; pyfa/_token_major.py) repeat the
-# paged decode's kept run: after a call with the defaults went through every check, the paged repeat
-# path's entry is kept here too under the cache's shape and strides, and a matching call sets the
-# four addresses (the block table is the kept one) without building the pool views.
+# Token-major torch CUDA caches (flash-attn's layout, transposed; pyfa/_token_major.py): after a call
+# with the defaults went through every check, a copy of the run struct the paged repeat path kept is
+# bound to the call's block table and kept here under the cache's shape and strides; a matching call
+# sets the four addresses and runs, without building the pool views.
 _token_major_repeat = threading.local()
 
 
@@ -365,7 +372,7 @@ def _repeat_token_major(q, k, v, kv_len, device, scale):
                        q.get_device(), k.get_device(), v.get_device()))
     if entry is None or v.shape != k.shape or not q.is_contiguous():
         return None
-    plan, args, host, B, capacity, gpu = entry
+    plan, args, host, B, capacity, gpu, _table = entry
     if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
         return None
     out = q.new_empty(q.shape)

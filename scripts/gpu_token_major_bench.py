@@ -1,7 +1,7 @@
 """Decode over caches in flash-attn's token-major layout ``[B, capacity, H_kv, D]`` (passed as
-``k.transpose(1, 2)``), public calls on torch CUDA tensors, beside what the same call cost when
-such a cache was copied per call (timed as that copy and a call on its result, which is what the
-old path ran), a head-major contiguous cache, and torch SDPA (flash) over the same token-major
+``k.transpose(1, 2)``), public calls on torch CUDA tensors, beside a call over a contiguous copy
+made per call (``.contiguous()`` and the call on it: what reading such caches costs without the
+in-place path), a head-major contiguous cache, and torch SDPA (flash) over the same token-major
 views in one process. Per call: CUDA events over a loop of calls queued without a sync (the
 GPU's time per call) and the loop's wall time per call; the median of rounds. Every sequence
 holds ``capacity`` positions, so SDPA (which takes no lengths) does the same work.
@@ -59,7 +59,7 @@ for B, L in ((1, 4096), (8, 4096), (1, 32768), (8, 32768)):
     q4 = q[:, :, None]
     cases = {
         "pyfa token-major (in place)": lambda: pyfa.decode_attention(q, k, v, L, device=dev),
-        "pyfa token-major copied per call (the old path)": lambda: pyfa.decode_attention(
+        "pyfa token-major copied per call": lambda: pyfa.decode_attention(
             q, k.contiguous(), v.contiguous(), L, device=dev),
         "pyfa head-major contiguous": lambda: pyfa.decode_attention(q, kc, vc, L, device=dev),
     }

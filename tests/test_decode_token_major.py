@@ -84,7 +84,7 @@ def test_options_and_one_sequence(device, rng, paged_runs):
 
 def test_kv_len_rules_hold(device, rng, paged_runs):
     """A host kv_len outside 1..capacity is refused as on the dense path, naming the entry; the
-    same for lists; a wrong count is refused by name."""
+    same for lists; a wrong count and a value past int32 are refused by name."""
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     k = token_major(rng, 2, 2, 32, 64, np.float32)
     for lens, entry in ((0, "kv_len[0]: 0"), (33, "kv_len[0]: 33"), ([5, 33], "kv_len[1]: 33"),
@@ -93,7 +93,9 @@ def test_kv_len_rules_hold(device, rng, paged_runs):
             pyfa.decode_attention(q, k, k, lens, device=device)
     with pytest.raises(pyfa.PyfaError, match="kv_len: expected 2 values"):
         pyfa.decode_attention(q, k, k, [3], device=device)
-    assert paged_runs["paged"] == [] and paged_runs["dense"] == 0
+    with pytest.raises(pyfa.PyfaError, match=re.escape(f"kv_len[0]: {2**40} must be in -2147483647..2147483647")):
+        pyfa.decode_attention(q, k, k, 2**40, device=device)
+    assert paged_runs["paged"] == []  # refused lengths take the dense path, whose rules word the errors
 
 
 def test_other_strided_caches_are_copied(device, rng, paged_runs):
@@ -168,6 +170,14 @@ def test_torch_cuda_token_major_cache_in_place_and_captured(paged_runs, monkeypa
     assert kc.stride() == k.stride() and kc.data_ptr() != k.data_ptr()
     assert torch.equal(pyfa.decode_attention(q, kc, v, lens, device=dev), eager)
     assert paged_runs["paged"][-1] == (kc.data_ptr(), v.data_ptr())
+    # Paged calls of the same pool shape with a table of their own (they take the paged repeat
+    # path the routed call seeded) leave the token-major calls reading their own table.
+    P = cap & -cap
+    pages = kn.view(B * cap // P, P, Hkv, D), vn.view(B * cap // P, P, Hkv, D)
+    shuffled = torch.randperm(B * cap // P, device="cuda").to(torch.int32).view(B, cap // P)
+    for _ in range(2):
+        pyfa.paged_decode_attention(q, *pages, shuffled, lens, device=dev)
+    assert torch.equal(pyfa.decode_attention(q, k, v, lens, device=dev), eager)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
