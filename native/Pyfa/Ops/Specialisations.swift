@@ -76,10 +76,10 @@ public enum KernelSpecialisations {
                                                 q: q, kv: kv, headDim: d, softcap: softcap, direct: direct,
                                                 variant: variant, out: out, lse: lse, paged: paged))
                                         }
-                                        if !direct {  // a plan's split whose last workgroup merges
+                                        for paged in flags where !direct {  // a plan's split whose last workgroup merges
                                             vec.append(try FlashAttnVec.vecConstants(
                                                 q: q, kv: kv, headDim: d, softcap: softcap, direct: false,
-                                                variant: variant, out: out, lse: lse, merge: true))
+                                                variant: variant, out: out, lse: lse, paged: paged, merge: true))
                                         }
                                     }
                                 }
@@ -178,7 +178,7 @@ public enum KernelSpecialisations {
                                                                                softcap: softcap, direct: direct,
                                                                                lse: lse, paged: paged))
                                 }
-                                for out in TurboQuant.floatTypes where !direct {  // a plan's split merged last
+                                for out in TurboQuant.floatTypes where !direct {  // a ring plan's split merged last
                                     vec.append(try FlashAttnVecTQ.vecConstants(kBits: kb, vBits: vb, headDim: d,
                                                                                softcap: softcap, direct: false,
                                                                                lse: lse, merge: true, out: out))
