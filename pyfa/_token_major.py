@@ -6,7 +6,8 @@
 layout (``[num_pages, page_size, H_kv, D]``) whose pages each hold ``page_size`` consecutive
 slots of one sequence: page ``i`` of sequence ``b`` is pool page ``b * pages_per_seq + i``.
 decode_attention reads such a cache in place through the paged decode with that fixed block
-table.
+table (:func:`pools`, :func:`decode`), and repeats a torch CUDA call as its other repeat paths do
+(:func:`repeat`).
 
 ``page_size`` is the largest power of two that divides ``capacity``, at most the paged kernels'
 largest page. The block tables are prefixes of one ``arange`` per framework and GPU (``_table``),
@@ -18,8 +19,8 @@ import threading
 
 import numpy as np
 
-from . import _args, cuda_interop, dtypes
-from ._native import lib
+from . import _args, _plans, cuda_interop, dtypes, paged
+from ._native import ffi, lib
 from .errors import PyfaError
 
 _MAX_PAGE_SIZE = lib.PYFA_MAX_PAGE_SIZE
@@ -194,3 +195,84 @@ def pools(q, k_cache, v_cache, kv_len, ring_start, out):
     k, v = (c.swapaxes(1, 2).reshape(pool_shape) for c in (k, v))  # views: token-major memory is contiguous
     return Pools(q[None] if single else q, k, v, table, out[None] if single and out is not None else out, single,
                  k_cache, v_cache)
+
+
+def decode(pools: Pools, kv_len, scale, softcap, window, device, out, out_dtype, return_lse, remember=False):
+    """decode_attention's result for a call :func:`pools` took: the paged decode over the pools.
+    ``remember``: the call used the repeat path's defaults (a torch CUDA call is then kept for
+    :func:`repeat`)."""
+    res = paged.paged_decode_attention(pools.q, pools.k, pools.v, pools.table, kv_len, page_layout="nhd", scale=scale,
+                                       softcap=softcap, window=window, device=device, out=pools.out,
+                                       out_dtype=out_dtype, return_lse=return_lse)
+    if remember and not pools.single and _torch_cuda(pools.q):
+        _remember(pools, kv_len, _args.device_arg(device), scale)
+    result, lse = res if return_lse else (res, None)
+    if pools.single:
+        result, lse = result[0], (None if lse is None else lse[0])
+    if out is not None:
+        result = out
+    return (result, lse) if return_lse else result
+
+
+# ---- the repeat path ---------------------------------------------------------------------------------
+# A decode loop over token-major torch CUDA caches calls with the same shapes and defaults every step.
+# After such a call went through every check, a copy of the run struct the paged repeat path kept is
+# bound to the call's block table and kept (per thread) under the caches' shapes and strides, the
+# device, the scale as given and how kv_len came; a matching call sets the four addresses and runs,
+# without building the pool views. (A copy: the paged repeat path points its own struct at its
+# callers' tables.)
+_repeat = threading.local()
+_torch_tensor = None
+_torch_int32 = None
+
+
+def _torch_cuda(x) -> bool:
+    global _torch_tensor, _torch_int32
+    if _torch_tensor is None:
+        if type(x).__name__ != "Tensor":
+            return False
+        import torch
+
+        _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
+    return type(x) is _torch_tensor and x.is_cuda
+
+
+def _remember(pools: Pools, kv_len, device, scale) -> None:
+    entry = paged.torch_repeat_entry(device, scale, "nhd", pools.q, pools.k, pools.v, pools.table, kv_len)
+    if entry is None:
+        return
+    plan, kept, host, B, capacity, gpu = entry
+    args = ffi.new("pyfa_paged_decode_run_args *", kept[0])
+    host = ffi.new("int32_t[]", B) if host is not None else None
+    args.kv_len.host = host if host is not None else ffi.NULL
+    args.block_table.device.address = pools.table.data_ptr()
+    q, k, v = pools.q, pools.k_cache, pools.v_cache
+    key = (device, scale, _plans.repeat_length_kind(kv_len, _torch_tensor), k.shape, k.stride(), v.stride(), q.shape,
+           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device())
+    _plans.repeat_table(_repeat)[key] = (plan, args, host, B, capacity, gpu, pools.table)
+
+
+def repeat(q, k, v, kv_len, device, scale):
+    """The result of a torch CUDA call over token-major caches matching a remembered one, or None
+    (take the full path)."""
+    table = getattr(_repeat, "table", None)
+    T = _torch_tensor
+    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
+        return None
+    kind = _plans.repeat_length_kind(kv_len, T)
+    if kind is None:
+        return None
+    device = _args.device_arg(device)
+    entry = table.get((device, scale, kind, k.shape, k.stride(), v.stride(), q.shape, q.dtype, k.dtype, v.dtype,
+                       q.get_device(), k.get_device(), v.get_device()))
+    if entry is None or v.shape != k.shape or not q.is_contiguous():
+        return None
+    plan, args, host, B, capacity, gpu, _table = entry
+    if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
+        return None
+    out = q.new_empty(q.shape)
+    args.q.address, args.k_pages.address, args.v_pages.address = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args.out.address = out.data_ptr()
+    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)),
+               args)
+    return out

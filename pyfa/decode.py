@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from . import _args, _io, _plans, _token_major, cuda_interop, dtypes, paged
+from . import _args, _io, _plans, _token_major, cuda_interop, dtypes
 from ._native import ffi, lib
 from .device import Device
 from .errors import check, invalid
@@ -74,14 +74,14 @@ def decode_attention(q, k_cache, v_cache, kv_len, *, scale=None, softcap=0.0, wi
         result = _repeat_call(q, k_cache, v_cache, kv_len, device, scale)
         if result is not None:
             return result
-        result = _repeat_token_major(q, k_cache, v_cache, kv_len, device, scale)
+        result = _token_major.repeat(q, k_cache, v_cache, kv_len, device, scale)
         if result is not None:
             return result
     pools = _token_major.pools(q, k_cache, v_cache, kv_len, ring_start, out)
     if pools is not None:
-        return _decode_pools(pools, kv_len, scale, softcap, window, device, out, out_dtype, return_lse,
-                             remember=out is None and out_dtype is None and return_lse is False and window is None
-                             and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float))
+        return _token_major.decode(pools, kv_len, scale, softcap, window, device, out, out_dtype, return_lse,
+                                   remember=out is None and out_dtype is None and return_lse is False and window is None
+                                   and type(softcap) is float and softcap == 0.0 and (scale is None or type(scale) is float))
     device = _args.device_arg(device)
     q_arg, out_arg, scale_arg = q, out, scale
     return_lse = return_lse if return_lse is False else _args.bool_arg(return_lse, "return_lse")
@@ -171,37 +171,6 @@ def _decode_planned(device, like, q, k, v, kv_len, ring_start, window, scale, so
             and ring_start == 0 and window == 0 and softcap == 0.0 and (like is None or like.kind == "torch"):
         _remember(device, q, k, v, kv_len, lens, plan, args, capacity, scale_key)
     return result, lse
-
-
-def _decode_pools(pools, kv_len, scale, softcap, window, device, out, out_dtype, return_lse, remember=False):
-    """A token-major cache (flash-attn's layout, transposed) read in place by the paged decode.
-    `remember`: the call used the repeat path's defaults (torch CUDA arrays are then kept for
-    _repeat_token_major)."""
-    res = paged.paged_decode_attention(pools.q, pools.k, pools.v, pools.table, kv_len, page_layout="nhd", scale=scale,
-                                       softcap=softcap, window=window, device=device, out=pools.out,
-                                       out_dtype=out_dtype, return_lse=return_lse)
-    if remember and not pools.single and _torch_cuda(pools.q):
-        entry = paged.torch_repeat_entry(_args.device_arg(device), scale, "nhd", pools.q, pools.k, pools.v,
-                                         pools.table, kv_len)
-        if entry is not None:
-            plan, kept, host, B, capacity, gpu = entry
-            # A struct of its own: the paged repeat path points its kept one at its callers' tables.
-            args = ffi.new("pyfa_paged_decode_run_args *", kept[0])
-            host = ffi.new("int32_t[]", B) if host is not None else None
-            args.kv_len.host = host if host is not None else ffi.NULL
-            args.block_table.device.address = pools.table.data_ptr()
-            c = pools.k_cache
-            kind = _plans.repeat_length_kind(kv_len, _torch_tensor)
-            key = (_args.device_arg(device), scale, kind, c.shape, c.stride(), pools.v_cache.stride(), pools.q.shape,
-                   pools.q.dtype, c.dtype, pools.v_cache.dtype, pools.q.get_device(), c.get_device(),
-                   pools.v_cache.get_device())
-            _plans.repeat_table(_token_major_repeat)[key] = (plan, args, host, B, capacity, gpu, pools.table)
-    result, lse = res if return_lse else (res, None)
-    if pools.single:
-        result, lse = result[0], (None if lse is None else lse[0])
-    if out is not None:
-        result = out
-    return (result, lse) if return_lse else result
 
 
 def _decode_copied(device, q, k, v, kv_len, ring_start, window, scale, softcap, out, out_dtype, return_lse):
@@ -337,49 +306,6 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)
-    return out
-
-
-# Token-major torch CUDA caches (flash-attn's layout, transposed; pyfa/_token_major.py): after a call
-# with the defaults went through every check, a copy of the run struct the paged repeat path kept is
-# bound to the call's block table and kept here under the cache's shape and strides; a matching call
-# sets the four addresses and runs, without building the pool views.
-_token_major_repeat = threading.local()
-
-
-def _torch_cuda(x) -> bool:
-    global _torch_tensor, _torch_int32
-    if _torch_tensor is None:
-        if type(x).__name__ != "Tensor":
-            return False
-        import torch
-
-        _torch_tensor, _torch_int32 = torch.Tensor, torch.int32
-    return type(x) is _torch_tensor and x.is_cuda
-
-
-def _repeat_token_major(q, k, v, kv_len, device, scale):
-    """The result of a torch CUDA call over token-major caches matching a remembered one, or None."""
-    table = getattr(_token_major_repeat, "table", None)
-    T = _torch_tensor
-    if table is None or type(q) is not T or type(k) is not T or type(v) is not T:
-        return None
-    kind = _plans.repeat_length_kind(kv_len, T)
-    if kind is None:
-        return None
-    device = _args.device_arg(device)
-    entry = table.get((device, scale, kind, k.shape, k.stride(), v.stride(), q.shape, q.dtype, k.dtype, v.dtype,
-                       q.get_device(), k.get_device(), v.get_device()))
-    if entry is None or v.shape != k.shape or not q.is_contiguous():
-        return None
-    plan, args, host, B, capacity, gpu, _table = entry
-    if not _plans.repeat_bind_lengths(args.kv_len, kv_len, kind, host, B, gpu, capacity, _torch_int32):
-        return None
-    out = q.new_empty(q.shape)
-    args.q.address, args.k_pages.address, args.v_pages.address = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    args.out.address = out.data_ptr()
-    _plans.run(device, lib.pyfa_paged_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)),
-               args)
     return out
 
 
