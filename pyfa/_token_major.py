@@ -246,10 +246,14 @@ def _remember(pools: Pools, kv_len, device, scale) -> None:
     host = ffi.new("int32_t[]", B) if host is not None else None
     args.kv_len.host = host if host is not None else ffi.NULL
     args.block_table.device.address = pools.table.data_ptr()
-    q, k, v = pools.q, pools.k_cache, pools.v_cache
-    key = (device, scale, _plans.repeat_length_kind(kv_len, _torch_tensor), k.shape, k.stride(), v.stride(), q.shape,
-           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device())
+    key = _key(device, scale, _plans.repeat_length_kind(kv_len, _torch_tensor), pools.q, pools.k_cache, pools.v_cache)
     _plans.repeat_table(_repeat)[key] = (plan, args, host, B, capacity, gpu, pools.table)
+
+
+def _key(device, scale, kind, q, k, v):
+    """What a torch call over token-major caches is kept under: the caches' shape and strides."""
+    return (device, scale, kind, k.shape, k.stride(), v.stride(), q.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+            k.get_device(), v.get_device())
 
 
 def repeat(q, k, v, kv_len, device, scale):
@@ -263,8 +267,7 @@ def repeat(q, k, v, kv_len, device, scale):
     if kind is None:
         return None
     device = _args.device_arg(device)
-    entry = table.get((device, scale, kind, k.shape, k.stride(), v.stride(), q.shape, q.dtype, k.dtype, v.dtype,
-                       q.get_device(), k.get_device(), v.get_device()))
+    entry = table.get(_key(device, scale, kind, q, k, v))
     if entry is None or v.shape != k.shape or not q.is_contiguous():
         return None
     plan, args, host, B, capacity, gpu, _table = entry

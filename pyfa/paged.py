@@ -358,10 +358,14 @@ def _remember_torch(device, scale, page_layout, q, k, v, block_table, kv_len, pl
     reused = ffi.new("pyfa_paged_decode_run_args *", args[0])
     reused.kv_len.host = host if host is not None else ffi.NULL
     reused.block_table.host = ffi.NULL  # the table is read from the device address each repeat sets
-    gpu = q.get_device()
-    key = (device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype, k.dtype, v.dtype,
-           gpu, k.get_device(), v.get_device(), block_table.get_device())
-    _plans.repeat_table(_repeat)[key] = (plan, reused, host, B, capacity, gpu)
+    key = _torch_key(device, scale, page_layout, kind, q, k, v, block_table)
+    _plans.repeat_table(_repeat)[key] = (plan, reused, host, B, capacity, q.get_device())
+
+
+def _torch_key(device, scale, page_layout, kind, q, k, v, block_table):
+    """What a torch call is kept under (kind: _plans.repeat_length_kind of its kv_len)."""
+    return (device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype, k.dtype, v.dtype,
+            q.get_device(), k.get_device(), v.get_device(), block_table.get_device())
 
 
 def torch_repeat_entry(device, scale, page_layout, q, k, v, block_table, kv_len):
@@ -371,8 +375,7 @@ def torch_repeat_entry(device, scale, page_layout, q, k, v, block_table, kv_len)
     kind = _plans.repeat_length_kind(kv_len, _torch_tensor) if _torch_tensor is not None else None
     if table is None or kind is None:
         return None
-    return table.get((device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype,
-                      k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), block_table.get_device()))
+    return table.get(_torch_key(device, scale, page_layout, kind, q, k, v, block_table))
 
 
 def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scale):
@@ -383,8 +386,7 @@ def _repeat_torch(table, q, k, v, block_table, kv_len, page_layout, device, scal
     if kind is None:
         return None
     device = _args.device_arg(device)
-    entry = table.get((device, scale, page_layout, kind, q.shape, k.shape, v.shape, block_table.shape, q.dtype,
-                       k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), block_table.get_device()))
+    entry = table.get(_torch_key(device, scale, page_layout, kind, q, k, v, block_table))
     if entry is None or block_table.dtype != _torch_int32 or not (
             q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and block_table.is_contiguous()):
         return None
