@@ -194,13 +194,15 @@ def supported(what: str) -> tuple[int, ...]:
 def counters() -> dict:
     """Process-wide counts of what calls cost beyond their kernels: device,
     pinned and host allocations, GPU synchronisations, host<->device copies,
-    GPU kernel launches (and of them, launches of clusters of blocks) and plans
-    made (a steady-state call adds only launches)."""
+    GPU kernel launches (and of them, launches of clusters of blocks), prefill
+    dispatches whose blocks' keys were split, and plans made (a steady-state
+    call adds only launches)."""
     c = ffi.new("pyfa_counters *")
     check(lib.pyfa_counters_get(c))
     return {name: int(getattr(c, name)) for name in (
         "device_allocations", "pinned_allocations", "host_allocations", "synchronizations",
-        "host_to_device_copies", "device_to_host_copies", "kernel_launches", "plans_created", "cluster_launches")}
+        "host_to_device_copies", "device_to_host_copies", "kernel_launches", "plans_created", "cluster_launches",
+        "split_launches")}
 
 
 def available_backends() -> list[str]:

@@ -269,6 +269,51 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
     return cluster_y == 2 ? 2 * ((uint64_t)x + (uint64_t)gx * ((uint64_t)z * (gy / 2) + y / 2)) + (y & 1)
                           : (uint64_t)x + (uint64_t)gx * ((uint64_t)z * gy + y);
 }
+/* Key-split prefill (flash_attn_prefill_params.h, pyfa_prefill_split), for
+ * the kernels that take it (pyfa_cuda_prefill_splits), which run one block an
+ * SM (their setmaxnreg budgets take the register file). A grid of `blocks`
+ * blocks of `key_tiles` key tiles each on `slots` SMs runs whole waves, then a
+ * last wave that may leave SMs idle; a grid of fewer blocks than SMs (few
+ * heads, or few query rows over many keys: speculative decoding's
+ * verification, a chunk's tail) leaves most of them idle. Splitting each block
+ * of the last wave over its keys in `parts` puts the idle SMs to work, at the
+ * cost of each part's own start and end and of the merge. Modelled in key
+ * tiles: whole waves, then rounds of parts, each costing its share of the
+ * tiles plus 4 tiles' worth (measured on the H200 at D 64: ~7.5 us a part for
+ * its start, its state's stores and the merge's loads), plus 2 for the last
+ * merge. Returns the parts (2 to 16, at least 4 tiles each) that model
+ * fastest where that is 5% or more below the whole blocks' time, else 0 (run
+ * whole). At D 64 4K, 16 heads on 132 SMs (352 blocks of 32 tiles) that is 0:
+ * split in 3 the last wave measured 1% faster. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_split_parts(uint64_t blocks, uint64_t slots, uint32_t key_tiles) {
+    if (slots == 0 || blocks % slots == 0) return 0;
+    const uint64_t waves = blocks / slots, rest = blocks % slots;
+    const uint64_t whole = (waves + 1) * key_tiles;
+    uint64_t best = whole;
+    int32_t parts = 0;
+    for (uint32_t s = 2; s <= 16 && key_tiles / s >= 4; s++) {
+        const uint64_t rounds = (rest * s + slots - 1) / slots;
+        const uint64_t t = waves * key_tiles + rounds * ((key_tiles + s - 1) / s + 4) + 2;
+        if (t < best) {
+            best = t;
+            parts = (int32_t)s;
+        }
+    }
+    return 20 * best <= 19 * whole ? parts : 0;
+}
+/* Whether the kernel at D in KV mode kv_mode takes a key split: the kernels
+ * with the producer warpgroup up to D = 128. At D 256 the split's code alone,
+ * not taken, made 4K non-causal calls 10% slower (H200: 419-424 against
+ * 377-380 us; D 64 and 128 level), so the kernels from D 192 on carry none. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_splits(int32_t D, int32_t kv_mode) {
+    return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D <= 128;
+}
+/* Floats of one part's state (attn_prefill_wgmma.cuh, merge_split_parts):
+ * per consumer thread its output accumulators (D / 2 floats of 2 rows) and
+ * (m, m, l, l). */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_split_state_floats(int32_t D, int32_t kv_mode) {
+    return 4 * (D / 8 + 1) * 128 * pyfa_cuda_prefill_wgmma_consumers(D, kv_mode);
+}
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_mode) {
     const int32_t bq = pyfa_cuda_prefill_wgmma_block_q(D, kv_mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(D, kv_mode);
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;

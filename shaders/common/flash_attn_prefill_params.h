@@ -135,6 +135,33 @@ typedef struct pyfa_prefill_packed {
 #define PYFA_PREFILL_ARG_PAGES 11       /**< inline pyfa_kv_pages (paged; zeros otherwise) */
 #define PYFA_PREFILL_ARG_PACKED 12      /**< inline pyfa_prefill_packed (zeros in rectangular mode) */
 
+/* ---------------------------------------------------------------------------
+ * Key-split blocks (rectangular mode; bound only where a backend's plan splits:
+ * BackendPlan.prefillSplit). A grid whose last wave would leave SMs idle runs
+ * its blocks of launch rank >= first_rank in `parts` blocks each, every one
+ * over a contiguous share of the key tiles [t_begin, t_end) (part i takes
+ * tiles t_begin + n i / parts up to t_begin + n (i + 1) / parts, n the
+ * block's tiles). Each part leaves its unnormalised state (o, the row maxima
+ * in the log2 domain, the partial sums) in SPLIT_STATES and takes a ticket in
+ * SPLIT_TICKETS; the last of a block's parts merges them and writes out and
+ * lse as the whole block would have, and takes the tickets back (so they stay
+ * zero between dispatches). The launch is then one-dimensional: blocks
+ * first_rank + parts (logical_rank - first_rank) + part, ranks as the 3-d
+ * grid's (query tile slowest, highest first, then sequence, then head).
+ *   SPLIT_TICKETS u32 [split blocks], zero before the dispatch;
+ *   SPLIT_STATES  f32 [split blocks][parts][state_floats], the backend's layout.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_prefill_split {
+    uint32_t first_rank;   /**< launch ranks below run whole */
+    uint32_t parts;        /**< >= 2: blocks a later rank's keys are split over */
+    uint32_t blocks;       /**< grid blocks in all: first_rank + parts * split blocks */
+    uint32_t state_floats; /**< floats of one part's state in SPLIT_STATES */
+} pyfa_prefill_split;
+
+#define PYFA_PREFILL_ARG_SPLIT 15         /**< inline pyfa_prefill_split */
+#define PYFA_PREFILL_ARG_SPLIT_TICKETS 16 /**< u32 [split blocks] */
+#define PYFA_PREFILL_ARG_SPLIT_STATES 17  /**< f32 [split blocks][parts][state_floats] */
+
 /* Function constants of flash_attn_prefill (flash_attn_prefill_blk reads
  * DTYPE, MASK_KIND, BLOCK_Q and BLOCK_K). Booleans are 0/1. */
 #define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v (and an additive mask) */

@@ -155,6 +155,24 @@ __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { 
  * KV head where the query heads per KV head are even). */
 struct tile_slot {
     uint32_t qtile, h, b;
+    int part = -1;              /* key-split launches: this block's part of its logical block, -1 whole */
+    uint32_t split_index = 0;   /* and that block's index among the split ones */
+    /* A key-split launch (flash_attn_prefill_params.h, pyfa_prefill_split):
+     * one-dimensional, in rank order, each split block's parts neighbours. */
+    __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, const pyfa_prefill_split &sp) {
+        uint32_t rank = blockIdx.x;
+        if (rank >= sp.first_rank) {
+            const uint32_t j = rank - sp.first_rank;
+            part = (int)(j % sp.parts);
+            split_index = j / sp.parts;
+            rank = sp.first_rank + split_index;
+        }
+        const uint32_t planes = p.num_heads * p.batch;
+        qtile = p.num_q_blocks - 1 - rank / planes;
+        const uint32_t plane = rank % planes;
+        h = plane % p.num_heads;
+        b = plane / p.num_heads;
+    }
     __device__ __forceinline__ explicit tile_slot(uint32_t num_q_blocks) {
         const uint64_t planes = (uint64_t)gridDim.y * gridDim.z;
         uint32_t cluster_y = 1;
@@ -185,9 +203,12 @@ struct block_info {
     uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
     const char *mbase;        /* nullptr: no mask in the packed modes */
     const uint8_t *blk_row;   /* nullptr */
+    int part = -1;            /* no key split in the packed modes */
+    uint32_t split_index = 0;
 
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
-                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t) {
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t,
+                                          const pyfa_prefill_split * = nullptr) {
         const tile_slot slot(p.num_q_blocks);
         qtile = slot.qtile;
         h = slot.h;
@@ -274,13 +295,20 @@ struct block_info<PYFA_PREFILL_KV_RECT> {
     uint32_t t_begin, t_end;  /* key tiles [t_begin, t_end) may hold visible keys */
     const char *mbase;        /* mask at (b, h, row i0), or nullptr */
     const uint8_t *blk_row;   /* blk bytes of this query tile, or nullptr */
+    int part;                 /* split: this block's part of its query tile's keys; -1: all of them */
+    uint32_t split_index;     /* split: the index of that query tile's block among the split ones */
 
+    /* split: the launch's key split (pyfa_prefill_split), where the kernel takes one and the
+     * dispatch bound it; nullptr otherwise. */
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
-                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t es) {
-        const tile_slot slot(p.num_q_blocks);
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t es,
+                                          const pyfa_prefill_split *split = nullptr) {
+        const tile_slot slot = split != nullptr ? tile_slot(p, *split) : tile_slot(p.num_q_blocks);
         qtile = slot.qtile;
         h = slot.h;
         b = slot.b;
+        part = slot.part;
+        split_index = slot.split_index;
         kvh = h / (p.num_heads / p.num_kv_heads);
         i0 = qtile * BQ;
         nq = p.q_len - i0 < BQ ? p.q_len - i0 : BQ;
@@ -294,6 +322,11 @@ struct block_info<PYFA_PREFILL_KV_RECT> {
             t_end = (uint32_t)((k_end + BK - 1) / BK);
         } else {
             t_begin = t_end = 0;
+        }
+        if (part >= 0) {
+            const uint32_t n = t_end - t_begin, first = t_begin;
+            t_begin = first + (uint32_t)((uint64_t)n * (uint32_t)part / split->parts);
+            t_end = first + (uint32_t)((uint64_t)n * (uint32_t)(part + 1) / split->parts);
         }
         mbase = nullptr;
         blk_row = nullptr;

@@ -305,6 +305,81 @@ __device__ __forceinline__ void load_kv_stage(const tma_rings &tma, bool is_v, i
     }
 }
 
+/* The end of a key-split block's part (flash_attn_prefill_params.h,
+ * pyfa_prefill_split): leaves this thread's o, row maxima and partial sums in
+ * the part's state, takes the block's ticket, and in the last part to finish
+ * merges every part's state into o, m and l (then stored as a whole block's)
+ * and takes the tickets back. A state is (ND + 1) x THREADS float4s, n-major
+ * so that a warp's stores and loads are whole lines: thread t's o[n] at
+ * n THREADS + t, its (m0, m1, l0, l1) at ND THREADS + t. sync: the consumer
+ * threads' barrier (the producer warpgroup has left). Returns whether this
+ * part merged (alike in every thread). */
+template <int ND, int THREADS, class Sync>
+__device__ __forceinline__ bool merge_split_parts(const pyfa_cuda_args &a, const pyfa_prefill_split &sp, int part,
+                                                  uint32_t split_index, float (&o)[ND][4], float (&m)[2],
+                                                  float (&l)[2], Sync sync) {
+    constexpr uint32_t STATE = (ND + 1) * THREADS; /* float4s: pyfa_cuda_prefill_split_state_floats / 4 */
+    float4 *states = pyfa_ptr<float4>(a, PYFA_PREFILL_ARG_SPLIT_STATES) + (size_t)split_index * sp.parts * STATE;
+    const uint32_t t = threadIdx.x;
+    float4 *mine = states + (size_t)part * STATE + t;
+#pragma unroll
+    for (int n = 0; n < ND; n++) __stcg(mine + n * THREADS, make_float4(o[n][0], o[n][1], o[n][2], o[n][3]));
+    __stcg(mine + ND * THREADS, make_float4(m[0], m[1], l[0], l[1]));
+    __threadfence(); /* the state, visible to the device before the ticket */
+    sync();
+    __shared__ uint32_t s_last;
+    if (t == 0) {
+        uint32_t *ticket = pyfa_ptr<uint32_t>(a, PYFA_PREFILL_ARG_SPLIT_TICKETS) + split_index;
+        s_last = atomicAdd(ticket, 1u) == sp.parts - 1;
+        if (s_last) atomicSub(ticket, sp.parts); /* back to zero for the next dispatch */
+    }
+    sync();
+    if (!s_last) return false; /* uniform */
+    __threadfence(); /* the other parts' states, seen after their tickets */
+    /* Row maxima over the parts; a part that saw no key has -inf and weighs 0. The sums run over
+     * the parts in their order, whichever part merges (this one's from its registers), so a
+     * call's bits do not depend on which part finished last. */
+    float mx[2] = {m[0], m[1]};
+    for (uint32_t q = 0; q < sp.parts; q++) {
+        if ((int)q == part) continue;
+        const float4 ml = __ldcg(states + (size_t)q * STATE + ND * THREADS + t);
+        mx[0] = fmaxf(mx[0], ml.x);
+        mx[1] = fmaxf(mx[1], ml.y);
+    }
+    auto weight = [&](float mq, int r) { return mq == -INFINITY ? 0.0f : exp2f(mq - mx[r]); };
+    float acc[ND][4], lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (uint32_t q = 0; q < sp.parts; q++) {
+        const bool own = (int)q == part;
+        const float4 *state = states + (size_t)q * STATE + t;
+        const float4 ml = own ? make_float4(m[0], m[1], l[0], l[1]) : __ldcg(state + ND * THREADS);
+        const float u0 = weight(ml.x, 0), u1 = weight(ml.y, 1);
+        lsum[0] = fmaf(ml.z, u0, lsum[0]);
+        lsum[1] = fmaf(ml.w, u1, lsum[1]);
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            const float4 x = own ? make_float4(o[n][0], o[n][1], o[n][2], o[n][3]) : __ldcg(state + n * THREADS);
+            acc[n][0] = fmaf(x.x, u0, acc[n][0]);
+            acc[n][1] = fmaf(x.y, u0, acc[n][1]);
+            acc[n][2] = fmaf(x.z, u1, acc[n][2]);
+            acc[n][3] = fmaf(x.w, u1, acc[n][3]);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        o[n][0] = acc[n][0];
+        o[n][1] = acc[n][1];
+        o[n][2] = acc[n][2];
+        o[n][3] = acc[n][3];
+    }
+    l[0] = lsum[0];
+    l[1] = lsum[1];
+    m[0] = mx[0];
+    m[1] = mx[1];
+    return true;
+}
+
 /* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map
  * missing, -1 where the kernel reads them as it starts (every body in one). */
 template <int DT, int D, int KV_MODE, int MAPS = -1>
@@ -328,7 +403,15 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     constexpr float SLACK = prefill_max_slack(D);
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
-    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2);
+    /* A key split (pyfa_prefill_split) where the dispatch bound one, in the kernels that take it
+     * (cuda_layout.h, pyfa_cuda_prefill_splits); elsewhere none, and no code for one. */
+    constexpr bool SPLITS = pyfa_cuda_prefill_splits(D, KV_MODE) != 0;
+    static_assert(!SPLITS || PRODUCER, "a split part's merge waits on the consumers' barrier");
+    const pyfa_prefill_split *split =
+        SPLITS && a.arg[PYFA_PREFILL_ARG_SPLIT] != 0 ? &pyfa_param<pyfa_prefill_split>(a, PYFA_PREFILL_ARG_SPLIT) : nullptr;
+    static_assert(!SPLITS || pyfa_cuda_prefill_split_state_floats(D, KV_MODE) == 4 * (ND + 1) * BLOCK_THREADS,
+                  "merge_split_parts: a part's state as the plan sizes it");
+    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2, split);
     if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
         if (!bi.live()) return; /* uniform per block, before any barrier */
     }
@@ -611,6 +694,10 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     }
     pyfa_cp_async_wait<0>();
 
+    if constexpr (SPLITS) {
+        if (bi.part >= 0 && !merge_split_parts<ND, BLOCK_THREADS>(a, *split, bi.part, bi.split_index, o, m, l, consumers_sync))
+            return; /* another part of this query tile merges */
+    }
     store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */

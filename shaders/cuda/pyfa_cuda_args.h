@@ -14,7 +14,7 @@
 #include <stdint.h>
 #endif
 
-#define PYFA_CUDA_MAX_ARGS 16
+#define PYFA_CUDA_MAX_ARGS 24
 /* Inline bytes of one dispatch: room for the largest set, TurboQuant decode's
  * params and two 8-bit codebooks (2 x 1 KB); the whole struct stays well under
  * the 4 KB kernel-parameter limit. */

@@ -557,6 +557,7 @@ typedef struct pyfa_counters {
     uint64_t kernel_launches;       /* GPU launches (CUDA) */
     uint64_t plans_created;
     uint64_t cluster_launches;      /* of the kernel launches, those of clusters of blocks (CUDA, sm_90) */
+    uint64_t split_launches;        /* prefill dispatches whose blocks' keys were split (CUDA, sm_90) */
 } pyfa_counters;
 int pyfa_counters_get(pyfa_counters *out);
 

@@ -98,6 +98,11 @@ public protocol BackendPlan {
     /// dtype and the mode only, so a blk buffer built from it (rectangular
     /// mode, the one that takes masks) matches every dispatch.
     func flashAttnPrefill(headDim: UInt32, dtype: DType, kvMode: Int32) -> PrefillGeometry
+    /// A key split of a rectangular prefill's blocks (flash_attn_prefill_params.h,
+    /// pyfa_prefill_split), or nil to run every block whole. `p` with its tile fields filled
+    /// (FlashAttnPrefill.plan) and `geometry` that tile's; `masked`: a mask is bound.
+    func prefillSplit(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                      masked: Bool) -> pyfa_prefill_split?
     /// Threads and threadgroup memory of the blk pre-pass and of merge_attention_states.
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Threads and threadgroup memory of the TurboQuant one-row-per-workgroup
@@ -130,6 +135,10 @@ extension BackendPlan {
     /// which kernels may copy in wide pieces; otherwise values read one at a
     /// time (lengths, tables, masks, scales). 1: any address.
     public func wrapAlignment(dtype: DType, data: Bool) -> Int { 1 }
+
+    /// Prefill blocks run whole unless a backend splits them.
+    public func prefillSplit(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                             masked: Bool) -> pyfa_prefill_split? { nil }
 
     /// Split decodes end with the reduce dispatch unless a backend says otherwise.
     public func lastWorkgroupMerges(nwg: UInt32) -> Bool { false }

@@ -143,9 +143,29 @@ public enum FlashAttnPrefill {
         return PYFA_MASK_ADDITIVE
     }
 
+    /// A key split as a dispatch binds it (flash_attn_prefill_params.h): the backend's split
+    /// (BackendPlan.prefillSplit), its tickets and its parts' states (a plan's).
+    struct SplitRun {
+        let split: pyfa_prefill_split
+        let tickets: Buffer
+        let states: Buffer
+
+        /// The tickets' and states' sizes of `split`.
+        static func sizes(_ split: pyfa_prefill_split) throws -> (tickets: Int, stateFloats: Int) {
+            let splitBlocks = Int(split.blocks - split.first_rank) / Int(split.parts)
+            return (splitBlocks, try checkedProduct([splitBlocks, Int(split.parts), Int(split.state_floats)], what: "split states"))
+        }
+    }
+
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_prefill_params,
                               q: Buffer?, k: Buffer?, v: Buffer?, mask: Buffer?, blk: Buffer?,
                               out: Buffer?, lse: Buffer?) throws {
+        try encode(encoder, paramsIn, q: q, k: k, v: v, mask: mask, blk: blk, out: out, lse: lse, split: nil)
+    }
+
+    static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_prefill_params,
+                       q: Buffer?, k: Buffer?, v: Buffer?, mask: Buffer?, blk: Buffer?,
+                       out: Buffer?, lse: Buffer?, split: SplitRun?) throws {
         var p = paramsIn
         try validate(p)
         let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: 0, rows: true)
@@ -200,6 +220,20 @@ public enum FlashAttnPrefill {
         // the same K and V tiles at about the same time.
         let pair = geometry.clusterHeads > 1 && (p.num_heads / p.num_kv_heads) % geometry.clusterHeads == 0
         encoder.setOpKind(.attention)
+        if let split {
+            // One-dimensional, without clusters (flash_attn_prefill_params.h, pyfa_prefill_split).
+            let (tickets, stateFloats) = try SplitRun.sizes(split.split)
+            try Check.buffer(split.tickets, "split tickets", dtypes: [.u32], elements: tickets)
+            try Check.buffer(split.states, "split states", dtypes: [.f32], elements: stateFloats)
+            pyfa_count(PYFA_COUNT_SPLIT_LAUNCH)
+            try encoder.dispatch(pipeline, args: args + [
+                .at(PYFA_PREFILL_ARG_SPLIT, .value(split.split)),
+                .at(PYFA_PREFILL_ARG_SPLIT_TICKETS, .buffer(split.tickets)),
+                .at(PYFA_PREFILL_ARG_SPLIT_STATES, .buffer(split.states)),
+            ], grid: (split.split.blocks, 1, 1), threads: (geometry.threads, 1, 1),
+               threadgroupMemory: geometry.threadgroupMemory)
+            return
+        }
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory,
                              cluster: (1, pair ? geometry.clusterHeads : 1, 1))

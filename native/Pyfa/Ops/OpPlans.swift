@@ -243,12 +243,15 @@ public final class TQDecodePlan: OpPlan {
 
 /// Prefill, prepared (pyfa_prefill_plan_desc): shapes, strides, options, the
 /// mask's kind and whether the blk tile-skip pre-pass runs are the plan's; a
-/// run binds q, k, v, the mask, out and lse. The plan's workspace holds blk.
+/// run binds q, k, v, the mask, out and lse. The plan's workspace holds blk,
+/// or where the backend splits the blocks' keys (BackendPlan.prefillSplit)
+/// their parts' states, and the plan's tickets the split's.
 public final class PrefillPlan: OpPlan {
     let params: pyfa_flash_attn_prefill_params
     let dtype: DType, outDType: DType
     let maskDType: DType?
     let useBlk: Bool, returnLse: Bool
+    let split: pyfa_prefill_split?
 
     public init(device: Device, desc: pyfa_prefill_plan_desc) throws {
         var p = desc.attn
@@ -268,12 +271,19 @@ public final class PrefillPlan: OpPlan {
         try require(desc.use_blk == 0 || maskDType != nil, "use_blk: needs a mask (blk classifies the mask's tiles)")
         useBlk = desc.use_blk == 1
         returnLse = desc.return_lse == 1
-        let (_, blkBytes) = try FlashAttnPrefill.plan(device, &p, dtype: dtype)
+        let (geometry, blkBytes) = try FlashAttnPrefill.plan(device, &p, dtype: dtype)
         if useBlk { _ = try FlashAttnPrefill.checkBlkTiles(p) }
         try FlashAttnPrefill.checkStrides(p, io: dtype, out: outDType, qAxes: (p.batch, p.num_heads, p.q_len),
                                           kvAxes: (p.batch, p.num_kv_heads, p.kv_len))
         params = p
-        try super.init(device: device, workspaceBytes: useBlk ? (blkBytes + 3) / 4 * 4 : 0)
+        split = device.backend.plan.prefillSplit(p, dtype: dtype, geometry: geometry, masked: maskDType != nil)
+        if let split {
+            let (tickets, stateFloats) = try FlashAttnPrefill.SplitRun.sizes(split)
+            try super.init(device: device, workspaceBytes: try checkedProduct([stateFloats, 4], what: "split states"),
+                           tickets: tickets)
+        } else {
+            try super.init(device: device, workspaceBytes: useBlk ? (blkBytes + 3) / 4 * 4 : 0)
+        }
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, mask: TensorRef,
@@ -299,6 +309,10 @@ public final class PrefillPlan: OpPlan {
             blk = Buffer(device: device, dtype: .u8, shape: [w.nbytes], storage: w.storage, nbytes: w.nbytes, memory: w.memory)
             try FlashAttnPrefill.encodeBlk(encoder, p, dtype: dtype, mask: mb, blk: blk)
         }
-        try FlashAttnPrefill.encode(encoder, p, q: qb, k: kb, v: vb, mask: mb, blk: blk, out: ob, lse: lb)
+        var splitRun: FlashAttnPrefill.SplitRun? = nil
+        if let split, let tickets, let states = try self.workspace(workspace, encoder) {
+            splitRun = .init(split: split, tickets: tickets, states: states)
+        }
+        try FlashAttnPrefill.encode(encoder, p, q: qb, k: kb, v: vb, mask: mb, blk: blk, out: ob, lse: lb, split: splitRun)
     }
 }

@@ -8,6 +8,7 @@ final class PrefillLayoutTests: XCTestCase {
         XCTAssertEqual(MemoryLayout<pyfa_flash_attn_prefill_params>.size, 184)
         XCTAssertEqual(MemoryLayout<pyfa_flash_attn_prefill_params>.offset(of: \.q_strides), 64)
         XCTAssertEqual(MemoryLayout<pyfa_merge_attn_params>.size, 40)
+        XCTAssertEqual(MemoryLayout<pyfa_prefill_split>.size, 16)
     }
 
     /// The plan fills the tile fields and sizes blk per mask plane.
@@ -176,5 +177,40 @@ final class PrefillLayoutTests: XCTestCase {
             }
             XCTAssertTrue(seen.allSatisfy { $0 }, "every rank taken, grid (\(gx), \(gy), \(gz))")
         }
+    }
+
+    /// pyfa_cuda_prefill_split_parts: the last wave's blocks split where parts of them fill the
+    /// idle SMs enough to pay each part's own cost (4 key tiles' worth) and the merge, by at least
+    /// 5% of the modelled time, into 2 to 16 parts of at least 4 key tiles; whole waves and grids
+    /// where it does not gain run whole. pyfa_cuda_prefill_splits: the kernels that take a split.
+    func testCudaPrefillSplitFillsIdleSMs() {
+        // 8 query rows over 4K keys, 32 heads (speculative decoding's verification): 32 blocks of
+        // 32 key tiles on 132 SMs; 4 parts each fill 128 SMs once.
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(32, 132, 32), 4)
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(8, 132, 32), 8)
+        // D 64, 2K, 4 heads: 44 blocks of 16 tiles in 3 parts (measured 28.9 -> 18.4 us on an H200).
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(44, 132, 16), 3)
+        // D 64, 4K, 16 heads: 352 blocks, the last 88 in 3 parts measured 1% faster: left whole.
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(352, 132, 32), 0)
+        // D 128, 4K and 16K: no split fills the last wave better.
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(512, 132, 32), 0)
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(2048, 132, 128), 0)
+        // Whole waves, no SMs, and parts that would hold fewer than 4 tiles.
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(264, 132, 32), 0)
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(32, 0, 32), 0)
+        XCTAssertEqual(pyfa_cuda_prefill_split_parts(32, 132, 7), 0)
+        for blocks in [1, 8, 50, 133, 300, 352, 700, 5000] as [UInt64] {
+            for tiles in [1, 8, 12, 32, 100, 1000] as [UInt32] {
+                let parts = pyfa_cuda_prefill_split_parts(blocks, 132, tiles)
+                XCTAssertTrue(parts == 0 || (parts >= 2 && parts <= 16 && tiles / UInt32(parts) >= 4),
+                              "\(blocks) blocks of \(tiles) tiles: \(parts) parts")
+            }
+        }
+        let rect = PYFA_PREFILL_KV_RECT
+        for d: Int32 in [64, 80, 96, 128] { XCTAssertEqual(pyfa_cuda_prefill_splits(d, rect), 1, "D \(d)") }
+        for d: Int32 in [192, 256, 512] { XCTAssertEqual(pyfa_cuda_prefill_splits(d, rect), 0, "D \(d)") }
+        XCTAssertEqual(pyfa_cuda_prefill_splits(128, PYFA_PREFILL_KV_VARLEN), 0)
+        XCTAssertEqual(pyfa_cuda_prefill_split_state_floats(64, rect), 4 * 9 * 384)
+        XCTAssertEqual(pyfa_cuda_prefill_split_state_floats(128, rect), 4 * 17 * 256)
     }
 }

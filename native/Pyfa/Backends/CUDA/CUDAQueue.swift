@@ -497,6 +497,54 @@ struct CUDAPlan: BackendPlan {
 
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int) { (128, 0) }
 
+    /// PYFA_CUDA_PREFILL_SPLIT: unset, the rule (prefillSplit); 0 / off never splits; an
+    /// integer from 2 to 16 splits every block of any call the split serves into that many
+    /// parts (for tests: the merge then runs everywhere).
+    static let prefillSplitKnob: Int = {
+        guard let raw = getenv("PYFA_CUDA_PREFILL_SPLIT") else { return -1 }
+        let value = String(cString: raw).lowercased()
+        if ["0", "off", "false", "no"].contains(value) { return 0 }
+        guard let n = Int(value), n >= 2, n <= 16 else { return -1 }
+        return n
+    }()
+
+    /// The key split of the kernels that take one (cuda_layout.h, pyfa_cuda_prefill_splits:
+    /// rectangular mode, f16 / bf16, D 64 to 128 on sm_90a), whose blocks run one an SM: by
+    /// pyfa_cuda_prefill_split_parts for unmasked calls whose blocks all visit as many key tiles:
+    /// without causal masking or a window, or with one query tile (every block then sees the same
+    /// keys; under causal masking with several tiles the longest start first and the short ones
+    /// fill the last wave). The split launch is one-dimensional, so its blocks run without clusters.
+    func prefillSplit(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                      masked: Bool) -> pyfa_prefill_split? {
+        let D = Int32(p.head_dim), rect = PYFA_PREFILL_KV_RECT
+        guard CUDAPlan.prefillSplitKnob != 0, !masked,
+              pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), D) != 0,
+              pyfa_cuda_prefill_splits(D, rect) != 0,
+              geometry.blockQ == UInt32(pyfa_cuda_prefill_wgmma_block_q(D, rect)) else { return nil }
+        let blocks = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
+        var first: UInt64, parts: UInt64
+        if CUDAPlan.prefillSplitKnob > 0 {
+            (first, parts) = (0, UInt64(CUDAPlan.prefillSplitKnob))
+        } else {
+            let uniform = p.num_q_blocks == 1 || (p.causal == 0 && p.window == 0)
+            guard uniform else { return nil }
+            // The key tiles a block visits (attn_prefill.cu, block_info): with one query tile, the
+            // causal bound and the window of its rows; else every tile.
+            var kBegin: Int64 = 0, kEnd = Int64(p.kv_len)
+            if p.causal != 0 { kEnd = min(kEnd, Int64(p.q_offset) + Int64(p.q_len)) }
+            if p.window > 0 { kBegin = max(0, Int64(p.q_offset) - Int64(p.window) + 1) }
+            let bk = Int64(p.block_k)
+            let tiles = kEnd > kBegin ? (kEnd + bk - 1) / bk - kBegin / bk : 0
+            parts = UInt64(pyfa_cuda_prefill_split_parts(blocks, UInt64(smCount), UInt32(clamping: tiles)))
+            guard parts > 0 else { return nil }
+            first = blocks / UInt64(smCount) * UInt64(smCount)
+        }
+        let total = first + parts * (blocks - first)
+        guard total <= UInt64(Int32.max) else { return nil }
+        return pyfa_prefill_split(first_rank: UInt32(first), parts: UInt32(parts), blocks: UInt32(total),
+                                  state_floats: UInt32(pyfa_cuda_prefill_split_state_floats(D, rect)))
+    }
+
     /// Whole warps covering a row, 32 to 128 (kv_append.cu's launch bound);
     /// the kernel strides over longer rows.
     func kvAppend(headDim: UInt32) -> UInt32 { min(128, max(32, (headDim + 31) / 32 * 32)) }
