@@ -31,7 +31,7 @@ import pytest
 
 import pyfa
 from pyfa import prefill, reference
-from test_prefill import check_close, check_lse, in_dtype, make
+from test_prefill import case_inputs, check_close, check_lse, in_dtype
 
 if "cuda" not in pyfa.available_backends():
     pytest.skip("no CUDA device here", allow_module_level=True)
@@ -60,25 +60,8 @@ CASES = [
 B = 2
 
 
-def _mask(rng, kind, q_len, kv_len, dtype):
-    keep = rng.random((q_len, kv_len)) < 0.8
-    keep[:, 0] = True
-    if kind == "bool":
-        return keep
-    return np.where(keep, 0.0, -np.inf).astype(dtype)
-
-
 def _inputs():
-    rng = np.random.default_rng(11)
-    cases = []
-    for D, dtype, H, HKV, ql, kl, layout, opts, pairs in CASES:
-        dt = pyfa.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-        q, k, v = make(rng, B, H, HKV, ql, kl, D, dt, layout)
-        opts = dict(opts)
-        if "mask" in opts:
-            opts["mask"] = _mask(rng, opts["mask"], ql, kl, dt)
-        cases.append((q, k, v, layout, opts, pairs))
-    return cases
+    return case_inputs(np.random.default_rng(11), CASES, B)
 
 
 def _call(q, k, v, layout, opts, device):

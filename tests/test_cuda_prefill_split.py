@@ -13,13 +13,15 @@ Checked here, on torch CUDA tensors (the calls that run through plans):
   test_prefill's bound of the float64 reference, over the head dims of the
   kernels that split (64 to 128), causal with a q_offset, a window, a soft
   cap, GQA, two sequences, partial query tiles, parts with no key tile
-  (5 parts of 3 tiles) and f32 out; a second call gives the same bits (the
-  tickets come back to zero);
+  (5 parts of 3 tiles) and f32 out; a second call, into an output filled
+  with NaN, gives the same bits (the tickets come back to zero, so its parts
+  merge again);
 - which calls split (``pyfa.counters()["split_launches"]``): not masked
   calls, D 192 and up, D = 512, f32;
 - the default rule, against cuda_layout.h's model written again here: few
-  query rows over a long cache, a grid of few heads, and a 16-head 4K grid
-  that it leaves whole, each within bound.
+  query rows over a long cache, a grid of few heads, a grid of a whole wave
+  and 8 more blocks (split ones after whole ones: first_rank > 0), and a
+  16-head 4K grid that it leaves whole, each within bound.
 
 Skips without a CUDA device of compute capability 9.0 (the kernels that split
 are sm_90a's) or without torch, and where the environment turns the split or
@@ -36,7 +38,7 @@ import pytest
 
 import pyfa
 from pyfa import reference
-from test_prefill import check_close, check_lse, in_dtype, make
+from test_prefill import case_inputs, check_close, check_lse, in_dtype, make
 
 if "cuda" not in pyfa.available_backends():
     pytest.skip("no CUDA device here", allow_module_level=True)
@@ -70,18 +72,7 @@ B = 2
 
 
 def _inputs():
-    rng = np.random.default_rng(17)
-    cases = []
-    for D, dtype, H, HKV, ql, kl, layout, opts, splits in CASES:
-        dt = pyfa.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-        q, k, v = make(rng, B, H, HKV, ql, kl, D, dt, layout)
-        opts = dict(opts)
-        if opts.get("mask") == "bool":
-            keep = rng.random((ql, kl)) < 0.8
-            keep[:, 0] = True
-            opts["mask"] = keep
-        cases.append((q, k, v, layout, opts, splits))
-    return cases
+    return case_inputs(np.random.default_rng(17), CASES, B)
 
 
 def _torch(a):
@@ -96,10 +87,15 @@ def _numpy(t):
     return t.view(torch.int16).numpy().view(pyfa.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-def _call(q, k, v, layout, opts, device):
-    """pyfa.attention on torch CUDA copies of the inputs; (out, lse) as numpy arrays."""
+def _call(q, k, v, layout, opts, device, nan_out=False):
+    """pyfa.attention on torch CUDA copies of the inputs; (out, lse) as numpy arrays. ``nan_out``:
+    into an output filled with NaN first, so that rows the call leaves unwritten show."""
     opts = {n: (_torch(o) if n == "mask" else o) for n, o in opts.items()}
-    out, lse = pyfa.attention(_torch(q), _torch(k), _torch(v), layout=layout, return_lse=True, device=device, **opts)
+    tq = _torch(q)
+    if nan_out:
+        dtype = torch.float32 if opts.get("out_dtype") == np.float32 else tq.dtype
+        opts["out"] = torch.full(tq.shape, float("nan"), dtype=dtype, device=tq.device)
+    out, lse = pyfa.attention(tq, _torch(k), _torch(v), layout=layout, return_lse=True, device=device, **opts)
     return _numpy(out), _numpy(lse)
 
 
@@ -115,7 +111,7 @@ for q, k, v, layout, opts, _ in t._inputs():
     before = pyfa.counters()["split_launches"]
     first = tuple(np.asarray(x) for x in t._call(q, k, v, layout, opts, dev))
     split = pyfa.counters()["split_launches"] - before
-    again = tuple(np.asarray(x) for x in t._call(q, k, v, layout, opts, dev))
+    again = tuple(np.asarray(x) for x in t._call(q, k, v, layout, opts, dev, nan_out=True))
     same = all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(first, again))
     outs.append((first, split, same))
 with open(sys.argv[1], "wb") as f:
@@ -174,6 +170,7 @@ RULE_CASES = [
     (4, 2, 2048, 2048, 64, False, 16, 3),  # 44 blocks of 192 rows
     (16, 8, 4096, 4096, 64, False, 32, 0),  # 352 blocks: the model leaves it whole
     (16, 8, 2048, 2048, 128, True, 16, 0),  # several query tiles under causal masking: never split
+    (140, 35, 8, 4096, 128, True, 32, 8),  # 140 blocks: a whole wave, then 8 blocks in 8 parts each
 ]
 
 

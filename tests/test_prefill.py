@@ -74,6 +74,23 @@ def make(rng, B, H, Hkv, qL, kL, D, dtype, layout="bhsd"):
     return arr(H, qL), arr(Hkv, kL), arr(Hkv, kL)
 
 
+def case_inputs(rng, cases, B):
+    """(q, k, v, layout, options, flag) for each case (D, dtype name, H, Hkv, q_len, kv_len, layout,
+    options, flag) of B sequences; an options' "mask" of "bool" or "additive" becomes a [q_len, kv_len]
+    mask of that kind hiding about a fifth of the keys (never key 0)."""
+    out = []
+    for D, dtype, H, Hkv, qL, kL, layout, opts, flag in cases:
+        dt = pyfa.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+        q, k, v = make(rng, B, H, Hkv, qL, kL, D, dt, layout)
+        opts = dict(opts)
+        if "mask" in opts:
+            keep = rng.random((qL, kL)) < 0.8
+            keep[:, 0] = True
+            opts["mask"] = keep if opts["mask"] == "bool" else np.where(keep, 0.0, -np.inf).astype(dt)
+        out.append((q, k, v, layout, opts, flag))
+    return out
+
+
 def check_close(out, ref, dtype, ref_dtype=None):
     """``out`` (of ``dtype``) against the float64 ``ref``: for f16 / bf16 inputs ``ref_dtype`` is the
     same attention computed in the input dtype (flash-attn's rule, the module docstring); None for f32

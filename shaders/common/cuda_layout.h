@@ -303,7 +303,7 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_split_parts(uint64_t blocks, uint64_t s
 }
 /* Whether the kernel at D in KV mode kv_mode takes a key split: the kernels
  * with the producer warpgroup up to D = 128. At D 256 the split's code alone,
- * not taken, made 4K non-causal calls 10% slower (H200: 419-424 against
+ * not taken, made 4K non-causal calls 10-12% slower (H200: 419-424 against
  * 377-380 us; D 64 and 128 level), so the kernels from D 192 on carry none. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_splits(int32_t D, int32_t kv_mode) {
     return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D <= 128;

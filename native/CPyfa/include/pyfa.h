@@ -325,7 +325,10 @@ typedef struct pyfa_tq_decode_run_args {
 /* Prefill (pyfa_flash_attn_prefill, after the blk pre-pass when use_blk):
  * attn's shapes, strides and options are the plan's (block_q / block_k 0:
  * the backend's tile); mask_dtype is -1 without a mask, PYFA_DTYPE_U8 for a
- * boolean mask or `dtype` for an additive one. The workspace holds blk. */
+ * boolean mask or `dtype` for an additive one. The workspace holds blk, or
+ * where the backend splits the blocks' keys (CUDA: flash_attn_prefill_params.h,
+ * pyfa_prefill_split) the parts' states; those parts count on tickets of the
+ * plan's own, so a run given its own workspace runs its blocks whole. */
 typedef struct pyfa_prefill_plan_desc {
     pyfa_flash_attn_prefill_params attn;
     pyfa_dtype dtype;      /* of q, k and v */

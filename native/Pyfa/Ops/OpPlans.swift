@@ -245,7 +245,8 @@ public final class TQDecodePlan: OpPlan {
 /// mask's kind and whether the blk tile-skip pre-pass runs are the plan's; a
 /// run binds q, k, v, the mask, out and lse. The plan's workspace holds blk,
 /// or where the backend splits the blocks' keys (BackendPlan.prefillSplit)
-/// their parts' states, and the plan's tickets the split's.
+/// their parts' states, and the plan's tickets the split's; a run that binds
+/// its own workspace runs its blocks whole.
 public final class PrefillPlan: OpPlan {
     let params: pyfa_flash_attn_prefill_params
     let dtype: DType, outDType: DType
@@ -309,8 +310,11 @@ public final class PrefillPlan: OpPlan {
             blk = Buffer(device: device, dtype: .u8, shape: [w.nbytes], storage: w.storage, nbytes: w.nbytes, memory: w.memory)
             try FlashAttnPrefill.encodeBlk(encoder, p, dtype: dtype, mask: mb, blk: blk)
         }
+        // The split's tickets are the plan's, so a run with its own workspace (another stream's, at
+        // the same time as this plan's other runs) runs its blocks whole: the parts of two runs
+        // would take each other's tickets.
         var splitRun: FlashAttnPrefill.SplitRun? = nil
-        if let split, let tickets, let states = try self.workspace(workspace, encoder) {
+        if let split, workspace.isAbsent, let tickets, let states = try self.workspace(workspace, encoder) {
             splitRun = .init(split: split, tickets: tickets, states: states)
         }
         try FlashAttnPrefill.encode(encoder, p, q: qb, k: kb, v: vb, mask: mb, blk: blk, out: ob, lse: lb, split: splitRun)
