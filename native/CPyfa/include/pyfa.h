@@ -256,7 +256,10 @@ int pyfa_tq_quantize_paged(pyfa_encoder *encoder, const pyfa_tq_quantize_paged_p
  *
  * Workspace: a run with workspace.address == 0 uses the plan's own. Runs on
  * different streams at the same time need a workspace each (pass one of
- * pyfa_plan_workspace_bytes). A plan's own workspace that a CUDA graph
+ * pyfa_plan_workspace_bytes). Such a run also leaves out what counts on the
+ * plan's own tickets, which one run at a time uses: a split decode ends with
+ * its reduce dispatch instead of merging in its last workgroups, and a
+ * prefill runs its blocks whole instead of split over their keys. A plan's own workspace that a CUDA graph
  * captured stays allocated after pyfa_plan_free until the process exits,
  * since the graph may replay later. */
 typedef struct pyfa_plan pyfa_plan;

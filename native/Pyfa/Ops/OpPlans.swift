@@ -133,6 +133,12 @@ public class OpPlan {
         if encoder.isCapturing { lock.withLock { captured = true } }
     }
 
+    /// The plan's tickets for a run that uses its own workspace; none for a run given a workspace.
+    /// The tickets count one run's workgroups at a time, and a caller passes a workspace to run
+    /// the plan on several streams at once (pyfa.h): such a run merges without them (a split
+    /// decode ends with its reduce dispatch, a prefill runs its blocks whole).
+    func tickets(for workspace: TensorRef) -> Buffer? { workspace.isAbsent ? tickets : nil }
+
     /// The caller's workspace when given, else the plan's own. A run that uses the plan's own
     /// memory (its workspace or tickets) notes a capture.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
@@ -192,7 +198,7 @@ public final class DecodePlan: OpPlan {
             k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets)
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace))
     }
 }
 
@@ -237,7 +243,7 @@ public final class TQDecodePlan: OpPlan {
             vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets)
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace))
     }
 }
 
@@ -310,11 +316,8 @@ public final class PrefillPlan: OpPlan {
             blk = Buffer(device: device, dtype: .u8, shape: [w.nbytes], storage: w.storage, nbytes: w.nbytes, memory: w.memory)
             try FlashAttnPrefill.encodeBlk(encoder, p, dtype: dtype, mask: mb, blk: blk)
         }
-        // The split's tickets are the plan's, so a run with its own workspace (another stream's, at
-        // the same time as this plan's other runs) runs its blocks whole: the parts of two runs
-        // would take each other's tickets.
         var splitRun: FlashAttnPrefill.SplitRun? = nil
-        if let split, workspace.isAbsent, let tickets, let states = try self.workspace(workspace, encoder) {
+        if let split, let tickets = tickets(for: workspace), let states = try self.workspace(workspace, encoder) {
             splitRun = .init(split: split, tickets: tickets, states: states)
         }
         try FlashAttnPrefill.encode(encoder, p, q: qb, k: kb, v: vb, mask: mb, blk: blk, out: ob, lse: lb, split: splitRun)

@@ -59,7 +59,7 @@ public final class PagedDecodePlan: OpPlan {
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: nil,
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
             lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true),
-            paged: PagedKV(pages: pages, blockTable: table), tickets: tickets)
+            paged: PagedKV(pages: pages, blockTable: table), tickets: tickets(for: workspace))
     }
 }
 
