@@ -140,10 +140,10 @@ public class OpPlan {
     func tickets(for workspace: TensorRef) -> Buffer? { workspace.isAbsent ? tickets : nil }
 
     /// The caller's workspace when given, else the plan's own. A run that uses the plan's own
-    /// memory (its workspace or tickets) notes a capture.
+    /// memory (its workspace, and with it its tickets: tickets(for:)) notes a capture.
     func workspace(_ t: TensorRef, _ encoder: CommandEncoder) throws -> Buffer? {
         guard workspaceBytes > 0 else { return nil }
-        if t.isAbsent || tickets != nil { noteCapture(encoder) }
+        if t.isAbsent { noteCapture(encoder) }
         if !t.isAbsent { return try bind(t, "workspace", dtype: .f32, elements: workspaceBytes / 4) }
         return ownWorkspace
     }
