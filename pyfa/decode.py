@@ -282,6 +282,31 @@ def _repeat_call(q, k, v, kv_len, device, scale):
         return None
     if type(q) is np.ndarray:
         return _repeat_host(table, q, k, v, kv_len, device, scale)
+    return _repeat_torch(table, q, q.shape, None, k, v, kv_len, device, scale)
+
+
+def decode_rows(query, k_cache, v_cache, kv_len: int, scale, device):
+    """For integrations whose decode queries come as ``[B, H, 1, D]`` (a transformers layer's at a
+    decode step, its memory ``[B, H, D]`` contiguous): what
+    ``decode_attention(query.select(2, 0), k_cache, v_cache, kv_len, scale=scale, device=device)``
+    returns, as ``[B, 1, H, D]`` (the layout the layer's output takes), when a call of the same
+    shapes, dtypes and GPUs took decode_attention's checks before on this thread (the repeat
+    path); else None, and the caller makes that call. Saves the view and the reshape of each
+    step's query and output (several microseconds of torch's host time a layer)."""
+    table = getattr(_repeat, "table", None)
+    if table is None:
+        return None
+    s = query.shape
+    if len(s) != 4 or s[2] != 1:
+        return None
+    return _repeat_torch(table, query, (s[0], s[1], s[3]), (s[0], 1, s[1], s[3]), k_cache, v_cache, kv_len, device,
+                         scale)
+
+
+def _repeat_torch(table, q, q_shape, out_shape, k, v, kv_len, device, scale):
+    """The repeat path for torch tensors: ``q`` read as a contiguous array of ``q_shape``, the
+    result a new tensor of ``out_shape`` (None: the remembered q's shape) over the same memory
+    order."""
     T = _torch_tensor
     if type(q) is not T or type(k) is not T or type(v) is not T:
         return None
@@ -292,7 +317,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
     ks = k.shape
     capacity = ks[-2]
     # the shapes _uncapped, inline on the hot path
-    key = (device, scale, kind, q.shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype, k.dtype, v.dtype,
+    key = (device, scale, kind, q_shape, ks[:-2] + ks[-1:], v.shape[:-2] + v.shape[-1:], q.dtype, k.dtype, v.dtype,
            q.get_device(), k.get_device(), v.get_device())
     entry = table.get(key)
     if entry is None or v.shape[-2] != capacity or not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
@@ -302,7 +327,7 @@ def _repeat_call(q, k, v, kv_len, device, scale):
         return None
     if capacity != caps[0]:
         _recap(args, caps, capacity)
-    out = q.new_empty(shape)
+    out = q.new_empty(shape if out_shape is None else out_shape)
     args.q.address, args.k_cache.address = q.data_ptr(), k.data_ptr()
     args.v_cache.address, args.out.address = v.data_ptr(), out.data_ptr()
     _plans.run(device, lib.pyfa_decode_run, plan, _plans.encoder(device, cuda_interop.torch_stream_handle(gpu)), args)

@@ -73,6 +73,7 @@ class Calls:
     def __init__(self, monkeypatch):
         self.decode, self.prefill, self.masked, self.windows, self.attend, self.step = 0, 0, 0, set(), 0, 0
         self.runs = 0
+        self.rows = 0  # of the decodes: those the repeat path ran from the layer's query (pyfa.decode.decode_rows)
         decode, attention, over_runs = pyfa.decode_attention, pyfa.attention, pyfa_hf._decode_over_runs
         if _hf_cache is not None:
             def counted_step(prepared, *a, _run=_hf_cache._DenseStep.run):
@@ -104,7 +105,16 @@ class Calls:
             self.runs += 1
             return over_runs(*a, **k)
 
+        def counted_rows(*a, _rows=pyfa_hf.decode_rows):
+            out = _rows(*a)
+            if out is not None:  # the repeat path ran the decode (a window never takes it)
+                self.decode += 1
+                self.rows += 1
+                self.windows.add(None)
+            return out
+
         monkeypatch.setattr(pyfa, "decode_attention", counted_decode)
+        monkeypatch.setattr(pyfa_hf, "decode_rows", counted_rows)
         monkeypatch.setattr(pyfa_hf, "_decode_over_runs", counted_runs)
         monkeypatch.setattr(pyfa, "attention", counted_attention)
 
@@ -465,6 +475,33 @@ def test_refusals(torch_device):
     module = _Module(2).train()
     with pytest.raises(NotImplementedError, match="dropout"):
         pyfa_hf.attention_forward(module, q.detach(), k, v, None, dropout=0.1)
+
+
+def test_decode_steps_take_the_repeat_path(torch_device, calls):
+    """A decode call of a shape the thread ran before goes from the layer's ``[B, H, 1, D]`` query
+    straight into ``[B, 1, H, D]`` (pyfa.decode.decode_rows, CUDA tensors), with the full call's
+    bits, also over a cache grown by a row; what the full path refuses is still refused."""
+    q, k, v = _qkv(torch_device, q_len=1, kv_len=10)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a projection's [B, 1, H, D] memory, as transformers'
+    first, _ = pyfa_hf.attention_forward(_Module(2), q, k[:, :, :9], v[:, :, :9], None, scaling=0.125)
+    assert (calls.decode, calls.rows) == (1, 0)
+    again, _ = pyfa_hf.attention_forward(_Module(2), q, k[:, :, :9].contiguous(), v[:, :, :9].contiguous(), None,
+                                         scaling=0.125)
+    grown, _ = pyfa_hf.attention_forward(_Module(2), q, k, v, None, scaling=0.125)
+    fast = 2 if torch_device.type == "cuda" else 0  # CPU tensors go to the cpu backend as numpy arrays
+    assert (calls.decode, calls.rows) == (3, fast)
+    for got in (first, again, grown):
+        assert got.shape == (2, 1, 4, 64) and got.dtype == q.dtype and got.is_contiguous()
+    assert torch.equal(again, first)
+    torch.testing.assert_close(first, _eager(q, k[:, :, :9], v[:, :, :9], None), **F32_TOL)
+    torch.testing.assert_close(grown, _eager(q, k, v, None), **F32_TOL)
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        pyfa_hf.attention_forward(_Module(2), q.clone().requires_grad_(), k, v, None, scaling=0.125)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        pyfa_hf.attention_forward(_Module(2).train(), q, k, v, None, scaling=0.125, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        pyfa_hf.attention_forward(_Module(2), q, k, v, None, scaling=0.125, s_aux=torch.zeros(2, device=q.device))
+    assert calls.rows == fast
 
 
 # --------------------------------------------------------------------------- Gemma 3, Qwen 3, gpt-oss (sinks)

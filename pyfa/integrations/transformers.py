@@ -93,6 +93,8 @@ import weakref
 import numpy as np
 
 import pyfa
+from pyfa import _args
+from pyfa.decode import decode_rows
 
 __all__ = ["register", "attention_forward", "attention_mask", "with_sinks", "PyfaCache", "NAME"]
 
@@ -593,6 +595,31 @@ def _take_pending(key, value):
     return layer
 
 
+_GRAD = []  # torch.is_grad_enabled, once torch is imported
+_CUDA = []  # pyfa's cuda device, once a CUDA call came
+
+
+def _decode_repeat(query, key, value, scaling, dropout, sliding_window, softcap, kwargs):
+    """A decode step's attention (one query row, no mask, no window, soft cap or sinks, inference)
+    on CUDA tensors whose shapes an earlier call of this thread checked: pyfa's decode repeat path
+    (:func:`pyfa.decode.decode_rows`) straight from ``query [B, H, 1, D]`` into ``[B, 1, H, D]``,
+    without the views and checks of the full path below (what they would refuse cannot reach the
+    kernels: the repeat path matches only shapes, dtypes and GPUs a full call accepted). None when
+    anything differs: the full path then takes the call."""
+    if dropout or sliding_window or softcap or (scaling is not None and type(scaling) is not float) \
+            or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
+        return None
+    if not _GRAD:
+        import torch
+
+        _GRAD.append(torch.is_grad_enabled)
+    if not query.is_cuda or _GRAD[0]() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return None
+    if not _CUDA:
+        _CUDA.append(_args.device_arg("cuda"))  # the device the full path's calls name "cuda"
+    return decode_rows(query, key, value, key.shape[2], scaling, _CUDA[0])
+
+
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                       softcap=None, **kwargs):
     """transformers attention-interface function (see the module docstring).
@@ -602,6 +629,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     or additive float; ``s_aux``: None or per-head sink logits ``[H]``. With a
     :class:`PyfaCache`, ``key``/``value`` are this step's new rows only and the cache layer
     supplies the rest. Returns ``(out [B, q_len, H, D] contiguous in query's dtype, None)``."""
+    if attention_mask is None and _PENDING.layer is None:
+        out = _decode_repeat(query, key, value, scaling, dropout, sliding_window, softcap, kwargs)
+        if out is not None:
+            return out, None
     _refuse_unsupported(module, query, key, value, dropout, kwargs)
     call = _Call(module, query, scaling, sliding_window, softcap, kwargs)
     layer = _take_pending(key, value)
