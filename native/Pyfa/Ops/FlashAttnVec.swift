@@ -87,6 +87,35 @@ public enum FlashAttnVec {
         return (maxLen, kvLen.argument, ringStart.argument)
     }
 
+    /// What a plan fixes once for all its runs (DecodePlan): the geometry, nwg included, the tmp
+    /// bytes, and the pipelines of its usual run, the decode's (merging in its last workgroups when
+    /// `merges`) and, for a split that does not merge, the reduce's. A run given it skips the
+    /// geometry and pipeline lookups, whose inputs the plan fixed (shapes, dtypes, options; the
+    /// geometry's threads, memory and variant do not depend on kv_len or kv_capacity); it still
+    /// checks every buffer and length it binds. A run that merges otherwise than `merges` (one
+    /// given its own workspace has no tickets) looks its pipelines up.
+    public struct Prepared {
+        let geometry: VecGeometry
+        let tmpBytes: Int
+        let merges: Bool
+        let pipeline: Pipeline
+        let reducePipeline: Pipeline?
+
+        /// For `p` as FlashAttnVec.plan filled it (nwg set) and `geometry` as it returned; compiles
+        /// the pipelines now, so no run compiles.
+        init(_ device: Device, _ p: pyfa_flash_attn_vec_params, geometry: VecGeometry, q: DType, kv: DType,
+             out: DType, lse: Bool) throws {
+            self.geometry = geometry
+            tmpBytes = try FlashAttnVec.tmpBytes(p)
+            merges = mergesLast(device, p, geometry)
+            pipeline = try device.registry.pipeline(kernel, constants: vecConstants(
+                q: q, kv: kv, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
+                variant: geometry.variant, out: out, lse: lse, merge: merges))
+            reducePipeline = p.nwg > 1 && !merges ? try device.registry.pipeline(
+                reduceKernel, constants: reduceConstants(headDim: p.head_dim, out: out, lse: lse)) : nil
+        }
+    }
+
     /// With `paged` k and v are the pools [num_pages, page_size, Hkv, D] (NHD)
     /// or [num_pages, Hkv, page_size, D] (HND), params.kv_capacity is taken
     /// from the pages (pages_per_seq * page_size), and ringStart must be nil
@@ -96,7 +125,7 @@ public enum FlashAttnVec {
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_params,
                               q: Buffer?, k: Buffer?, v: Buffer?, kvLen: SequenceValues?,
                               ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?,
-                              paged: PagedKV? = nil, tickets: Buffer? = nil) throws {
+                              paged: PagedKV? = nil, tickets: Buffer? = nil, prepared: Prepared? = nil) throws {
         var p = paged == nil ? paramsIn : try Paged.params(paramsIn, paged!.pages)
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
@@ -125,8 +154,8 @@ public enum FlashAttnVec {
             ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
             (maxLen, kvLenArg, ringStartArg) = try checkLengths(kvLen, ringValues, p)
         }
-        let (geometry, needTmp) = try plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen,
-                                           splitBatch: splitBatch, paged: paged != nil)
+        let (geometry, needTmp) = try prepared.map { ($0.geometry, $0.tmpBytes) }
+            ?? plan(encoder.device, &p, kvDType: k.dtype, maxKvLen: maxLen, splitBatch: splitBatch, paged: paged != nil)
         var tmpBuffer: Buffer? = nil
         if needTmp > 0 {
             tmpBuffer = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: needTmp / 4, rows: true)
@@ -139,12 +168,12 @@ public enum FlashAttnVec {
         try Check.noOverlap(tmpBuffer, "tmp", inputs: inputs)
         try Check.noOverlap(lse, "lse", inputs: inputs, ("tmp", tmpBuffer), ("out", out))
 
-        let merge = tickets != nil && mergesLast(encoder.device, p, geometry)
+        let merge = tickets != nil && (prepared?.merges ?? mergesLast(encoder.device, p, geometry))
         let ticketBuffer = merge ? try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: B * H) : nil
-        let constants = try vecConstants(q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0,
-                                         direct: p.nwg == 1, variant: geometry.variant, out: out.dtype,
-                                         lse: lse != nil, paged: paged != nil, merge: merge)
-        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        let usual = prepared.map { $0.merges == merge } ?? false
+        let pipeline = try usual ? prepared!.pipeline : encoder.device.registry.pipeline(kernel, constants: vecConstants(
+            q: q.dtype, kv: k.dtype, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
+            variant: geometry.variant, out: out.dtype, lse: lse != nil, paged: paged != nil, merge: merge))
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: .buffer(out))
         let args: [SlotArg] = [
             .at(PYFA_VEC_ARG_PARAMS, .value(p)),
@@ -170,7 +199,7 @@ public enum FlashAttnVec {
         encoder.memoryBarrier()
         let nrows = p.batch * p.num_heads  // fits 32 bits: validate
         try encodeReduce(encoder, tmp: .buffer(t), out: .buffer(out), outType: out.dtype, lse: lse, nrows: nrows,
-                         headDim: p.head_dim, nwg: p.nwg)
+                         headDim: p.head_dim, nwg: p.nwg, pipeline: usual ? prepared!.reducePipeline : nil)
     }
 
     /// out and lse concern the kernels that write out: the direct path (nwg == 1) and a split
@@ -222,12 +251,13 @@ public enum FlashAttnVec {
          .at(PYFA_REDUCE_ARG_LSE, lse.map { .buffer($0) } ?? out)]
     }
 
-    /// The reduce pass of dense and (unfused) TurboQuant decode; out of dtype outType.
+    /// The reduce pass of dense and (unfused) TurboQuant decode; out of dtype outType. `pipeline`:
+    /// the reduce's for these constants where a plan prepared it (else looked up).
     static func encodeReduce(_ encoder: CommandEncoder, tmp: KernelArg, out: KernelArg, outType: DType, lse: Buffer?,
-                             nrows: UInt32, headDim: UInt32, nwg: UInt32) throws {
+                             nrows: UInt32, headDim: UInt32, nwg: UInt32, pipeline prepared: Pipeline? = nil) throws {
         let r = pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0)
         let geometry = encoder.device.backend.plan.attnReduce(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(
+        let pipeline = try prepared ?? encoder.device.registry.pipeline(
             reduceKernel, constants: reduceConstants(headDim: headDim, out: outType, lse: lse != nil))
         encoder.setOpKind(.reduce)
         try encoder.dispatch(pipeline, args: reduceArgs(.value(r), tmp: tmp, out: out, lse: lse), grid: (nrows, 1, 1),

@@ -53,12 +53,43 @@ public enum FlashAttnVecTQ {
         return (geometry, TmpLayout(qRot: qRot, oRot: oRot, total: try checkedSum(oRot, rowBytes, what: "tmp")))
     }
 
+    /// What a plan fixes once for all its runs (TQDecodePlan), as FlashAttnVec.Prepared: the
+    /// geometry and tmp layout, the codebooks' bytes, and the pipelines of its usual run (the
+    /// decode's, merging when `merges`, and the fused tail's of a split that does not merge).
+    public struct Prepared {
+        let geometry: VecGeometry
+        let layout: TmpLayout
+        let merges: Bool
+        let pipeline: Pipeline
+        let reduceUndoPipeline: Pipeline?
+        let kCodebook: KernelArg, vCodebook: KernelArg
+
+        /// For `p` as FlashAttnVecTQ.plan filled it (nwg set) and what it returned; compiles the
+        /// pipelines now, so no run compiles.
+        init(_ device: Device, _ p: pyfa_flash_attn_vec_tq_params, geometry: VecGeometry, layout: TmpLayout,
+             out: DType, lse: Bool) throws {
+            self.geometry = geometry
+            self.layout = layout
+            let a = p.attn, direct = a.nwg == 1
+            merges = mergesLast(device, p)
+            pipeline = try device.registry.pipeline(kernel, constants: vecConstants(
+                kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0, direct: direct,
+                lse: lse, merge: merges, out: out))
+            reduceUndoPipeline = !direct && p.fused == 1 && !merges ? try device.registry.pipeline(
+                fusedReduceKernel, constants: FlashAttnVec.reduceConstants(headDim: a.head_dim, out: out, lse: lse)) : nil
+            kCodebook = try TurboQuant.codebookArg(p.k_bits)
+            vCodebook = try TurboQuant.codebookArg(p.v_bits)
+        }
+    }
+
     /// `tickets` (a plan's, u32 [batch * num_heads], zero): where mergesLast allows it, a fused
     /// split's last workgroup of each row merges and undoes it, and no tail is recorded.
+    /// `prepared`: a plan's (Prepared), for dense caches.
     public static func encode(_ encoder: CommandEncoder, _ paramsIn: pyfa_flash_attn_vec_tq_params,
                               q: Buffer?, kCodes: Buffer?, kScales: Buffer?, vCodes: Buffer?, vScales: Buffer?,
                               kvLen: SequenceValues?, ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?,
-                              lse: Buffer?, paged: PagedKV? = nil, tickets: Buffer? = nil) throws {
+                              lse: Buffer?, paged: PagedKV? = nil, tickets: Buffer? = nil,
+                              prepared: Prepared? = nil) throws {
         // With `paged`: codes [num_pages * page_size * Hkv, row_bytes] and scales
         // [num_pages * page_size * Hkv] are pools in the pages' layout, as FlashAttnVec.encode's.
         var p = paramsIn
@@ -92,7 +123,8 @@ public enum FlashAttnVecTQ {
             ringValues = try SequenceValues.check(ringStart, "ring_start", count: B)
             (maxLen, kvLenArg, ringStartArg) = try FlashAttnVec.checkLengths(kvLen, ringValues, a)
         }
-        let (geometry, layout) = try plan(encoder.device, &p, maxKvLen: maxLen, splitBatch: splitBatch)
+        let (geometry, layout) = try prepared.map { ($0.geometry, $0.layout) }
+            ?? plan(encoder.device, &p, maxKvLen: maxLen, splitBatch: splitBatch)
         let t = try Check.buffer(tmp, "tmp", dtypes: [.f32], elements: layout.total / 4, rows: true)
         try Check.sameDevice([q, kc, ks, vc, vs, kvLen.buffer, ringValues.buffer, table?.buffer, t, out, lse],
                              encoder.device)
@@ -121,12 +153,12 @@ public enum FlashAttnVecTQ {
         }
 
         let direct = p.attn.nwg == 1
-        let merge = tickets != nil && paged == nil && mergesLast(encoder.device, p)
+        let merge = tickets != nil && paged == nil && (prepared?.merges ?? mergesLast(encoder.device, p))
         let ticketBuffer = merge ? try Check.buffer(tickets, "tickets", dtypes: [.u32], elements: B * H) : nil
-        let constants = try vecConstants(kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0,
-                                         direct: direct, lse: lse != nil, paged: paged != nil, merge: merge,
-                                         out: out.dtype)
-        let pipeline = try encoder.device.registry.pipeline(kernel, constants: constants)
+        let usual = prepared.map { $0.merges == merge } ?? false
+        let pipeline = try usual ? prepared!.pipeline : encoder.device.registry.pipeline(kernel, constants: vecConstants(
+            kBits: p.k_bits, vBits: p.v_bits, headDim: a.head_dim, softcap: a.softcap > 0, direct: direct,
+            lse: lse != nil, paged: paged != nil, merge: merge, out: out.dtype))
         let pagedArgs = Paged.args(paged, tableArg: tableArg, unread: oRot)
         let args: [SlotArg] = [
             // Structs the kernels read in place first (params, pages, codebooks):
@@ -134,8 +166,8 @@ public enum FlashAttnVecTQ {
             // and per-sequence values of a large batch are uploaded instead.
             .at(PYFA_VEC_ARG_PARAMS, .value(p)),
             pagedArgs.pages,
-            .at(PYFA_TQ_VEC_ARG_K_CODEBOOK, try TurboQuant.codebookArg(p.k_bits)),
-            .at(PYFA_TQ_VEC_ARG_V_CODEBOOK, try TurboQuant.codebookArg(p.v_bits)),
+            .at(PYFA_TQ_VEC_ARG_K_CODEBOOK, try prepared?.kCodebook ?? TurboQuant.codebookArg(p.k_bits)),
+            .at(PYFA_TQ_VEC_ARG_V_CODEBOOK, try prepared?.vCodebook ?? TurboQuant.codebookArg(p.v_bits)),
             .at(PYFA_VEC_ARG_Q, qArg),
             .at(PYFA_VEC_ARG_K, .buffer(kc)),
             .at(PYFA_VEC_ARG_V, .buffer(vc)),
@@ -162,7 +194,8 @@ public enum FlashAttnVecTQ {
         // The output back from the rotated domain of V, stored once in out's dtype.
         if !direct && p.fused == 1 {
             try encodeReduceUndo(encoder, tmp: t, out: out, lse: lse, nrows: nrows, headDim: a.head_dim,
-                                 nwg: p.attn.nwg, seedLo: seedLo, seedHi: seedHi)
+                                 nwg: p.attn.nwg, seedLo: seedLo, seedHi: seedHi,
+                                 pipeline: usual ? prepared!.reduceUndoPipeline : nil)
             return
         }
         if !direct {
@@ -202,12 +235,13 @@ public enum FlashAttnVecTQ {
     }
 
     static func encodeReduceUndo(_ encoder: CommandEncoder, tmp: Buffer, out: Buffer, lse: Buffer?, nrows: UInt32,
-                                 headDim: UInt32, nwg: UInt32, seedLo: UInt32, seedHi: UInt32) throws {
+                                 headDim: UInt32, nwg: UInt32, seedLo: UInt32, seedHi: UInt32,
+                                 pipeline prepared: Pipeline? = nil) throws {
         let r = pyfa_tq_reduce_undo_params(
             reduce: pyfa_attn_reduce_params(nrows: nrows, head_dim: headDim, nwg: nwg, reserved: 0),
             seed_lo: seedLo, seed_hi: seedHi, stream: UInt32(PYFA_TQ_STREAM_V), reserved: 0)
         let g = encoder.device.backend.plan.turboquantReduceUndo(headDim: headDim, nwg: nwg)
-        let pipeline = try encoder.device.registry.pipeline(
+        let pipeline = try prepared ?? encoder.device.registry.pipeline(
             fusedReduceKernel, constants: FlashAttnVec.reduceConstants(headDim: headDim, out: out.dtype, lse: lse != nil))
         encoder.setOpKind(.reduce)
         try encoder.dispatch(pipeline, args: FlashAttnVec.reduceArgs(.value(r), tmp: .buffer(tmp), out: .buffer(out), lse: lse),

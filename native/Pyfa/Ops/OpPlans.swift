@@ -161,6 +161,7 @@ public final class DecodePlan: OpPlan {
     let params: pyfa_flash_attn_vec_params
     let qDType: DType, kvDType: DType, outDType: DType
     let returnLse: Bool
+    let prepared: FlashAttnVec.Prepared
 
     public init(device: Device, desc: pyfa_decode_plan_desc) throws {
         var p = desc.attn
@@ -175,13 +176,10 @@ public final class DecodePlan: OpPlan {
         let (geometry, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
                                                     maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
         params = p
-        let merge = FlashAttnVec.mergesLast(device, p, geometry)
-        try super.init(device: device, workspaceBytes: tmp, tickets: merge ? Int(p.batch) * Int(p.num_heads) : 0)
-        // Compiled now, so no run compiles.
-        _ = try device.registry.pipeline(FlashAttnVec.kernel, constants: FlashAttnVec.vecConstants(
-            q: qDType, kv: kvDType, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,
-            variant: device.backend.plan.flashAttnVec(p, kvDType: kvDType, maxKvLen: p.kv_capacity).variant,
-            out: outDType, lse: returnLse, merge: merge))
+        prepared = try FlashAttnVec.Prepared(device, p, geometry: geometry, q: qDType, kv: kvDType, out: outDType,
+                                             lse: returnLse)
+        try super.init(device: device, workspaceBytes: tmp,
+                       tickets: prepared.merges ? Int(p.batch) * Int(p.num_heads) : 0)
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, k: TensorRef, v: TensorRef, out: TensorRef,
@@ -198,7 +196,8 @@ public final class DecodePlan: OpPlan {
             k: bind(k, "k_cache", dtype: kvDType, elements: cache), v: bind(v, "v_cache", dtype: kvDType, elements: cache),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace),
+            prepared: prepared)
     }
 }
 
@@ -207,6 +206,7 @@ public final class TQDecodePlan: OpPlan {
     let params: pyfa_flash_attn_vec_tq_params
     let qDType: DType, outDType: DType
     let returnLse: Bool
+    let prepared: FlashAttnVecTQ.Prepared
 
     public init(device: Device, desc: pyfa_tq_decode_plan_desc) throws {
         var p = desc.tq
@@ -216,12 +216,13 @@ public final class TQDecodePlan: OpPlan {
         try require(TurboQuant.floatTypes.contains(outDType), "out_dtype: \(outDType) is not one of f32, f16, bf16")
         try require(desc.return_lse <= 1, "return_lse: \(desc.return_lse) must be 0 or 1")
         returnLse = desc.return_lse == 1
-        let (_, layout) = try FlashAttnVecTQ.plan(device, &p,
-                                                  maxKvLen: desc.max_kv_len == 0 ? p.attn.kv_capacity : desc.max_kv_len)
+        let (geometry, layout) = try FlashAttnVecTQ.plan(device, &p,
+                                                         maxKvLen: desc.max_kv_len == 0 ? p.attn.kv_capacity : desc.max_kv_len)
         params = p
-        let merge = FlashAttnVecTQ.mergesLast(device, p)
+        prepared = try FlashAttnVecTQ.Prepared(device, p, geometry: geometry, layout: layout, out: outDType,
+                                               lse: returnLse)
         try super.init(device: device, workspaceBytes: layout.total,
-                       tickets: merge ? Int(p.attn.batch) * Int(p.attn.num_heads) : 0)
+                       tickets: prepared.merges ? Int(p.attn.batch) * Int(p.attn.num_heads) : 0)
     }
 
     public func run(_ encoder: CommandEncoder, q: TensorRef, kCodes: TensorRef, kScales: TensorRef, vCodes: TensorRef,
@@ -243,7 +244,8 @@ public final class TQDecodePlan: OpPlan {
             vScales: bind(vScales, "v_scales", dtype: .f32, elements: rows, perElement: true),
             kvLen: sequence(kvLen, "kv_len", count: B), ringStart: sequence(ringStart, "ring_start", count: B),
             tmp: self.workspace(workspace, encoder), out: bind(out, "out", dtype: outDType, elements: B * H * D),
-            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace))
+            lse: bindOptional(lse, "lse", dtype: .f32, elements: B * H, perElement: true), tickets: tickets(for: workspace),
+            prepared: prepared)
     }
 }
 
