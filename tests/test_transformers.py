@@ -502,6 +502,17 @@ def test_decode_steps_take_the_repeat_path(torch_device, calls):
     with pytest.raises(NotImplementedError, match="s_aux"):
         pyfa_hf.attention_forward(_Module(2), q, k, v, None, scaling=0.125, s_aux=torch.zeros(2, device=q.device))
     assert calls.rows == fast
+    # Options the repeat path does not take go the full path, also once an entry of the shape exists.
+    for kw in (dict(softcap=5.0), dict(sliding_window=4), dict(s_aux=torch.zeros(4, device=q.device))):
+        pyfa_hf.attention_forward(_Module(2), q, k, v, None, scaling=0.125, **kw)
+    assert calls.rows == fast
+    # A cache in another dtype than the query's: the full path casts it to the query's, so an
+    # entry that a direct decode_attention call over the uncast cache left must not serve it.
+    kh, vh = k.half(), v.half()
+    pyfa.decode_attention(q.select(2, 0), kh, vh, 10, scale=0.125)
+    mixed, _ = pyfa_hf.attention_forward(_Module(2), q, kh, vh, None, scaling=0.125)
+    assert calls.rows == fast
+    torch.testing.assert_close(mixed, _eager(q, kh.float(), vh.float(), None), **F32_TOL)
 
 
 # --------------------------------------------------------------------------- Gemma 3, Qwen 3, gpt-oss (sinks)

@@ -600,8 +600,8 @@ _CUDA = []  # pyfa's cuda device, once a CUDA call came
 
 
 def _decode_repeat(query, key, value, scaling, dropout, sliding_window, softcap, kwargs):
-    """A decode step's attention (one query row, no mask, no window, soft cap or sinks, inference)
-    on CUDA tensors whose shapes an earlier call of this thread checked: pyfa's decode repeat path
+    """A decode step's attention (one query row, no mask, no window, soft cap or sinks, inference,
+    keys in the query's dtype) on CUDA tensors whose shapes an earlier call of this thread checked: pyfa's decode repeat path
     (:func:`pyfa.decode.decode_rows`) straight from ``query [B, H, 1, D]`` into ``[B, 1, H, D]``,
     without the views and checks of the full path below (what they would refuse cannot reach the
     kernels: the repeat path matches only shapes, dtypes and GPUs a full call accepted). None when
@@ -613,10 +613,16 @@ def _decode_repeat(query, key, value, scaling, dropout, sliding_window, softcap,
         import torch
 
         _GRAD.append(torch.is_grad_enabled)
-    if not query.is_cuda or _GRAD[0]() and (query.requires_grad or key.requires_grad or value.requires_grad):
+    # Keys of another dtype than the query's are cast by the full path (Call.attend): the repeat
+    # path's entries may hold such caches uncast (a user's own decode_attention call).
+    if not query.is_cuda or key.dtype is not query.dtype or value.dtype is not query.dtype \
+            or _GRAD[0]() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return None
     if not _CUDA:
-        _CUDA.append(_args.device_arg("cuda"))  # the device the full path's calls name "cuda"
+        try:
+            _CUDA.append(_args.device_arg("cuda"))  # the device the full path's calls name "cuda"
+        except pyfa.PyfaError:
+            return None  # the full path says why (or refuses the call first)
     return decode_rows(query, key, value, key.shape[2], scaling, _CUDA[0])
 
 

@@ -127,6 +127,9 @@ public enum FlashAttnVec {
                               ringStart: SequenceValues?, tmp: Buffer?, out: Buffer?, lse: Buffer?,
                               paged: PagedKV? = nil, tickets: Buffer? = nil, prepared: Prepared? = nil) throws {
         var p = paged == nil ? paramsIn : try Paged.params(paramsIn, paged!.pages)
+        if prepared != nil && paged != nil {
+            throw PyfaError.internal("encode: a plan's prepared state is for dense caches, not paged pools")
+        }
         try validate(p)
         let B = Int(p.batch), H = Int(p.num_heads), Hkv = Int(p.num_kv_heads), D = Int(p.head_dim)
         let q = try Check.buffer(q, "q", dtypes: floatTypes, elements: B * H * D, rows: true)  // bounded by validate

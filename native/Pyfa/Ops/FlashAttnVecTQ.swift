@@ -93,6 +93,9 @@ public enum FlashAttnVecTQ {
         // With `paged`: codes [num_pages * page_size * Hkv, row_bytes] and scales
         // [num_pages * page_size * Hkv] are pools in the pages' layout, as FlashAttnVec.encode's.
         var p = paramsIn
+        if prepared != nil && paged != nil {
+            throw PyfaError.internal("encode: a plan's prepared state is for dense caches, not paged pools")
+        }
         if let paged { p.attn = try Paged.params(p.attn, paged.pages) }
         try validate(p)
         let a = p.attn
