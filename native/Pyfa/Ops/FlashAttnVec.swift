@@ -101,12 +101,12 @@ public enum FlashAttnVec {
         let pipeline: Pipeline
         let reducePipeline: Pipeline?
 
-        /// For `p` as FlashAttnVec.plan filled it (nwg set) and `geometry` as it returned; compiles
-        /// the pipelines now, so no run compiles.
-        init(_ device: Device, _ p: pyfa_flash_attn_vec_params, geometry: VecGeometry, q: DType, kv: DType,
-             out: DType, lse: Bool) throws {
+        /// For `p` as FlashAttnVec.plan filled it (nwg set) and the geometry and tmp bytes it
+        /// returned; compiles the pipelines now, so no run compiles.
+        init(_ device: Device, _ p: pyfa_flash_attn_vec_params, geometry: VecGeometry, tmpBytes: Int, q: DType,
+             kv: DType, out: DType, lse: Bool) throws {
             self.geometry = geometry
-            tmpBytes = try FlashAttnVec.tmpBytes(p)
+            self.tmpBytes = tmpBytes
             merges = mergesLast(device, p, geometry)
             pipeline = try device.registry.pipeline(kernel, constants: vecConstants(
                 q: q, kv: kv, headDim: p.head_dim, softcap: p.softcap > 0, direct: p.nwg == 1,

@@ -176,8 +176,8 @@ public final class DecodePlan: OpPlan {
         let (geometry, tmp) = try FlashAttnVec.plan(device, &p, kvDType: kvDType,
                                                     maxKvLen: desc.max_kv_len == 0 ? p.kv_capacity : desc.max_kv_len)
         params = p
-        prepared = try FlashAttnVec.Prepared(device, p, geometry: geometry, q: qDType, kv: kvDType, out: outDType,
-                                             lse: returnLse)
+        prepared = try FlashAttnVec.Prepared(device, p, geometry: geometry, tmpBytes: tmp, q: qDType, kv: kvDType,
+                                             out: outDType, lse: returnLse)
         try super.init(device: device, workspaceBytes: tmp,
                        tickets: prepared.merges ? Int(p.batch) * Int(p.num_heads) : 0)
     }

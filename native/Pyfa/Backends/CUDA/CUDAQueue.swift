@@ -501,11 +501,10 @@ struct CUDAPlan: BackendPlan {
     /// integer from 2 to 16 splits every block of any call the split serves into that many
     /// parts (for tests: the merge then runs everywhere).
     static let prefillSplitKnob: Int = {
-        guard let raw = getenv("PYFA_CUDA_PREFILL_SPLIT") else { return -1 }
-        let value = String(cString: raw).lowercased()
-        if ["0", "off", "false", "no"].contains(value) { return 0 }
-        guard let n = Int(value), n >= 2, n <= 16 else { return -1 }
-        return n
+        let name = "PYFA_CUDA_PREFILL_SPLIT"
+        if !envFlag(name, true) { return 0 }
+        let n = envInt(name, 0)
+        return (2...16).contains(n) ? n : -1
     }()
 
     /// The key split of the kernels that take one (cuda_layout.h, pyfa_cuda_prefill_splits:
