@@ -83,7 +83,9 @@ static void *worker_main(void *arg) {
         while (job_generation == seen) pthread_cond_wait(&work_ready, &state_lock);
         seen = job_generation;
         job *j = current_job;
-        if (j == NULL) continue; /* closed before this worker woke: its caller did the work */
+        /* Closed before this worker woke, or every threadgroup already taken: nothing to do,
+         * and joining would only make the caller wait for this worker. */
+        if (j == NULL || atomic_load_explicit(&j->next, memory_order_relaxed) >= j->items) continue;
         j->joined++;
         pthread_mutex_unlock(&state_lock);
         /* A worker that cannot get scratch memory leaves the groups to others. */
