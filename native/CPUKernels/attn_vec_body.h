@@ -41,7 +41,7 @@
 
 /* Eight chains of adds in flight (dot4_f32, accumulate_rows' wide chunks) where the registers
  * hold them: AVX2's sixteen 256-bit registers. In the baseline build a vf8 takes two 128-bit
- * registers, and the wide forms spilled (11-14% more instructions under callgrind). */
+ * registers, and the wide forms took 11-14% more instructions under callgrind. */
 #if defined(PYFA_CPU_AVX2)
 #define VEC_WIDE_CHAINS 1
 #else
