@@ -3,7 +3,7 @@
     PYFA_NUM_THREADS=1 python3 scripts/cpu_decode_threads.py
     PYFA_NUM_THREADS=2 python3 scripts/cpu_decode_threads.py
         the median of 400 calls over 512 to 8K keys (1/1 heads at D = 64 in f32, 8/2 at D = 128
-        in f16 and 1/1 at D = 128 in f16), for comparing thread counts (the pool reads
+        in f16 and 1/1 at D = 128 in f16; one array is both K and V), for comparing thread counts (the pool reads
         PYFA_NUM_THREADS once, so run once per count): where two threads take longer than one,
         the plan's split of the keys over workgroups costs more than it saves on this machine;
     PYFA_NUM_THREADS=1 python3 scripts/cpu_decode_threads.py --in-cache

@@ -2,7 +2,7 @@
 
 For each shape (B = 1, one query row per head, K and V in f16, q in f32): the median wall time of
 pyfa's public call (``pyfa.decode_attention`` on numpy arrays, device "cpu") and of ggml's
-``ggml_flash_attn_ext`` graph computed on a persistent ggml threadpool (the harness
+``ggml_flash_attn_ext`` graph computed on ggml's threads (the harness
 ``ggml_decode``, built by ``run.sh``), each with the same thread count, in rounds that take turns
 (a shared machine's speed drifts between them): the median of the rounds' medians, and the
 range; and each output's largest error against the float64 reference. ggml's time is its C

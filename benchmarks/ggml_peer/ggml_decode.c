@@ -1,7 +1,10 @@
 /* One decode step of attention through ggml's CPU backend (llama.cpp's kernels):
  * ggml_flash_attn_ext over a K/V cache in f16 with a query row per head, as
- * llama.cpp builds a layer's attention (no mask, f32 precision), timed as
- * ggml_graph_compute on a persistent ggml threadpool. Inputs come from the
+ * llama.cpp builds a layer's attention, without its mask (llama.cpp passes
+ * one) and with the precision it sets (GGML_PREC_F32, which the CPU kernel
+ * does not read: V is summed in f16), timed as ggml_graph_compute on ggml's
+ * threads (an OpenMP team where ggml was built with OpenMP, the default; a
+ * ggml threadpool otherwise). Inputs come from the
  * files the driver wrote (benchmarks/ggml_peer/compare.py), so pyfa and ggml
  * read the same numbers; the output is written back for the driver to check.
  *
