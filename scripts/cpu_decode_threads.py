@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyfa  # noqa: E402
 
 
-def median_us(fn, n, warm=20):
+def call_times(fn, n, warm):
+    """Seconds of each of n calls of fn after `warm` untimed ones."""
     for _ in range(warm):
         fn()
     times = []
@@ -31,18 +32,7 @@ def median_us(fn, n, warm=20):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
-def fastest_us(fn, n, warm=5):
-    for _ in range(warm):
-        fn()
-    best = float("inf")
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e6
+    return times
 
 
 def main():
@@ -61,7 +51,7 @@ def main():
         k = rng.standard_normal((1, HKV, L, D), dtype=np.float32).astype(dtype)
         v = rng.standard_normal((1, HKV, L, D), dtype=np.float32).astype(dtype) if in_cache else k
         call = lambda: pyfa.decode_attention(q, k, v, L, device=cpu)  # noqa: E731
-        us = fastest_us(call, 300) if in_cache else median_us(call, 400)
+        us = 1e6 * (min(call_times(call, 300, 5)) if in_cache else statistics.median(call_times(call, 400, 20)))
         print(f"H{H}x{HKV} D{D} {np.dtype(dtype).name} L{L}: {us:.1f} us")
 
 
