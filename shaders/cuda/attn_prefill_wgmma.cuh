@@ -380,6 +380,56 @@ __device__ __forceinline__ bool merge_split_parts(const pyfa_cuda_args &a, const
     return true;
 }
 
+/* The output of warpgroup wg's 64 rows (o, m, l as store_rows takes them)
+ * through shared memory: its Q rows (64 D 16-bit values at stage, free once
+ * its last S has completed) take o normalised and rounded, 16-byte chunk c
+ * of local row r at chunk c ^ (r % 8) (a warp's fragment writes then hit 32
+ * distinct banks), and the warpgroup writes each row with whole 16-byte
+ * stores, a warp's instruction whole 128-byte lines. store_rows writes the
+ * fragments themselves: four times the store instructions, each touching 8
+ * rows. For 16-bit outputs whose base and row stride are 16-byte aligned
+ * and D a multiple of 64 (the XOR stays within a row's chunks); returns
+ * false, storing nothing, elsewhere. bar: a named barrier id of this
+ * warpgroup's own. */
+template <int DT, int D, class BlockInfo>
+__device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const pyfa_flash_attn_prefill_params &p,
+                                                  const flags &f, const BlockInfo &bi, char *stage, int wg, uint32_t bar,
+                                                  const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                                  const int (&row)[2], int t4) {
+    constexpr int ND = D / 8, ROW_BYTES = D * 2;
+    static_assert(ND % 8 == 0, "chunks XOR row % 8 within a row");
+    char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * 2;
+    const int64_t orow = p.out_strides[2] * 2;
+    if (f.out_f32 || ((reinterpret_cast<size_t>(obase) | (size_t)orow) & 15) != 0) return false; /* uniform */
+    pyfa_bar_sync(bar, 128); /* every warp's last S (the Q rows' last reader) has completed */
+    const uint32_t tt = threadIdx.x & 127;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float total = l[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        const int lr = row[r] - 64 * wg; /* lr % 8 = g */
+        char *srow = stage + lr * ROW_BYTES + 4 * t4;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            *reinterpret_cast<uint32_t *>(srow + ((n ^ (lr & 7)) * 16)) = pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (f.has_lse && t4 == 0 && (uint32_t)row[r] < bi.nq) {
+            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
+        }
+    }
+    pyfa_bar_sync(bar, 128);
+#pragma unroll
+    for (int k = 0; k < 64 * ND / 128; k++) {
+        const int idx = k * 128 + (int)tt, lr = idx / ND, c = idx % ND;
+        if ((uint32_t)(64 * wg + lr) >= bi.nq) continue;
+        const uint4 x = *reinterpret_cast<const uint4 *>(stage + lr * ROW_BYTES + ((c ^ (lr & 7)) * 16));
+        *reinterpret_cast<uint4 *>(obase + (int64_t)(64 * wg + lr) * orow + c * 16) = x;
+    }
+    return true;
+}
+
 /* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map
  * missing, -1 where the kernel reads them as it starts (every body in one). */
 template <int DT, int D, int KV_MODE, int MAPS = -1>
@@ -698,7 +748,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if (bi.part >= 0 && !merge_split_parts<ND, BLOCK_THREADS>(a, *split, bi.part, bi.split_index, o, m, l, consumers_sync))
             return; /* another part of this query tile merges */
     }
-    store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
+    /* Rectangular mode only: the packed modes' kernels (no producer, 255
+     * registers) spilled with the staged store. Named barrier 8 + wg is
+     * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers'). */
+    bool stored = false;
+    if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT)
+        stored = store_rows_staged<DT, D>(a, p, f, bi, sq + wg * 8 * GROUP, wg, 8 + wg, o, m, l, row, t4);
+    if (!stored) store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */
 #endif
