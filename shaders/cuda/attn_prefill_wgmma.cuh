@@ -391,13 +391,22 @@ __device__ __forceinline__ bool merge_split_parts(const pyfa_cuda_args &a, const
  * and D a multiple of 64 (the XOR stays within a row's chunks); returns
  * false, storing nothing, elsewhere. bar: a named barrier id of this
  * warpgroup's own. */
-template <int DT, int D, class BlockInfo>
+template <int DT, int D, int BQ, bool Q_SWIZZLED, class BlockInfo>
 __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const pyfa_flash_attn_prefill_params &p,
-                                                  const flags &f, const BlockInfo &bi, char *stage, int wg, uint32_t bar,
+                                                  const flags &f, const BlockInfo &bi, char *sq, int wg, uint32_t bar,
                                                   const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
                                                   const int (&row)[2], int t4) {
     constexpr int ND = D / 8, ROW_BYTES = D * 2;
     static_assert(ND % 8 == 0, "chunks XOR row % 8 within a row");
+    static_assert(!Q_SWIZZLED || pyfa_cuda_prefill_wgmma_swizzle_bytes(D) == 128, "Q in 128-byte spans");
+    /* Chunk c of local row lr: in Q's swizzled layout (128-byte spans, as
+     * D % 64 == 0 gives: [c / 8][row][c % 8 ^ row % 8]) or, with Q in core
+     * matrices, in the warpgroup's contiguous 64 rows. */
+    char *stage = sq + (Q_SWIZZLED ? wg * 64 * 128 : wg * 64 * ROW_BYTES);
+    auto chunk = [&](int lr, int c) {
+        return Q_SWIZZLED ? stage + (c >> 3) * (BQ * 128) + lr * 128 + (((c & 7) ^ (lr & 7)) * 16)
+                          : stage + lr * ROW_BYTES + ((c ^ (lr & 7)) * 16);
+    };
     char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * 2;
     const int64_t orow = p.out_strides[2] * 2;
     if (f.out_f32 || ((reinterpret_cast<size_t>(obase) | (size_t)orow) & 15) != 0) return false; /* uniform */
@@ -410,10 +419,9 @@ __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const
         total += __shfl_xor_sync(0xffffffffu, total, 2);
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         const int lr = row[r] - 64 * wg; /* lr % 8 = g */
-        char *srow = stage + lr * ROW_BYTES + 4 * t4;
 #pragma unroll
         for (int n = 0; n < ND; n++)
-            *reinterpret_cast<uint32_t *>(srow + ((n ^ (lr & 7)) * 16)) = pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            *reinterpret_cast<uint32_t *>(chunk(lr, n) + 4 * t4) = pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         if (f.has_lse && t4 == 0 && (uint32_t)row[r] < bi.nq) {
             float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
             lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
@@ -424,7 +432,7 @@ __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const
     for (int k = 0; k < 64 * ND / 128; k++) {
         const int idx = k * 128 + (int)tt, lr = idx / ND, c = idx % ND;
         if ((uint32_t)(64 * wg + lr) >= bi.nq) continue;
-        const uint4 x = *reinterpret_cast<const uint4 *>(stage + lr * ROW_BYTES + ((c ^ (lr & 7)) * 16));
+        const uint4 x = *reinterpret_cast<const uint4 *>(chunk(lr, c));
         *reinterpret_cast<uint4 *>(obase + (int64_t)(64 * wg + lr) * orow + c * 16) = x;
     }
     return true;
@@ -486,7 +494,15 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* The descriptors of this warpgroup's Q rows, K stage 0 and V stage 0,
      * built once; a product's is one of them advanced (pyfa_wgmma_desc_add)
      * by its stage (KV_BYTES apart) and its k-step. */
-    const uint64_t q_desc = kmajor(smem_addr(sq) + wg * 8 * GROUP);
+    /* Q_TMA: Q in the K stages' swizzled layout ([D / (SPAN / 2) blocks][BQ
+     * rows][SPAN bytes]), brought by one TMA copy where the backend
+     * encoded q's tensor map (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the
+     * consumers' copies (pyfa_cuda_prefill_wgmma_q_tma); elsewhere, and in the
+     * body for launches without the stage maps (whose loop spilled with it),
+     * core matrices by the consumers' copies. */
+    constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE) != 0 && MAPS != 0;
+    const uint64_t q_desc = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
+                                  : kmajor(smem_addr(sq) + wg * 8 * GROUP);
     uint64_t k_desc, v_desc;
     if constexpr (SWIZZLED) {
         k_desc = swizzled_kmajor<S::SPAN>(smem_addr(sk(0)));
@@ -516,6 +532,14 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     }
 
     __shared__ uint64_t stage_bars[8];
+    /* Q's arrival by TMA (one phase a block), initialised beside the rings'
+     * barriers: their constructor's fence and block barrier publish it. */
+    __shared__ uint64_t q_bar;
+    /* Read from the arguments where used (uniform), not kept live through the loop. */
+    auto q_tma = [&]() {
+        return Q_TMA && MAPS != 0 && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0 && (MAPS == 1 || tma_maps_present(a));
+    };
+    if (q_tma() && threadIdx.x == 0) pyfa_mbar_init(&q_bar, 1);
     /* The producer's first thread issues the copies (every kernel here whose
      * stages TMA may bring has the producer); every consumer warp releases
      * each stage. */
@@ -560,7 +584,20 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             __syncthreads();
     };
 
-    load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
+    if constexpr (Q_TMA) {
+        /* One copy, issued by consumer thread 0 where the threads' copies would be. */
+        if (q_tma()) {
+            if (threadIdx.x == 0) { /* the box {SPAN / 2, BQ, 2 D / SPAN} at row i0 of head h, sequence b; rows past q_len as zeros */
+                pyfa_mbar_expect_tx(&q_bar, S::Q_BYTES);
+                const void *q_map = a.inline_bytes + (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] & ~PYFA_CUDA_INLINE_TAG);
+                pyfa_tma_load_5d(sq, q_map, &q_bar, 0, (int)bi.i0, 0, (int)bi.h, (int)bi.b);
+            }
+        } else
+            load_swizzled_stage<D, BQ, BLOCK_THREADS, S::SPAN>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase,
+                                                               bi.nq);
+    } else {
+        load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
+    }
     /* Q's copies in a group of their own where the producer copies K and V
      * (issue then commits none; the waits cover committed groups only). */
     if constexpr (PRODUCER) pyfa_cp_async_commit();
@@ -607,6 +644,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         tma.wait(ki, vi);
         /* every thread's copies landed (Q's, the first time); with the threads'
          * copies, every warpgroup is also done with the products before */
+        if (ki == 0 && q_tma()) pyfa_mbar_wait(&q_bar, 0);
         if (!tma.on || ki == 0) consumers_sync();
     };
     const bool turns = tma.on; /* uniform */
@@ -631,7 +669,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             const uint32_t k_step = SWIZZLED ? swizzled_kstep<S::SPAN, S::BLOCK>(kk) : 256 * kk;
-            pyfa_wgmma_ss<DT>(flat(s), pyfa_wgmma_desc_add(q_now, 256 * kk), pyfa_wgmma_desc_add(k_stage, k_step),
+            const uint32_t q_step = Q_TMA ? swizzled_kstep<S::SPAN, BQ * S::SPAN>(kk) : 256 * kk;
+            pyfa_wgmma_ss<DT>(flat(s), pyfa_wgmma_desc_add(q_now, q_step), pyfa_wgmma_desc_add(k_stage, k_step),
                               kk > 0 ? 1u : 0u);
         }
         pyfa_wgmma_commit();
@@ -743,6 +782,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if (wg == 0) my_turn(); /* the last warpgroup's last pass, so the named barriers end balanced */
     }
     pyfa_cp_async_wait<0>();
+    /* Q's TMA has landed before a block leaves or stores over Q (a block without key tiles never waited). */
+    if (q_tma()) pyfa_mbar_wait(&q_bar, 0);
 
     if constexpr (SPLITS) {
         if (bi.part >= 0 && !merge_split_parts<ND, BLOCK_THREADS>(a, *split, bi.part, bi.split_index, o, m, l, consumers_sync))
@@ -753,7 +794,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers'). */
     bool stored = false;
     if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT)
-        stored = store_rows_staged<DT, D>(a, p, f, bi, sq + wg * 8 * GROUP, wg, 8 + wg, o, m, l, row, t4);
+        stored = store_rows_staged<DT, D, BQ, Q_TMA>(a, p, f, bi, sq, wg, 8 + wg, o, m, l, row, t4);
     if (!stored) store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */

@@ -9,7 +9,8 @@ import Glibc
 /// built at launch from the dispatch's buffers and parameter struct, because
 /// a map holds the tensor's address. A map that cannot be built (a driver
 /// without cuTensorMapEncodeTiled, an address or stride TMA refuses) is left
-/// out, and the kernel copies those tiles with cp.async instead.
+/// out, and the kernel copies those tiles with cp.async instead: K's and V's
+/// together (all or none), q's on its own.
 struct CUDATensorMaps {
     /// One map: the buffer and row geometry it views, and the argument slot it goes to.
     struct Map {
@@ -19,6 +20,8 @@ struct CUDATensorMaps {
         let heads: (pyfa_flash_attn_prefill_params) -> UInt64
         let strides: (pyfa_flash_attn_prefill_params) -> (Int64, Int64, Int64)
         let boxRows: UInt32
+        /// Left out alone where it cannot be built (the others stay); else all maps are.
+        var optional = false
     }
 
     let maps: [Map]
@@ -27,7 +30,8 @@ struct CUDATensorMaps {
 
     /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile)
     /// in rectangular mode takes K and V stages by TMA at the head dims
-    /// pyfa_cuda_prefill_wgmma_tma names.
+    /// pyfa_cuda_prefill_wgmma_tma names, and its query tile where
+    /// pyfa_cuda_prefill_wgmma_q_tma says (cuda_layout.h, PYFA_CUDA_PREFILL_ARG_TMAP_Q).
     /// PYFA_CUDA_PREFILL_TMA=0 leaves every map out (the kernels' cp.async
     /// stages, as where the driver cannot build a map; tests exercise that path with it).
     static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
@@ -41,12 +45,19 @@ struct CUDATensorMaps {
         let box = UInt32(pyfa_cuda_prefill_wgmma_stage_keys(d, PYFA_PREFILL_KV_RECT))
         let kv = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.kv_len) }
         let kvHeads = { (p: pyfa_flash_attn_prefill_params) in UInt64(p.num_kv_heads) }
-        return CUDATensorMaps(maps: [
+        var maps = [
             Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_K, bufferSlot: PYFA_PREFILL_ARG_K, rows: kv, heads: kvHeads,
                 strides: { ($0.k_strides.0, $0.k_strides.1, $0.k_strides.2) }, boxRows: box),
             Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_V, bufferSlot: PYFA_PREFILL_ARG_V, rows: kv, heads: kvHeads,
                 strides: { ($0.v_strides.0, $0.v_strides.1, $0.v_strides.2) }, boxRows: box),
-        ], headDim: Int(d))
+        ]
+        if pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT) != 0 {
+            maps.append(Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_Q, bufferSlot: PYFA_PREFILL_ARG_Q,
+                            rows: { UInt64($0.q_len) }, heads: { UInt64($0.num_heads) },
+                            strides: { ($0.q_strides.0, $0.q_strides.1, $0.q_strides.2) },
+                            boxRows: UInt32(pyfa_cuda_prefill_wgmma_block_q(d, PYFA_PREFILL_KV_RECT)), optional: true))
+        }
+        return CUDATensorMaps(maps: maps, headDim: Int(d))
     }
 
     /// Encodes the maps into `raw` (the launch's pyfa_cuda_args) from inline
@@ -76,6 +87,7 @@ struct CUDATensorMaps {
             let at = start + 128 * i
             guard let address = bufferAddress(m.bufferSlot), encodeOne(m, p, address, encodeTiled,
                                                                    into: raw.baseAddress!.advanced(by: base + at)) else {
+                if m.optional { continue }
                 for earlier in maps[..<i] { raw.storeBytes(of: UInt64(0), toByteOffset: Int(earlier.slot) * 8, as: UInt64.self) }
                 return cursor
             }
