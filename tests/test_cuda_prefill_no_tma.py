@@ -1,11 +1,13 @@
-"""The Hopper prefill without its TMA stages. In rectangular mode the CUDA
-backend builds tensor maps for K and V at launch, and the kernel's producer
-warpgroup copies the stages by TMA; where a map cannot be built (a driver
-without cuTensorMapEncodeTiled, a tensor TMA cannot view) the same launch
-copies them with the consumers' cp.async instead, the producer idle.
-PYFA_CUDA_PREFILL_TMA=0 makes the backend build no map, so that path runs
-here: each case runs in a subprocess (the backend reads the knob once) and is
-checked against the float64 reference by test_prefill's rule.
+"""The Hopper prefill without its TMA copies. In rectangular mode the CUDA
+backend builds tensor maps for K, V and (from D 80) q at launch: the
+kernel's producer warpgroup copies the K and V stages by TMA, and one thread
+the query tile. Where K's or V's map cannot be built (a driver without
+cuTensorMapEncodeTiled, a tensor TMA cannot view) the same launch copies the
+stages with the consumers' cp.async instead, the producer idle; where q's
+alone cannot, the consumers copy Q into the layout TMA would have written.
+PYFA_CUDA_PREFILL_TMA=0 makes the backend build no map, =kv no map for q, so
+those paths run here: each case runs in a subprocess (the backend reads the
+knob once) and is checked against the float64 reference by test_prefill's rule.
 
 Skips without the cuda backend.
 """
@@ -55,7 +57,8 @@ np.savez(sys.argv[2], **outs)
 """
 
 
-def test_prefill_without_tma_stages(tmp_path):
+@pytest.mark.parametrize("knob", ["0", "kv"])
+def test_prefill_without_tma_copies(tmp_path, knob):
     rng = np.random.default_rng(7)
     inputs, runs = {}, []
     for i, (D, dtype, causal, window, layout) in enumerate(CASES):
@@ -65,7 +68,7 @@ def test_prefill_without_tma_stages(tmp_path):
             inputs[f"{n}{i}"] = x.view(np.uint16) if dt == pyfa.bfloat16 else x
         runs.append((causal, window, layout))
     np.savez(tmp_path / "in.npz", **inputs)
-    env = dict(os.environ, PYFA_CUDA_PREFILL_TMA="0")
+    env = dict(os.environ, PYFA_CUDA_PREFILL_TMA=knob)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "in.npz"), str(tmp_path / "out.npz"), repr(runs)],
                           env=env, capture_output=True, text=True, timeout=600)

@@ -26,7 +26,10 @@ struct CUDATensorMaps {
 
     let maps: [Map]
     let headDim: Int
-    static let enabled = getenv("PYFA_CUDA_PREFILL_TMA").map { String(cString: $0) != "0" } ?? true
+    static let knob = getenv("PYFA_CUDA_PREFILL_TMA").map { String(cString: $0) } ?? ""
+    static let enabled = knob != "0"
+    /// PYFA_CUDA_PREFILL_TMA=kv: K's and V's maps only (the consumers copy Q, as where q's map cannot be built).
+    static let queryMap = knob != "kv"
 
     /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile)
     /// in rectangular mode takes K and V stages by TMA at the head dims
@@ -51,7 +54,7 @@ struct CUDATensorMaps {
             Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_V, bufferSlot: PYFA_PREFILL_ARG_V, rows: kv, heads: kvHeads,
                 strides: { ($0.v_strides.0, $0.v_strides.1, $0.v_strides.2) }, boxRows: box),
         ]
-        if pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT) != 0 {
+        if queryMap && pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT) != 0 {
             maps.append(Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_Q, bufferSlot: PYFA_PREFILL_ARG_Q,
                             rows: { UInt64($0.q_len) }, heads: { UInt64($0.num_heads) },
                             strides: { ($0.q_strides.0, $0.q_strides.1, $0.q_strides.2) },
