@@ -501,6 +501,21 @@ def test_causal_rows_without_keys_are_zero(device, rng):
     check_close(out, reference.attention(q, k, v, causal=True), np.float32)
 
 
+@pytest.mark.parametrize("D,dtype", [(64, BF16), (128, np.float16), (256, BF16)])
+def test_query_tiles_without_keys(device, rng, D, dtype):
+    """Causal with 300 more queries than keys: the first 300 rows see no key, so whole query tiles
+    (of 128 and 192 rows) have no key tile. Their rows are zeros with an LSE of -inf, and the
+    rows after them are the reference's (a block without key tiles still reads its query copies
+    and stores its rows: CUDA's staged output store reuses the query tile's memory)."""
+    q, k, v = make(rng, 1, 4, 2, 620, 320, D, dtype)
+    out, lse = pyfa.attention(q, k, v, causal=True, return_lse=True, device=device)
+    o = out.astype(np.float32)
+    assert np.all(o[:, :, :300] == 0) and np.all(np.isneginf(lse[:, :, :300]))
+    ref, ref_lse = reference.attention(q, k, v, causal=True, return_lse=True)
+    check_close(out, ref, dtype, in_dtype(q, k, v, causal=True))
+    check_lse(lse, ref_lse)
+
+
 @pytest.mark.parametrize("dtype,layout", [(np.float32, "bhsd"), (BF16, "bshd"), (np.float16, "bhsd")])
 def test_merge_halves_equals_whole(device, rng, dtype, layout):
     q, k, v = make(rng, 1, 4, 2, 33, 129, 128, dtype, layout)

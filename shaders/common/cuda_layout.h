@@ -173,11 +173,11 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
  * k or v (strides: the row, S bytes, the head, the batch). */
 #define PYFA_CUDA_PREFILL_ARG_TMAP_K 13
 #define PYFA_CUDA_PREFILL_ARG_TMAP_V 14
-/* The query tile by TMA, in the kernels with the producer warpgroup: the box
- * {S / 2 elements, BQ rows, 2 D / S, 1, 1} with S-byte swizzling of the 5-d
- * view {S / 2, q_len, 2 D / S, num_heads, batch} of q (strides as K's), one
- * map a launch beside K's and V's; where it is absent (a view TMA refuses)
- * the consumers copy Q into the same layout. */
+/* The query tile by TMA, in the kernels pyfa_cuda_prefill_wgmma_q_tma names:
+ * the box {S / 2 elements, BQ rows, 2 D / S, 1, 1} with S-byte swizzling of
+ * the 5-d view {S / 2, q_len, 2 D / S, num_heads, batch} of q (strides as
+ * K's), one map a launch beside K's and V's; where it is absent (a view TMA
+ * refuses, PYFA_CUDA_PREFILL_TMA=kv) the consumers copy Q into the same layout. */
 #define PYFA_CUDA_PREFILL_ARG_TMAP_Q 18
 /* Whether the warpgroup-MMA paths keep K and V stages in a swizzled layout
  * (and take them by TMA in rectangular mode): from D = 64 on (in the packed
@@ -198,10 +198,9 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mo
     return kv_mode == 0 /* PYFA_PREFILL_KV_RECT */ && pyfa_cuda_prefill_wgmma_tma(D) && D <= PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM;
 }
 /* Whether the kernel at D in KV mode kv_mode takes its query tile by TMA
- * (PYFA_CUDA_PREFILL_ARG_TMAP_Q): beside the producer, except at D 64, whose
- * loop spilled with it (ptxas sizes its 512-thread block for 128 registers).
- * A block's start waited 2.9-3.3 us for the consumers' copies of Q at D 128
- * (H200; the first K stage, by TMA, had landed before). */
+ * (PYFA_CUDA_PREFILL_ARG_TMAP_Q): beside the producer, so that a block's
+ * start does not wait for the consumers' copies of Q; except at D 64, whose
+ * loop spills with it (ptxas sizes its 512-thread block for 128 registers). */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_q_tma(int32_t D, int32_t kv_mode) {
     return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && D != 64;
 }

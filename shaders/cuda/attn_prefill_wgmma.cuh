@@ -10,13 +10,16 @@
  * terms (PYFA_PREFILL_P_TERMS).
  *
  * Block = 2 consumer warpgroups (3 at D 64 beside the producer) = 128
- * (192) query rows of one (head, sequence), 64 per warpgroup. Q, K and V
- * tiles sit in shared memory as core matrices (8 rows
+ * (192) query rows of one (head, sequence), 64 per warpgroup. Tiles the
+ * threads copy sit in shared memory as core matrices (8 rows
  * of 16 bytes, 128 contiguous bytes) ordered [row / 8][col / 8][row % 8]
  * [col % 8], with no padding: the same layout is the K-major operand (Q as A,
  * K as B of S = Q Kᵀ) and the N-major operand (V as B of O += P V), and the
  * wgmma reads whole 128-byte core matrices, free of bank conflicts. The
  * tile copies (load_core_tile) read whole 32-byte sectors of global memory.
+ * Tiles TMA may bring (K and V stages from D 64, Q from D 80 beside the
+ * producer: pyfa_cuda_prefill_wgmma_q_tma) sit in the swizzled layout TMA
+ * writes (load_swizzled_stage where the threads copy them instead).
  *
  * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
  * scores finished and the online softmax run in registers by the mma path's
@@ -381,13 +384,13 @@ __device__ __forceinline__ bool merge_split_parts(const pyfa_cuda_args &a, const
 }
 
 /* The output of warpgroup wg's 64 rows (o, m, l as store_rows takes them)
- * through shared memory: its Q rows (64 D 16-bit values at stage, free once
- * its last S has completed) take o normalised and rounded, 16-byte chunk c
- * of local row r at chunk c ^ (r % 8) (a warp's fragment writes then hit 32
- * distinct banks), and the warpgroup writes each row with whole 16-byte
- * stores, a warp's instruction whole 128-byte lines. store_rows writes the
- * fragments themselves: four times the store instructions, each touching 8
- * rows. For 16-bit outputs whose base and row stride are 16-byte aligned
+ * through shared memory: its Q rows (free once its last S has completed and
+ * every thread's copies of Q have landed: the caller orders both) take o
+ * normalised and rounded, 16-byte chunk c of local row r at chunk c ^ (r % 8)
+ * (a warp's fragment writes then hit 32 distinct banks), and the warpgroup
+ * writes each row in 16-byte stores, a warp's instruction two or more whole
+ * rows. store_rows writes the fragments themselves: four times the store
+ * instructions, each touching 8 rows. For 16-bit outputs whose base and row stride are 16-byte aligned
  * and D a multiple of 64 (the XOR stays within a row's chunks); returns
  * false, storing nothing, elsewhere. bar: a named barrier id of this
  * warpgroup's own. */
@@ -494,11 +497,11 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* The descriptors of this warpgroup's Q rows, K stage 0 and V stage 0,
      * built once; a product's is one of them advanced (pyfa_wgmma_desc_add)
      * by its stage (KV_BYTES apart) and its k-step. */
-    /* Q_TMA: Q in the K stages' swizzled layout ([D / (SPAN / 2) blocks][BQ
-     * rows][SPAN bytes]), brought by one TMA copy where the backend
-     * encoded q's tensor map (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the
-     * consumers' copies (pyfa_cuda_prefill_wgmma_q_tma); elsewhere, and in the
-     * body for launches without the stage maps (whose loop spilled with it),
+    /* Q_TMA (pyfa_cuda_prefill_wgmma_q_tma, in the bodies for launches with the
+     * stage maps): Q in the K stages' swizzled layout ([D / (SPAN / 2) blocks][BQ
+     * rows][SPAN bytes]; its descriptor and k-steps K's, blocks BQ SPAN bytes
+     * apart), brought by one TMA copy where the backend encoded q's tensor map
+     * (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the consumers' copies. Elsewhere
      * core matrices by the consumers' copies. */
     constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE) != 0 && MAPS != 0;
     const uint64_t q_desc = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
@@ -621,7 +624,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         if (vt < bi.t_end) load_kv(true, vseq, sv(vseq & 1), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
         pyfa_cp_async_commit();
     };
-    issue(0, 0, bi.t_end); /* Q and the first K tile */
+    issue(0, 0, bi.t_end); /* the first K tile, where the threads copy it (and Q's copies into its group) */
 
     /* P V of tile i - 1 runs on the tensor cores while tile i's softmax runs
      * on the ALUs: iteration i issues S_i = Q K_iᵀ, then P_{i-1} V_{i-1},
@@ -642,8 +645,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         pyfa_cp_async_wait<0>();
         pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
         tma.wait(ki, vi);
-        /* every thread's copies landed (Q's, the first time); with the threads'
-         * copies, every warpgroup is also done with the products before */
+        /* every thread's copies landed (Q's, the first time, where the threads copy
+         * Q; else Q's TMA copy); with the threads' copies, every warpgroup is also
+         * done with the products before */
         if (ki == 0 && q_tma()) pyfa_mbar_wait(&q_bar, 0);
         if (!tma.on || ki == 0) consumers_sync();
     };
@@ -790,11 +794,18 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             return; /* another part of this query tile merges */
     }
     /* Rectangular mode only: the packed modes' kernels (no producer, 255
-     * registers) spilled with the staged store. Named barrier 8 + wg is
-     * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers'). */
+     * registers) spill with the staged store. Named barrier 8 + wg is
+     * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers').
+     * Where the threads copy Q their copies cross warpgroups, and a block
+     * without key tiles has not waited for every thread's: the consumers meet
+     * before any warpgroup stores over Q's rows (with Q by TMA every thread
+     * has waited for it above). A flag for "no key tile" kept through the loop
+     * cost the D 128 loop local loads. */
     bool stored = false;
-    if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT)
+    if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT) {
+        if (!q_tma()) consumers_sync();
         stored = store_rows_staged<DT, D, BQ, Q_TMA>(a, p, f, bi, sq, wg, 8 + wg, o, m, l, row, t4);
+    }
     if (!stored) store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */

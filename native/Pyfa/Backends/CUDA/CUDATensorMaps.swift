@@ -65,8 +65,9 @@ struct CUDATensorMaps {
 
     /// Encodes the maps into `raw` (the launch's pyfa_cuda_args) from inline
     /// offset `cursor` on (each at a multiple of 64 bytes) and points their
-    /// slots at them; returns the new cursor. All or none: the kernel takes
-    /// TMA only with every map.
+    /// slots at them; returns the new cursor. The required maps (K's and V's)
+    /// all or none: the kernel takes their TMA only with both; an optional map
+    /// (q's) that cannot be built, or has no room, is left out alone.
     func encode(into raw: UnsafeMutableRawBufferPointer, cursor: Int,
                 args: [SlotArg]) -> Int {
         guard let encodeTiled = pyfa_cu.cuTensorMapEncodeTiled else { return cursor }
@@ -85,9 +86,12 @@ struct CUDATensorMaps {
         }
         let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
         let start = (cursor + 63) & ~63
-        guard let p = params, start + 128 * maps.count <= Int(PYFA_CUDA_INLINE_BYTES) else { return cursor }
+        var required = 0 /* counted, not filtered: nothing is allocated per launch */
+        for m in maps where !m.optional { required += 1 }
+        guard let p = params, start + 128 * required <= Int(PYFA_CUDA_INLINE_BYTES) else { return cursor }
         for (i, m) in maps.enumerated() {
             let at = start + 128 * i
+            if m.optional && at + 128 > Int(PYFA_CUDA_INLINE_BYTES) { continue }
             guard let address = bufferAddress(m.bufferSlot), encodeOne(m, p, address, encodeTiled,
                                                                    into: raw.baseAddress!.advanced(by: base + at)) else {
                 if m.optional { continue }
