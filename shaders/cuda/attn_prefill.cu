@@ -582,6 +582,22 @@ __device__ __forceinline__ void p_fragment(const float (&s)[NT][4], int kc, uint
     }
 }
 
+/* A row's softmax sum from this lane's part: the sum over the row's four
+ * lanes (every lane of the warp calls it). */
+__device__ __forceinline__ float row_sum(float l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+
+/* The LSE of the block's row `row` from its maximum (log2 domain) and sum
+ * (-inf for a row that saw no key). */
+template <class BlockInfo>
+__device__ __forceinline__ void store_lse(const pyfa_cuda_args &a, const pyfa_flash_attn_prefill_params &p,
+                                          const BlockInfo &bi, int row, float m, float total) {
+    float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
+    lse[bi.lse_index(p, a) + row] = total > 0.0f ? (m + log2f(total)) * PYFA_LN2 : -INFINITY;
+}
+
 /* This lane's two rows of an output tile, columns col0 + 8n + 2 t4 (+ 1),
  * divided by their softmax sums (0 for a row that saw no key), and with
  * write_lse their LSE. */
@@ -594,9 +610,7 @@ __device__ __forceinline__ void store_rows(const pyfa_cuda_args &a, const pyfa_f
     char *obase = pyfa_ptr<char>(a, PYFA_PREFILL_ARG_OUT) + bi.row_offset(p.out_strides, bi.h) * oes;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float total = l[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float total = row_sum(l[r]);
         if ((uint32_t)row[r] >= bi.nq) continue;
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         char *orow = obase + ((int64_t)row[r] * p.out_strides[2] + col0) * oes;
@@ -608,10 +622,7 @@ __device__ __forceinline__ void store_rows(const pyfa_cuda_args &a, const pyfa_f
             else
                 *reinterpret_cast<uint32_t *>(orow + (n * 8 + 2 * t4) * 2) = pyfa_pack2<DT>(x0, x1);
         }
-        if (f.has_lse && write_lse && t4 == 0) {
-            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
-        }
+        if (f.has_lse && write_lse && t4 == 0) store_lse(a, p, bi, row[r], m[r], total);
     }
 }
 

@@ -417,18 +417,13 @@ __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const
     const uint32_t tt = threadIdx.x & 127;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float total = l[r];
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const float total = row_sum(l[r]);
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         const int lr = row[r] - 64 * wg; /* lr % 8 = g */
 #pragma unroll
         for (int n = 0; n < ND; n++)
             *reinterpret_cast<uint32_t *>(chunk(lr, n) + 4 * t4) = pyfa_pack2<DT>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        if (f.has_lse && t4 == 0 && (uint32_t)row[r] < bi.nq) {
-            float *lse = pyfa_ptr<float>(a, PYFA_PREFILL_ARG_LSE);
-            lse[bi.lse_index(p, a) + row[r]] = total > 0.0f ? (m[r] + log2f(total)) * PYFA_LN2 : -INFINITY;
-        }
+        if (f.has_lse && t4 == 0 && (uint32_t)row[r] < bi.nq) store_lse(a, p, bi, row[r], m[r], total);
     }
     pyfa_bar_sync(bar, 128);
 #pragma unroll
@@ -540,7 +535,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     __shared__ uint64_t q_bar;
     /* Read from the arguments where used (uniform), not kept live through the loop. */
     auto q_tma = [&]() {
-        return Q_TMA && MAPS != 0 && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0 && (MAPS == 1 || tma_maps_present(a));
+        return Q_TMA && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0 && (MAPS == 1 || tma_maps_present(a));
     };
     if (q_tma() && threadIdx.x == 0) pyfa_mbar_init(&q_bar, 1);
     /* The producer's first thread issues the copies (every kernel here whose

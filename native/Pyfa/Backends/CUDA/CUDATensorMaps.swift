@@ -26,6 +26,14 @@ struct CUDATensorMaps {
 
     let maps: [Map]
     let headDim: Int
+    /// The maps that are not optional, all or none (counted once, not per launch).
+    let required: Int
+
+    init(maps: [Map], headDim: Int) {
+        self.maps = maps
+        self.headDim = headDim
+        required = maps.filter { !$0.optional }.count
+    }
     static let knob = getenv("PYFA_CUDA_PREFILL_TMA").map { String(cString: $0) } ?? ""
     static let enabled = knob != "0"
     /// PYFA_CUDA_PREFILL_TMA=kv: K's and V's maps only (the consumers copy Q, as where q's map cannot be built).
@@ -86,8 +94,6 @@ struct CUDATensorMaps {
         }
         let base = MemoryLayout<UInt64>.stride * Int(PYFA_CUDA_MAX_ARGS)
         let start = (cursor + 63) & ~63
-        var required = 0 /* counted, not filtered: nothing is allocated per launch */
-        for m in maps where !m.optional { required += 1 }
         guard let p = params, start + 128 * required <= Int(PYFA_CUDA_INLINE_BYTES) else { return cursor }
         for (i, m) in maps.enumerated() {
             let at = start + 128 * i
