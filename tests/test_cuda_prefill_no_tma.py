@@ -1,10 +1,11 @@
 """The Hopper prefill without its TMA copies. In rectangular mode the CUDA
-backend builds tensor maps for K, V and (from D 80) q at launch: the
-kernel's producer warpgroup copies the K and V stages by TMA, and one thread
-the query tile. Where K's or V's map cannot be built (a driver without
-cuTensorMapEncodeTiled, a tensor TMA cannot view) the same launch copies the
-stages with the consumers' cp.async instead, the producer idle; where q's
-alone cannot, the consumers copy Q into the layout TMA would have written.
+backend builds tensor maps for K, V and q (from D 80; at D 64 in causal
+calls) at launch: the kernel's producer warpgroup copies the K and V stages
+by TMA, and one thread the query tile. Where K's or V's map cannot be built
+(a driver without cuTensorMapEncodeTiled, a tensor TMA cannot view) the same
+launch copies the stages with the consumers' cp.async instead, the producer
+idle; where q's alone cannot, the consumers copy Q into the layout TMA would
+have written.
 PYFA_CUDA_PREFILL_TMA=0 makes the backend build no map, =kv no map for q, so
 those paths run here: each case runs in a subprocess (the backend reads the
 knob once) and is checked against the float64 reference by test_prefill's rule.

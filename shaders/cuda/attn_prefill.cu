@@ -1042,11 +1042,11 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
              * first keep no registers for the threads' copies, which their
              * 160 registers could not spare. */
             if (prefill::tma_maps_present(a))
-                prefill::prefill_wgmma<DT, D, KV_MODE, 1>(a, f);
+                prefill::prefill_wgmma<DT, D, KV_MODE, DO_CAUSAL, 1>(a, f);
             else
-                prefill::prefill_wgmma<DT, D, KV_MODE, 0>(a, f);
+                prefill::prefill_wgmma<DT, D, KV_MODE, DO_CAUSAL, 0>(a, f);
         } else {
-            prefill::prefill_wgmma<DT, D, KV_MODE>(a, f);
+            prefill::prefill_wgmma<DT, D, KV_MODE, DO_CAUSAL>(a, f);
         }
     } else {
         prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);

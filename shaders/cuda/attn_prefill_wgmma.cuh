@@ -17,9 +17,10 @@
  * K as B of S = Q Kᵀ) and the N-major operand (V as B of O += P V), and the
  * wgmma reads whole 128-byte core matrices, free of bank conflicts. The
  * tile copies (load_core_tile) read whole 32-byte sectors of global memory.
- * Tiles TMA may bring (K and V stages from D 64, Q from D 80 beside the
- * producer: pyfa_cuda_prefill_wgmma_q_tma) sit in the swizzled layout TMA
- * writes (load_swizzled_stage where the threads copy them instead).
+ * Tiles TMA may bring (K and V stages from D 64; Q beside the producer from
+ * D 80, and at D 64 in causal calls: pyfa_cuda_prefill_wgmma_q_tma) sit in
+ * the swizzled layout TMA writes (load_swizzled_stage where the threads copy
+ * them instead).
  *
  * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
  * scores finished and the online softmax run in registers by the mma path's
@@ -437,8 +438,9 @@ __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const
 }
 
 /* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map
- * missing, -1 where the kernel reads them as it starts (every body in one). */
-template <int DT, int D, int KV_MODE, int MAPS = -1>
+ * missing, -1 where the kernel reads them as it starts (every body in one).
+ * CAUSAL: the entry's constant (pyfa_cuda_prefill_wgmma_q_tma reads it). */
+template <int DT, int D, int KV_MODE, int CAUSAL, int MAPS = -1>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
     static_assert(MAPS == -1 || KV_MODE == PYFA_PREFILL_KV_RECT, "stage maps exist in rectangular mode only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -498,7 +500,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * apart), brought by one TMA copy where the backend encoded q's tensor map
      * (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the consumers' copies. Elsewhere
      * core matrices by the consumers' copies. */
-    constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE) != 0 && MAPS != 0;
+    constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE, CAUSAL) != 0 && MAPS != 0;
     const uint64_t q_desc = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
                                   : kmajor(smem_addr(sq) + wg * 8 * GROUP);
     uint64_t k_desc, v_desc;

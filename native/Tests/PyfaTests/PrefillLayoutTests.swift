@@ -84,6 +84,11 @@ final class PrefillLayoutTests: XCTestCase {
                 let modeBk = pyfa_cuda_prefill_wgmma_block_k(d, mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(d, mode)
                 let withProducer = producer && mode == rect
                 XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, mode), withProducer ? 1 : 0, "D \(d) mode \(mode)")
+                // The query tile by TMA beside the producer: from D 80, and at D 64 in causal calls only.
+                for causal: Int32 in [0, 1] {
+                    XCTAssertEqual(pyfa_cuda_prefill_wgmma_q_tma(d, mode, causal), withProducer && (d != 64 || causal == 1) ? 1 : 0,
+                                   "D \(d) mode \(mode) causal \(causal)")
+                }
                 XCTAssertEqual(modeBk, withProducer ? producerBk[d, default: 0] : d > 128 || d <= 64 ? 64 : 128, "D \(d) mode \(mode)")
                 // Query rows: 64 a consumer warpgroup; three of them at D 64 beside the producer,
                 // two elsewhere; the split path's two share 64 rows.

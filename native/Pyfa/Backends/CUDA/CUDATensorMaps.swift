@@ -62,7 +62,7 @@ struct CUDATensorMaps {
             Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_V, bufferSlot: PYFA_PREFILL_ARG_V, rows: kv, heads: kvHeads,
                 strides: { ($0.v_strides.0, $0.v_strides.1, $0.v_strides.2) }, boxRows: box),
         ]
-        if queryMap && pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT) != 0 {
+        if queryMap && pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT, v[Int(PYFA_PREFILL_FC_DO_CAUSAL)]) != 0 {
             maps.append(Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_Q, bufferSlot: PYFA_PREFILL_ARG_Q,
                             rows: { UInt64($0.q_len) }, heads: { UInt64($0.num_heads) },
                             strides: { ($0.q_strides.0, $0.q_strides.1, $0.q_strides.2) },
