@@ -1,11 +1,12 @@
 """Where a prefill block's time goes: reads the per-block stamps a probe build of the Hopper
-prefill writes over the LSE of a call (docs/cuda/logs/prefill_timeline_probe.patch, applied to
-shaders/cuda/attn_prefill_wgmma.cuh at f92e3bb; thread 0 of consumer warpgroup 0 writes, over its
-warp's first 16 LSE rows, the %globaltimer at entry, once Q and the first K stage landed, after
-the first tile, after the last P V, after the output's store, then its SM id and tile count, and
-the moments its own wait for Q's copies and for the K stage returned). On a build without the
-probe the numbers are meaningless. One shape B,Hq,Hkv,D,L,causal (bf16, bhsd): five calls with
-return_lse=True, the last one's stamps summarised (medians over its blocks).
+prefill writes over the LSE of a call. The probe is docs/cuda/logs/prefill_timeline_probe_q_tma.patch,
+which applies to shaders/cuda/attn_prefill_wgmma.cuh since 5a05b48 (Q by TMA or by the consumers'
+copies); the logs' first runs used docs/cuda/logs/prefill_timeline_probe.patch, at f92e3bb. Thread 0
+of consumer warpgroup 0 writes, over its warp's first 16 LSE rows, the %globaltimer at entry, once
+Q and the first K stage landed, after the first tile, after the last P V, after the output's store,
+then its SM id and tile count, and the moments its own wait for Q and for the K stage returned. On
+a build without the probe the numbers are meaningless. One shape B,Hq,Hkv,D,L,causal (bf16, bhsd):
+five calls with return_lse=True, the last one's stamps summarised (medians over its blocks).
 
     python3 scripts/gpu_prefill_timeline.py 8,32,8,128,1024,1
 """
