@@ -1,11 +1,11 @@
 """The Hopper prefill without its TMA copies. In rectangular mode the CUDA
-backend builds tensor maps for K, V and q (from D 80; at D 64 in causal
-calls) at launch: the kernel's producer warpgroup copies the K and V stages
-by TMA, and one thread the query tile. Where K's or V's map cannot be built
-(a driver without cuTensorMapEncodeTiled, a tensor TMA cannot view) the same
-launch copies the stages with the consumers' cp.async instead, the producer
-idle; where q's alone cannot, the consumers copy Q into the layout TMA would
-have written.
+backend builds tensor maps at launch for K and V (from D 64) and q (from
+D 80, and at D 64 in causal calls): the kernel's producer warpgroup copies
+the K and V stages by TMA, and one thread the query tile. Where K's or V's
+map cannot be built (a driver without cuTensorMapEncodeTiled, a tensor TMA
+cannot view) the same launch copies the stages with the consumers' cp.async
+instead, the producer idle; where q's alone cannot, the consumers copy Q into
+the layout TMA would have written.
 PYFA_CUDA_PREFILL_TMA=0 makes the backend build no map, =kv no map for q, so
 those paths run here: each case runs in a subprocess (the backend reads the
 knob once) and is checked against the float64 reference by test_prefill's rule.
@@ -27,18 +27,23 @@ from test_prefill import check_close, check_lse, in_dtype, make
 if "cuda" not in pyfa.available_backends():
     pytest.skip("no CUDA device here", allow_module_level=True)
 
-# (D, dtype, causal, window, layout): every head dim with TMA stages, both dtypes and layouts.
-CASES = [
-    (64, "bfloat16", True, None, "bshd"),
-    (64, "float16", False, None, "bhsd"),
-    (80, "float16", False, None, "bhsd"),
-    (96, "bfloat16", True, None, "bshd"),
-    (128, "float16", False, None, "bhsd"),
-    (128, "bfloat16", True, 100, "bshd"),
-    (192, "float16", True, None, "bhsd"),
-    (256, "bfloat16", False, None, "bshd"),
-]
 B, H, HKV, QL, KL = 2, 4, 2, 200, 333
+# (D, dtype, causal, window, layout, q_len, kv_len): every head dim with TMA stages, both dtypes
+# and layouts; then causal calls with 300 more queries than keys, whose first query tiles have no
+# key tile (the consumers' copies of Q cross warpgroups, and such a block stores its zero rows
+# over them: test_prefill.test_query_tiles_without_keys with q's map).
+CASES = [
+    (64, "bfloat16", True, None, "bshd", QL, KL),
+    (64, "float16", False, None, "bhsd", QL, KL),
+    (80, "float16", False, None, "bhsd", QL, KL),
+    (96, "bfloat16", True, None, "bshd", QL, KL),
+    (128, "float16", False, None, "bhsd", QL, KL),
+    (128, "bfloat16", True, 100, "bshd", QL, KL),
+    (192, "float16", True, None, "bhsd", QL, KL),
+    (256, "bfloat16", False, None, "bshd", QL, KL),
+    (64, "bfloat16", True, None, "bhsd", 620, 320),
+    (128, "float16", True, None, "bshd", 620, 320),
+]
 
 SCRIPT = r"""
 import sys
@@ -62,9 +67,9 @@ np.savez(sys.argv[2], **outs)
 def test_prefill_without_tma_copies(tmp_path, knob):
     rng = np.random.default_rng(7)
     inputs, runs = {}, []
-    for i, (D, dtype, causal, window, layout) in enumerate(CASES):
+    for i, (D, dtype, causal, window, layout, ql, kl) in enumerate(CASES):
         dt = pyfa.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-        q, k, v = make(rng, B, H, HKV, QL, KL, D, dt, layout)
+        q, k, v = make(rng, B, H, HKV, ql, kl, D, dt, layout)
         for n, x in zip("qkv", (q, k, v)):
             inputs[f"{n}{i}"] = x.view(np.uint16) if dt == pyfa.bfloat16 else x
         runs.append((causal, window, layout))
@@ -75,7 +80,7 @@ def test_prefill_without_tma_copies(tmp_path, knob):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(tmp_path / "out.npz")
-    for i, (D, dtype, causal, window, layout) in enumerate(CASES):
+    for i, (D, dtype, causal, window, layout, ql, kl) in enumerate(CASES):
         dt = pyfa.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
         q, k, v = (inputs[f"{n}{i}"].view(dt) for n in "qkv")
         kw = dict(causal=causal, window=window, layout=layout)

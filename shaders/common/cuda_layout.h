@@ -199,11 +199,10 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mo
 }
 /* Whether the kernel at D in KV mode kv_mode takes its query tile by TMA
  * (PYFA_CUDA_PREFILL_ARG_TMAP_Q): beside the producer, so that a block's
- * start does not wait for the consumers' copies of Q; at D 64 in causal calls
- * only (causal != 0), whose blocks average half the key tiles, so that their
- * start weighs twice as much: there it took 7% less time than the
- * consumers' copies (H200, bf16, 16/8 heads, 4K and 16K), non-causal not
- * less (0-6% more, within the spread of two identical builds). */
+ * start does not wait for the consumers' copies of Q. At D 64 in causal calls
+ * only (causal != 0): there plain calls took 7% less time with it (H200, bf16,
+ * 16/8 heads, 4K and 16K; a causal block has half the key tiles on average,
+ * so its start weighs more), non-causal ones 2-4% more. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_q_tma(int32_t D, int32_t kv_mode, int32_t causal) {
     return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D != 64 || causal != 0);
 }
