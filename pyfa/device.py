@@ -195,14 +195,14 @@ def counters() -> dict:
     """Process-wide counts of what calls cost beyond their kernels: device,
     pinned and host allocations, GPU synchronisations, host<->device copies,
     GPU kernel launches (and of them, launches of clusters of blocks), prefill
-    dispatches whose blocks' keys were split, and plans made (a steady-state
-    call adds only launches)."""
+    dispatches whose blocks' keys were split, prefill dispatches of persistent
+    blocks, and plans made (a steady-state call adds only launches)."""
     c = ffi.new("pyfa_counters *")
     check(lib.pyfa_counters_get(c))
     return {name: int(getattr(c, name)) for name in (
         "device_allocations", "pinned_allocations", "host_allocations", "synchronizations",
         "host_to_device_copies", "device_to_host_copies", "kernel_launches", "plans_created", "cluster_launches",
-        "split_launches")}
+        "split_launches", "persistent_launches")}
 
 
 def available_backends() -> list[str]:

@@ -25,6 +25,7 @@ int pyfa_counters_get(pyfa_counters *out) {
     out->plans_created = __atomic_load_n(&counts[PYFA_COUNT_PLAN], __ATOMIC_RELAXED);
     out->cluster_launches = __atomic_load_n(&counts[PYFA_COUNT_CLUSTER_LAUNCH], __ATOMIC_RELAXED);
     out->split_launches = __atomic_load_n(&counts[PYFA_COUNT_SPLIT_LAUNCH], __ATOMIC_RELAXED);
+    out->persistent_launches = __atomic_load_n(&counts[PYFA_COUNT_PERSISTENT_LAUNCH], __ATOMIC_RELAXED);
     pyfa_set_last_error(NULL);
     return PYFA_OK;
 }

@@ -162,6 +162,22 @@ typedef struct pyfa_prefill_split {
 #define PYFA_PREFILL_ARG_SPLIT_TICKETS 16 /**< u32 [split blocks] */
 #define PYFA_PREFILL_ARG_SPLIT_STATES 17  /**< f32 [split blocks][parts][state_floats] */
 
+/* ---------------------------------------------------------------------------
+ * Persistent blocks (rectangular mode; a kernel of its own,
+ * flash_attn_prefill_persistent, dispatched only where a backend's plan runs
+ * it: BackendPlan.prefillPersistent). A one-dimensional launch of G blocks
+ * runs the `ranks` blocks of the 3-d grid, ranks as the key split's (query
+ * tile slowest, highest first, then sequence, then head; no split with it):
+ * block x takes rank G r + x in even rounds r and G r + G - 1 - x in odd ones
+ * (while below `ranks`), in turn, starting each one's copies while the one
+ * before finishes.
+ * ------------------------------------------------------------------------- */
+typedef struct pyfa_prefill_persist {
+    uint32_t ranks; /**< the 3-d grid's blocks: num_q_blocks * num_heads * batch, <= INT32_MAX */
+} pyfa_prefill_persist;
+
+#define PYFA_PREFILL_ARG_PERSIST 19 /**< inline pyfa_prefill_persist */
+
 /* Function constants of flash_attn_prefill (flash_attn_prefill_blk reads
  * DTYPE, MASK_KIND, BLOCK_Q and BLOCK_K). Booleans are 0/1. */
 #define PYFA_PREFILL_FC_DTYPE 0       /**< dtype code of q, k, v (and an additive mask) */

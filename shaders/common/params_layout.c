@@ -26,3 +26,4 @@ _Static_assert(sizeof(pyfa_kv_append_paged_params) == 32, "pyfa_kv_append_paged_
 _Static_assert(sizeof(pyfa_tq_quantize_paged_params) == 48, "pyfa_tq_quantize_paged_params layout");
 _Static_assert(sizeof(pyfa_prefill_packed) == 16, "pyfa_prefill_packed layout");
 _Static_assert(sizeof(pyfa_prefill_split) == 16, "pyfa_prefill_split layout");
+_Static_assert(sizeof(pyfa_prefill_persist) == 4, "pyfa_prefill_persist layout");

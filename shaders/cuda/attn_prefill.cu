@@ -173,6 +173,15 @@ struct tile_slot {
         h = plane % p.num_heads;
         b = plane / p.num_heads;
     }
+    /* A persistent launch's rank r of the 3-d grid (pyfa_prefill_persist): the
+     * key split's rank order, without parts. */
+    __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, uint32_t rank) {
+        const uint32_t planes = p.num_heads * p.batch;
+        qtile = p.num_q_blocks - 1 - rank / planes;
+        const uint32_t plane = rank % planes;
+        h = plane % p.num_heads;
+        b = plane / p.num_heads;
+    }
     __device__ __forceinline__ explicit tile_slot(uint32_t num_q_blocks) {
         const uint64_t planes = (uint64_t)gridDim.y * gridDim.z;
         uint32_t cluster_y = 1;
@@ -302,8 +311,12 @@ struct block_info<PYFA_PREFILL_KV_RECT> {
      * dispatch bound it; nullptr otherwise. */
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
                                           const flags &f, uint32_t BQ, uint32_t BK, uint32_t es,
-                                          const pyfa_prefill_split *split = nullptr) {
-        const tile_slot slot = split != nullptr ? tile_slot(p, *split) : tile_slot(p.num_q_blocks);
+                                          const pyfa_prefill_split *split = nullptr)
+        : block_info(p, a, f, BQ, BK, es, split != nullptr ? tile_slot(p, *split) : tile_slot(p.num_q_blocks), split) {}
+    /* The block of `slot` (a persistent launch's rank: split nullptr). */
+    __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
+                                          const flags &f, uint32_t BQ, uint32_t BK, uint32_t es, const tile_slot &slot,
+                                          const pyfa_prefill_split *split) {
         qtile = slot.qtile;
         h = slot.h;
         b = slot.b;
@@ -1051,6 +1064,33 @@ __device__ __forceinline__ void flash_attn_prefill_body(const pyfa_cuda_args &a)
     } else {
         prefill::prefill_mma<DT, D, BQ, BK, KV_MODE>(a, f);
     }
+}
+
+/* Persistent blocks (flash_attn_prefill_params.h, pyfa_prefill_persist): the
+ * warpgroup-MMA tiles pyfa_cuda_prefill_persists names, without a mask (the
+ * constants flash_attn_prefill's dispatcher builds for such a call). */
+#define PYFA_MAX_THREADS_flash_attn_prefill_persistent(DT, D, BQ, BK, HAS_MASK, MASK_KIND, DO_CAUSAL, HAS_WINDOW, \
+                                                       HAS_SOFTCAP, HAS_BLK, HAS_LSE, OUT_DT, KV_MODE)          \
+    pyfa_cuda_prefill_wgmma_block_threads(D, KV_MODE)
+template <int DT, int D, int BQ, int BK, int HAS_MASK, int MASK_KIND, int DO_CAUSAL, int HAS_WINDOW,
+          int HAS_SOFTCAP, int HAS_BLK, int HAS_LSE, int OUT_DT, int KV_MODE>
+__device__ __forceinline__ void flash_attn_prefill_persistent_body(const pyfa_cuda_args &a) {
+    static_assert(DT != PYFA_DTYPE_F32 && KV_MODE == PYFA_PREFILL_KV_RECT && pyfa_cuda_prefill_persists(D, KV_MODE) &&
+                      BQ == pyfa_cuda_prefill_wgmma_block_q(D, KV_MODE) && BK == pyfa_cuda_prefill_wgmma_block_k(D, KV_MODE),
+                  "flash_attn_prefill_persistent: the warpgroup-MMA tiles pyfa_cuda_prefill_persists names");
+    static_assert(HAS_MASK == 0 && HAS_BLK == 0, "flash_attn_prefill_persistent: no mask");
+    static_assert(OUT_DT == DT || OUT_DT == PYFA_DTYPE_F32, "flash_attn_prefill_persistent: out dtype (the I/O dtype or f32)");
+    const prefill::flags f = {false, false, DO_CAUSAL != 0, HAS_WINDOW != 0, HAS_SOFTCAP != 0, false, HAS_LSE != 0,
+                              OUT_DT == PYFA_DTYPE_F32};
+    /* A body for launches with the three tensor maps, and one for launches
+     * without (the consumers copy every tile): a body that could take either
+     * kept the registers of the threads' copies through its loop, and ptxas
+     * then put the wait for P V before the softmax (H200, D 128 4K
+     * non-causal: 7% slower than the grid launch). */
+    if (prefill::tma_maps_present(a) && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0)
+        prefill::prefill_wgmma<DT, D, KV_MODE, DO_CAUSAL, 1, true>(a, f);
+    else
+        prefill::prefill_wgmma<DT, D, KV_MODE, DO_CAUSAL, 0, true>(a, f);
 }
 
 template <int DT, int BQ, int BK, int MASK_KIND>

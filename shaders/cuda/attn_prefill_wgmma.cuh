@@ -437,10 +437,33 @@ __device__ __forceinline__ bool store_rows_staged(const pyfa_cuda_args &a, const
     return true;
 }
 
+/* The block of a launch's rank: a grid launch's own block (its split part
+ * where the dispatch bound a split), a persistent launch's rank `rank` of the
+ * 3-d grid (pyfa_prefill_persist). */
+template <bool PERSIST, int KV_MODE>
+__device__ __forceinline__ block_info<KV_MODE> launch_block(const pyfa_flash_attn_prefill_params &p,
+                                                          const pyfa_cuda_args &a, const flags &f, uint32_t BQ,
+                                                          uint32_t BK, const pyfa_prefill_split *split, uint32_t rank) {
+    if constexpr (PERSIST)
+        return block_info<KV_MODE>(p, a, f, BQ, BK, 2, tile_slot(p, rank), nullptr);
+    else
+        return block_info<KV_MODE>(p, a, f, BQ, BK, 2, split);
+}
+
 /* MAPS: 1 where the caller checked tma_maps_present, 0 where it found a map
  * missing, -1 where the kernel reads them as it starts (every body in one).
- * CAUSAL: the entry's constant (pyfa_cuda_prefill_wgmma_q_tma reads it). */
-template <int DT, int D, int KV_MODE, int CAUSAL, int MAPS = -1>
+ * CAUSAL: the entry's constant (pyfa_cuda_prefill_wgmma_q_tma reads it).
+ * PERSIST: a persistent launch (flash_attn_prefill_persistent: the kernels
+ * pyfa_cuda_prefill_persists names). Each block takes one rank of the grid's
+ * `ranks` a round (rank_of), in turn. The K and V
+ * rings' sequence numbers run on across ranks, so the producer copies the
+ * next rank's stages while the consumers finish this one; Q has two buffers
+ * (the second after the V stages), and the producer copies the next rank's
+ * query tile into the other one as soon as the rank before this one has
+ * released it (its output staged and stored). A block's start and end then
+ * overlap its neighbours' work instead of leaving the tensor cores idle once a
+ * rank. */
+template <int DT, int D, int KV_MODE, int CAUSAL, int MAPS = -1, bool PERSIST = false>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
     static_assert(MAPS == -1 || KV_MODE == PYFA_PREFILL_KV_RECT, "stage maps exist in rectangular mode only");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -457,21 +480,34 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     constexpr bool PRODUCER = pyfa_cuda_prefill_wgmma_producer(D, KV_MODE) != 0;
     static_assert(PYFA_PREFILL_KV_RECT == 0, "pyfa_cuda_prefill_wgmma_producer names the rectangular mode 0");
     static_assert(!PRODUCER || SWIZZLED, "the producer's copies are TMA's, into swizzled stages");
+    static_assert(!PERSIST || (pyfa_cuda_prefill_persists(D, KV_MODE) && MAPS != -1),
+                  "persistent blocks: the kernels pyfa_cuda_prefill_persists names, a body with all maps or none");
     constexpr int P_TERMS = PYFA_PREFILL_P_TERMS;
     constexpr float SLACK = prefill_max_slack(D);
     static_assert(P_TERMS == 1 || P_TERMS == 2, "PYFA_PREFILL_P_TERMS: 1 or 2");
     const pyfa_flash_attn_prefill_params &p = pyfa_param<pyfa_flash_attn_prefill_params>(a, PYFA_PREFILL_ARG_PARAMS);
     /* A key split (pyfa_prefill_split) where the dispatch bound one, in the kernels that take it
-     * (cuda_layout.h, pyfa_cuda_prefill_splits); elsewhere none, and no code for one. */
-    constexpr bool SPLITS = pyfa_cuda_prefill_splits(D, KV_MODE) != 0;
+     * (cuda_layout.h, pyfa_cuda_prefill_splits); elsewhere none, and no code for one. A
+     * persistent launch has none. */
+    constexpr bool SPLITS = pyfa_cuda_prefill_splits(D, KV_MODE) != 0 && !PERSIST;
     static_assert(!SPLITS || PRODUCER, "a split part's merge waits on the consumers' barrier");
     const pyfa_prefill_split *split =
         SPLITS && a.arg[PYFA_PREFILL_ARG_SPLIT] != 0 ? &pyfa_param<pyfa_prefill_split>(a, PYFA_PREFILL_ARG_SPLIT) : nullptr;
     static_assert(!SPLITS || pyfa_cuda_prefill_split_state_floats(D, KV_MODE) == 4 * (ND + 1) * BLOCK_THREADS,
                   "merge_split_parts: a part's state as the plan sizes it");
-    const block_info<KV_MODE> bi(p, a, f, BQ, BK, 2, split);
+    /* The launch's ranks (a grid launch's block is one), and the persistent
+     * block's r-th: rank G r + x in even rounds r, G r + G - 1 - x in odd
+     * ones (G blocks, x this one), so that under causal masking, whose ranks
+     * run from the longest query tiles to the shortest, every block's share
+     * of the work is about the same. */
+    const uint32_t ranks = PERSIST ? pyfa_param<pyfa_prefill_persist>(a, PYFA_PREFILL_ARG_PERSIST).ranks : 1;
+    auto rank_of = [](uint32_t r) { return r * gridDim.x + ((r & 1) != 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x); };
+    block_info<KV_MODE> bi = launch_block<PERSIST, KV_MODE>(p, a, f, BQ, BK, split, blockIdx.x);
     if constexpr (KV_MODE != PYFA_PREFILL_KV_RECT) {
         if (!bi.live()) return; /* uniform per block, before any barrier */
+    }
+    if constexpr (PERSIST) {
+        if (blockIdx.x >= ranks) return; /* uniform per block, before any barrier */
     }
     /* The warpgroup through a shuffle, which the compiler knows to be uniform
      * across the warp: the descriptors built from it then live in uniform
@@ -485,6 +521,11 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     /* Two K stages, then two V stages. */
     auto sk = [&](int st) { return sq + S::Q_BYTES + st * S::KV_BYTES; };
     auto sv = [&](int st) { return sq + S::Q_BYTES + (2 + st) * S::KV_BYTES; };
+    /* The query tile of the block's r-th rank: a persistent block's odd ranks
+     * take the second buffer, after the V stages
+     * (pyfa_cuda_prefill_persistent_smem_bytes). */
+    constexpr uint32_t Q1 = S::Q_BYTES + 2 * S::STAGES * S::KV_BYTES;
+    auto q_buffer = [&](uint32_t r) { return PERSIST && (r & 1) != 0 ? sq + Q1 : sq; };
     /* Descriptor bases: this warpgroup's 64 Q rows (8 row groups on), K, V.
      * K-major (Q, K): core matrices 128 bytes apart along K, row groups GROUP
      * apart; N-major (V): 8-key groups GROUP apart along K, core matrices 128
@@ -501,8 +542,8 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the consumers' copies. Elsewhere
      * core matrices by the consumers' copies. */
     constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE, CAUSAL) != 0 && MAPS != 0;
-    const uint64_t q_desc = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
-                                  : kmajor(smem_addr(sq) + wg * 8 * GROUP);
+    const uint64_t q_desc0 = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
+                                   : kmajor(smem_addr(sq) + wg * 8 * GROUP);
     uint64_t k_desc, v_desc;
     if constexpr (SWIZZLED) {
         k_desc = swizzled_kmajor<S::SPAN>(smem_addr(sk(0)));
@@ -512,9 +553,14 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         v_desc = nmajor(smem_addr(sv(0)));
     }
 
-    const char *qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
-    const char *kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
-    const char *vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) + bi.key_offset(p.v_strides) * 2;
+    /* The rank's rows of q, K and V (set again at each rank of a persistent block). */
+    const char *qbase, *kbase, *vbase;
+    auto set_bases = [&]() {
+        qbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_Q) + bi.row_offset(p.q_strides, bi.h) * 2;
+        kbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_K) + bi.key_offset(p.k_strides) * 2;
+        vbase = pyfa_ptr<const char>(a, PYFA_PREFILL_ARG_V) + bi.key_offset(p.v_strides) * 2;
+    };
+    set_bases();
     const int64_t qrow = p.q_strides[2] * 2, krow = p.k_strides[2] * 2, vrow = p.v_strides[2] * 2;
     const float scale_log2 = p.scale * PYFA_LOG2E;
 
@@ -522,24 +568,42 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
     int row[2];
     int64_t pos[2];
     const char *mrow[2];
+    auto set_rows = [&]() {
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        row[r] = wg * 64 + warp * 16 + g + 8 * r;
-        pos[r] = bi.p_lo + row[r];
-        mrow[r] = bi.mbase != nullptr && (uint32_t)row[r] < bi.nq
-                      ? bi.mbase + (int64_t)row[r] * p.mask_strides[2] * (f.bool_mask ? 1 : 2)
-                      : nullptr;
-    }
+        for (int r = 0; r < 2; r++) {
+            row[r] = wg * 64 + warp * 16 + g + 8 * r;
+            pos[r] = bi.p_lo + row[r];
+            mrow[r] = bi.mbase != nullptr && (uint32_t)row[r] < bi.nq
+                          ? bi.mbase + (int64_t)row[r] * p.mask_strides[2] * (f.bool_mask ? 1 : 2)
+                          : nullptr;
+        }
+    };
+    set_rows();
 
     __shared__ uint64_t stage_bars[8];
-    /* Q's arrival by TMA (one phase a block), initialised beside the rings'
-     * barriers: their constructor's fence and block barrier publish it. */
-    __shared__ uint64_t q_bar;
-    /* Read from the arguments where used (uniform), not kept live through the loop. */
+    /* Q's arrival by TMA (one phase a block; in a persistent block one phase a
+     * rank of each of the two buffers, and their release by every consumer
+     * warp), initialised beside the rings' barriers: their constructor's fence
+     * and block barrier publish them. */
+    __shared__ uint64_t q_bar, q_bars[3]; /* q_bars: a persistent block's second buffer's, the releases */
+    auto q_full = [&](uint32_t r) { return PERSIST && (r & 1) != 0 ? &q_bars[0] : &q_bar; };
+    auto q_free = [&](uint32_t r) { return &q_bars[1 + (r & 1)]; };
+    /* The wait parity of rank r's Q: its buffer's (r / 2)-th phase. */
+    auto q_parity = [](uint32_t r) { return PERSIST ? (r >> 1) & 1 : 0u; };
+    /* Read from the arguments where used (uniform), not kept live through the
+     * loop; a persistent body with the maps has q's (its entry checked). */
     auto q_tma = [&]() {
-        return Q_TMA && a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0 && (MAPS == 1 || tma_maps_present(a));
+        return Q_TMA && ((PERSIST && MAPS == 1) ||
+                         (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] != 0 && (MAPS == 1 || tma_maps_present(a))));
     };
-    if (q_tma() && threadIdx.x == 0) pyfa_mbar_init(&q_bar, 1);
+    if (q_tma() && threadIdx.x == 0) {
+        pyfa_mbar_init(q_full(0), 1);
+        if constexpr (PERSIST) {
+            pyfa_mbar_init(q_full(1), 1);
+            pyfa_mbar_init(q_free(0), BLOCK_THREADS / 32);
+            pyfa_mbar_init(q_free(1), BLOCK_THREADS / 32);
+        }
+    }
     /* The producer's first thread issues the copies (every kernel here whose
      * stages TMA may bring has the producer); every consumer warp releases
      * each stage. */
@@ -552,6 +616,13 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         load_kv_stage<D, BK, BLOCK_THREADS, KV_MODE, SWIZZLED>(tma, is_v, seq & 1, dst, a, p, bi, base, rowb,
                                                                    pool_slot, j0, n, seq);
     };
+    /* Rank r's query tile by one TMA copy: the box {SPAN / 2, BQ, 2 D / SPAN}
+     * at row i0 of head h, sequence b; rows past q_len as zeros. */
+    auto load_q = [&](uint32_t r) {
+        pyfa_mbar_expect_tx(q_full(r), S::Q_BYTES);
+        const void *q_map = a.inline_bytes + (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] & ~PYFA_CUDA_INLINE_TAG);
+        pyfa_tma_load_5d(q_buffer(r), q_map, q_full(r), 0, (int)bi.i0, 0, (int)bi.h, (int)bi.b);
+    };
 
     if constexpr (PRODUCER) {
         if (wg == CONSUMERS) {
@@ -559,16 +630,38 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
              * the V of the tile before it (the consumers' order: iteration i
              * reads K_i and V_{i-1}); a stage's copy waits for the consumers'
              * release of the tile it held. Without TMA (a map the backend
-             * could not build) the consumers copy their stages themselves. */
+             * could not build) the consumers copy their stages themselves.
+             * A rank's tiles are the seq0-th K and V tiles of the block on;
+             * returns their count. */
             pyfa_setmaxnreg_dec<pyfa_cuda_prefill_wgmma_producer_regs(CONSUMERS)>();
-            if (tma.on && (int)threadIdx.x == tma.issuer) {
+            auto produce = [&](int seq0) {
                 uint32_t t = bi.next_tile(bi.t_begin), prev = bi.t_end;
                 for (int seq = 0;; seq++) {
-                    if (t < bi.t_end) load_kv(false, seq, sk(seq & 1), kbase, krow, PYFA_PREFILL_ARG_K, t);
-                    if (prev < bi.t_end) load_kv(true, seq - 1, sv((seq - 1) & 1), vbase, vrow, PYFA_PREFILL_ARG_V, prev);
-                    if (t >= bi.t_end) break;
+                    if (t < bi.t_end)
+                        load_kv(false, seq0 + seq, sk((seq0 + seq) & 1), kbase, krow, PYFA_PREFILL_ARG_K, t);
+                    if (prev < bi.t_end)
+                        load_kv(true, seq0 + seq - 1, sv((seq0 + seq - 1) & 1), vbase, vrow, PYFA_PREFILL_ARG_V, prev);
+                    if (t >= bi.t_end) return seq;
                     prev = t;
                     t = bi.next_tile(t + 1);
+                }
+            };
+            if (tma.on && (int)threadIdx.x == tma.issuer) {
+                if constexpr (PERSIST) {
+                    int seq0 = 0;
+                    for (uint32_t r = 0; rank_of(r) < ranks; r++) {
+                        if (r > 0) {
+                            bi = launch_block<PERSIST, KV_MODE>(p, a, f, BQ, BK, nullptr, rank_of(r));
+                            set_bases();
+                        }
+                        if (q_tma()) {
+                            if (r >= 2) pyfa_mbar_wait(q_free(r), ((r >> 1) - 1) & 1); /* rank r - 2's output stored */
+                            load_q(r);
+                        }
+                        seq0 += produce(seq0);
+                    }
+                } else {
+                    produce(0);
                 }
             }
             return;
@@ -583,227 +676,268 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         else
             __syncthreads();
     };
-
-    if constexpr (Q_TMA) {
-        /* One copy, issued by consumer thread 0 where the threads' copies would be. */
-        if (q_tma()) {
-            if (threadIdx.x == 0) { /* the box {SPAN / 2, BQ, 2 D / SPAN} at row i0 of head h, sequence b; rows past q_len as zeros */
-                pyfa_mbar_expect_tx(&q_bar, S::Q_BYTES);
-                const void *q_map = a.inline_bytes + (a.arg[PYFA_CUDA_PREFILL_ARG_TMAP_Q] & ~PYFA_CUDA_INLINE_TAG);
-                pyfa_tma_load_5d(sq, q_map, &q_bar, 0, (int)bi.i0, 0, (int)bi.h, (int)bi.b);
-            }
-        } else
-            load_swizzled_stage<D, BQ, BLOCK_THREADS, S::SPAN>(sq, [&](int r) { return qbase + (int64_t)r * qrow; }, qbase,
-                                                               bi.nq);
-    } else {
-        load_core_tile_strided<D, BQ, BLOCK_THREADS>(sq, qbase, qrow, bi.nq);
-    }
-    /* Q's copies in a group of their own where the producer copies K and V
-     * (issue then commits none; the waits cover committed groups only). */
-    if constexpr (PRODUCER) pyfa_cp_async_commit();
-
-    float o[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-    /* One commit group per iteration: K of the next live tile (none past the
-     * last), the kseq-th, into K stage kseq % 2 and V of tile `vt`, the
-     * vseq-th, into V stage vseq % 2. */
-    uint32_t kt = bi.next_tile(bi.t_begin);
-    uint32_t issued = kt; /* the next K tile to copy */
-    auto issue = [&](int kseq, int vseq, uint32_t vt) {
-        if (PRODUCER && tma.on) return; /* the producer's */
-        if (issued < bi.t_end) {
-            load_kv(false, kseq, sk(kseq & 1), kbase, krow, PYFA_PREFILL_ARG_K, issued);
-            issued = bi.next_tile(issued + 1);
-        }
-        if (vt < bi.t_end) load_kv(true, vseq, sv(vseq & 1), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
-        pyfa_cp_async_commit();
-    };
-    issue(0, 0, bi.t_end); /* the first K tile, where the threads copy it (and Q's copies into its group) */
-
-    /* P V of tile i - 1 runs on the tensor cores while tile i's softmax runs
-     * on the ALUs: iteration i issues S_i = Q K_iᵀ, then P_{i-1} V_{i-1},
-     * waits for S_i alone, and waits for P V only before rescaling o. The
-     * first tile is peeled so that the loop has no branch between a product
-     * and its wait: ptxas serialises every product of a loop it cannot follow. */
-    uint32_t pa[KP][4], pl[KP][4]; /* P of the previous tile; pl: the residual terms, P_TERMS = 2 only */
-    /* K_ki and V_vi (-1: none) landed: the threads' copies (and Q's), or TMA's.
-     * With the threads' copies a block barrier orders every stage's reuse. With
-     * TMA only Q's copies need one (the first time): the warpgroups release
-     * each stage on its mbarrier (tma.release) and the issuer waits for that
-     * before copying into it, so the warpgroups run apart, and they take
-     * turns issuing their products in a round, 0, 1 (, 2), 0, ... (named
-     * barrier 1 + w is warpgroup w's turn; the one before it in the round
-     * arrives there when its turn ends, as FlashAttention-3's scheduler
-     * barriers): one's softmax runs while the others' products do. */
-    auto tiles_landed = [&](int ki, int vi) {
-        pyfa_cp_async_wait<0>();
-        pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
-        tma.wait(ki, vi);
-        /* every thread's copies landed (Q's, the first time, where the threads copy
-         * Q; else Q's TMA copy); with the threads' copies, every warpgroup is also
-         * done with the products before */
-        if (ki == 0 && q_tma()) pyfa_mbar_wait(&q_bar, 0);
-        if (!tma.on || ki == 0) consumers_sync();
-    };
     const bool turns = tma.on; /* uniform */
     auto my_turn = [&]() { if (turns) pyfa_bar_sync(1 + wg, 2 * 128); };
     auto your_turn = [&]() {
         if (turns) pyfa_bar_arrive(CONSUMERS == 2 ? 2 - wg : wg == CONSUMERS - 1 ? 1 : 2 + wg, 2 * 128);
     };
-    /* A score tile of zeros, pinned before the fence that precedes its product. */
-    auto zero_scores = [](float (&s)[NT][4]) {
-#pragma unroll
-        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        pyfa_wgmma_pin(flat(s));
-    };
-    /* Issues S = Q Kᵀ of the tile in K stage st (after the fence). */
-    auto issue_s = [&](float (&s)[NT][4], int st) {
-        const uint64_t k_stage = pyfa_wgmma_desc_add(k_desc, (uint32_t)st * S::KV_BYTES);
-        /* Q's descriptor as a value of this iteration: left loop-invariant,
-         * ptxas hoisted every k-step's Q descriptor out of the loop into
-         * uniform registers, and at D 256 (16 k-steps) spilled. */
-        uint64_t q_now = q_desc;
-        asm volatile("mov.b64 %0, %0;" : "+l"(q_now));
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) {
-            const uint32_t k_step = SWIZZLED ? swizzled_kstep<S::SPAN, S::BLOCK>(kk) : 256 * kk;
-            const uint32_t q_step = Q_TMA ? swizzled_kstep<S::SPAN, BQ * S::SPAN>(kk) : 256 * kk;
-            pyfa_wgmma_ss<DT>(flat(s), pyfa_wgmma_desc_add(q_now, q_step), pyfa_wgmma_desc_add(k_stage, k_step),
-                              kk > 0 ? 1u : 0u);
+
+    /* The block's r-th rank, whose K and V tiles are the seq0-th of the block
+     * on: returns the sequence number after its last (the loop counts in the
+     * block's sequence, so that seq0 is not live through it). */
+    auto consume = [&](uint32_t r, int seq0) -> int {
+        /* (A grid launch's descriptor as built: an added 0 moved ptxas's choices.) */
+        const uint64_t q_desc = PERSIST ? pyfa_wgmma_desc_add(q_desc0, (uint32_t)(q_buffer(r) - sq)) : q_desc0;
+        if constexpr (Q_TMA) {
+            /* One copy, issued by consumer thread 0 where the threads' copies would be
+             * (a persistent block's producer issues it, ahead of the rank). */
+            if (q_tma()) {
+                if (!PERSIST && threadIdx.x == 0) load_q(r);
+            } else {
+                /* A persistent block's consumers meet first: their copies cross
+                 * warpgroups, and the other may still read rank r - 2's Q. */
+                if constexpr (PERSIST) consumers_sync();
+                load_swizzled_stage<D, BQ, BLOCK_THREADS, S::SPAN>(
+                    q_buffer(r), [&](int rr) { return qbase + (int64_t)rr * qrow; }, qbase, bi.nq);
+            }
+        } else {
+            if constexpr (PERSIST) consumers_sync(); /* as above */
+            load_core_tile_strided<D, BQ, BLOCK_THREADS>(q_buffer(r), qbase, qrow, bi.nq);
         }
-        pyfa_wgmma_commit();
-    };
-    /* Issues O += P V of the tile in V stage st (after the fence). */
-    auto issue_pv = [&](int st) {
-        const uint64_t v_stage = pyfa_wgmma_desc_add(v_desc, (uint32_t)st * S::KV_BYTES);
+        /* Q's copies in a group of their own where the producer copies K and V
+         * (issue then commits none; the waits cover committed groups only). */
+        if constexpr (PRODUCER) pyfa_cp_async_commit();
+
+        float o[ND][4];
 #pragma unroll
-        for (int t = 0; t < KP; t++) {
-            /* keys 16t ...: two 8-row groups */
-            const uint64_t vd = pyfa_wgmma_desc_add(v_stage, SWIZZLED ? 16 * S::SPAN * t : 2 * GROUP * t);
-            pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
-            if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
-        }
-        pyfa_wgmma_commit();
-    };
-    /* Where the next tiles' copies are issued: after the products from D = 128
-     * on, so their ~300 instructions run while the tensor cores work on S
-     * (H200, 16K: D 256 +5-10%, D 128 -1 to +6%), and wherever TMA may bring
-     * them (one instruction); before them below, where S is shorter than the
-     * threads' copies' issue (D 64: 3% slower after). */
-    constexpr bool COPIES_UNDER_S = D >= 128 || (SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT);
-    /* Operands are written before the fence and read after the wait: the pins
-     * keep the compiler from moving those accesses across either. */
-    if (kt < bi.t_end) {
-        tiles_landed(0, -1);
-        if (wg == CONSUMERS - 1) your_turn(); /* warpgroup 0 issues first */
-        {
-            float s[NT][4];
-            zero_scores(s);
-            pyfa_wgmma_fence();
-            if constexpr (!COPIES_UNDER_S) issue(1, 0, kt); /* K_1, V_0 */
-            my_turn();
-            issue_s(s, 0);
-            your_turn();
-            if constexpr (COPIES_UNDER_S) issue(1, 0, kt);
-            pyfa_wgmma_wait<0>();
+        for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        /* One commit group per iteration: K of the next live tile (none past the
+         * last), the kseq-th, into K stage kseq % 2 and V of tile `vt`, the
+         * vseq-th, into V stage vseq % 2. */
+        uint32_t kt = bi.next_tile(bi.t_begin);
+        uint32_t issued = kt; /* the next K tile to copy */
+        auto issue = [&](int kseq, int vseq, uint32_t vt) {
+            if (PRODUCER && tma.on) return; /* the producer's */
+            if (issued < bi.t_end) {
+                load_kv(false, kseq, sk(kseq & 1), kbase, krow, PYFA_PREFILL_ARG_K, issued);
+                issued = bi.next_tile(issued + 1);
+            }
+            if (vt < bi.t_end) load_kv(true, vseq, sv(vseq & 1), vbase, vrow, PYFA_PREFILL_ARG_V, vt);
+            pyfa_cp_async_commit();
+        };
+        issue(seq0, seq0, bi.t_end); /* the first K tile, where the threads copy it (and Q's copies into its group) */
+
+        /* P V of tile i - 1 runs on the tensor cores while tile i's softmax runs
+         * on the ALUs: iteration i issues S_i = Q K_iᵀ, then P_{i-1} V_{i-1},
+         * waits for S_i alone, and waits for P V only before rescaling o. The
+         * first tile is peeled so that the loop has no branch between a product
+         * and its wait: ptxas serialises every product of a loop it cannot follow. */
+        uint32_t pa[KP][4], pl[KP][4]; /* P of the previous tile; pl: the residual terms, P_TERMS = 2 only */
+        /* K_ki and V_vi (-1: none; the block's sequence numbers) landed: the
+         * threads' copies (and Q's), or TMA's. With the threads' copies a block
+         * barrier orders every stage's reuse. With TMA only the rank's first
+         * tile needs one (Q's copies; a persistent rank's turns start balanced):
+         * the warpgroups release each stage on its mbarrier (tma.release) and the
+         * issuer waits for that before copying into it, so the warpgroups run
+         * apart, and they take turns issuing their products in a round, 0, 1 (,
+         * 2), 0, ... (named barrier 1 + w is warpgroup w's turn; the one before it
+         * in the round arrives there when its turn ends, as FlashAttention-3's
+         * scheduler barriers): one's softmax runs while the others' products do. */
+        auto tiles_landed = [&](int ki, int vi, bool first) {
+            pyfa_cp_async_wait<0>();
+            pyfa_fence_proxy_async(); /* this thread's copies, visible to the tensor cores */
+            tma.wait(ki, vi);
+            /* every thread's copies landed (Q's, the first time, where the threads copy
+             * Q; else Q's TMA copy); with the threads' copies, every warpgroup is also
+             * done with the products before */
+            if (first && q_tma()) pyfa_mbar_wait(q_full(r), q_parity(r));
+            if (!tma.on || first) consumers_sync();
+        };
+        /* A score tile of zeros, pinned before the fence that precedes its product. */
+        auto zero_scores = [](float (&s)[NT][4]) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
             pyfa_wgmma_pin(flat(s));
-            tma.release(false, 0);
-            finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
-            float alpha[2]; /* o is still 0 */
-            softmax_scores(s, m, l, alpha, SLACK);
+        };
+        /* Issues S = Q Kᵀ of the tile in K stage st (after the fence). */
+        auto issue_s = [&](float (&s)[NT][4], int st) {
+            const uint64_t k_stage = pyfa_wgmma_desc_add(k_desc, (uint32_t)st * S::KV_BYTES);
+            /* Q's descriptor as a value of this iteration: left loop-invariant,
+             * ptxas hoisted every k-step's Q descriptor out of the loop into
+             * uniform registers, and at D 256 (16 k-steps) spilled. */
+            uint64_t q_now = q_desc;
+            asm volatile("mov.b64 %0, %0;" : "+l"(q_now));
 #pragma unroll
-            for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
-        }
-        kt = bi.next_tile(kt + 1);
-        int i = 1;
-        tile_rules tr;
-        /* The factor o takes before the next P V (the previous tile's softmax
-         * moved the maximum). o is rescaled ahead of that product's issue, as
-         * FlashAttention-3 does, so that after the wait for P V only P's
-         * fragments remain. */
-        float alpha[2] = {1.0f, 1.0f};
-        /* Plain tiles of a call without a mask and with a positive scale go
-         * to softmax_scores as raw dot products (RAW: one fma an exponent).
-         * A masked call keeps the scaled scores in every tile: a tile whose
-         * mask blk calls all zeros, read or not, then gives the same bits. */
-        const bool raw_plain = !f.has_mask && scale_log2 > 0.0f; /* uniform */
-        /* One iteration; PLAIN: tile kt takes the scale alone (plain_tile) and raw_plain holds.
-         * Plain and other tiles run separate copies of the iteration, each
-         * without a branch between the products' issue and the last wait:
-         * where the score finish branched, ptxas put the wait for P V at the
-         * branches' join, before the softmax, which then no longer ran under
-         * P V (SASS: every MUFU.EX2 after the WARPGROUP.DEPBAR). */
-        auto iteration = [&](auto plain) {
-            constexpr bool PLAIN = decltype(plain)::value;
-            tiles_landed(i, i - 1); /* K_i and V_{i-1} landed */
-            float s[NT][4];
-            zero_scores(s);
+            for (int kk = 0; kk < KD; kk++) {
+                const uint32_t k_step = SWIZZLED ? swizzled_kstep<S::SPAN, S::BLOCK>(kk) : 256 * kk;
+                const uint32_t q_step = Q_TMA ? swizzled_kstep<S::SPAN, BQ * S::SPAN>(kk) : 256 * kk;
+                pyfa_wgmma_ss<DT>(flat(s), pyfa_wgmma_desc_add(q_now, q_step), pyfa_wgmma_desc_add(k_stage, k_step),
+                                  kk > 0 ? 1u : 0u);
+            }
+            pyfa_wgmma_commit();
+        };
+        /* Issues O += P V of the tile in V stage st (after the fence). */
+        auto issue_pv = [&](int st) {
+            const uint64_t v_stage = pyfa_wgmma_desc_add(v_desc, (uint32_t)st * S::KV_BYTES);
+#pragma unroll
+            for (int t = 0; t < KP; t++) {
+                /* keys 16t ...: two 8-row groups */
+                const uint64_t vd = pyfa_wgmma_desc_add(v_stage, SWIZZLED ? 16 * S::SPAN * t : 2 * GROUP * t);
+                pyfa_wgmma_rs<DT>(flat(o), pa[t], vd, 1u);
+                if constexpr (P_TERMS == 2) pyfa_wgmma_rs<DT>(flat(o), pl[t], vd, 1u);
+            }
+            pyfa_wgmma_commit();
+        };
+        /* Where the next tiles' copies are issued: after the products from D = 128
+         * on, so their ~300 instructions run while the tensor cores work on S
+         * (H200, 16K: D 256 +5-10%, D 128 -1 to +6%), and wherever TMA may bring
+         * them (one instruction); before them below, where S is shorter than the
+         * threads' copies' issue (D 64: 3% slower after). */
+        constexpr bool COPIES_UNDER_S = D >= 128 || (SWIZZLED && KV_MODE == PYFA_PREFILL_KV_RECT);
+        int next_seq = seq0;
+        /* Operands are written before the fence and read after the wait: the pins
+         * keep the compiler from moving those accesses across either. */
+        if (kt < bi.t_end) {
+            tiles_landed(seq0, -1, true);
+            if (wg == CONSUMERS - 1) your_turn(); /* warpgroup 0 issues first */
+            {
+                float s[NT][4];
+                zero_scores(s);
+                pyfa_wgmma_fence();
+                if constexpr (!COPIES_UNDER_S) issue(seq0 + 1, seq0, kt); /* K_1, V_0 */
+                my_turn();
+                issue_s(s, seq0 & 1);
+                your_turn();
+                if constexpr (COPIES_UNDER_S) issue(seq0 + 1, seq0, kt);
+                pyfa_wgmma_wait<0>();
+                pyfa_wgmma_pin(flat(s));
+                tma.release(false, seq0);
+                finish_tile<DT, KV_MODE>(s, p, f, bi, kt, BK, scale_log2, mrow, pos, t4);
+                float alpha[2]; /* o is still 0 */
+                softmax_scores(s, m, l, alpha, SLACK);
+#pragma unroll
+                for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+            }
+            kt = bi.next_tile(kt + 1);
+            int i = seq0 + 1; /* K_i and V_{i-1} in the block's sequence */
+            tile_rules tr;
+            /* The factor o takes before the next P V (the previous tile's softmax
+             * moved the maximum). o is rescaled ahead of that product's issue, as
+             * FlashAttention-3 does, so that after the wait for P V only P's
+             * fragments remain. */
+            float alpha[2] = {1.0f, 1.0f};
+            /* Plain tiles of a call without a mask and with a positive scale go
+             * to softmax_scores as raw dot products (RAW: one fma an exponent).
+             * A masked call keeps the scaled scores in every tile: a tile whose
+             * mask blk calls all zeros, read or not, then gives the same bits. */
+            const bool raw_plain = !f.has_mask && scale_log2 > 0.0f; /* uniform */
+            /* One iteration; PLAIN: tile kt takes the scale alone (plain_tile) and raw_plain holds.
+             * Plain and other tiles run separate copies of the iteration, each
+             * without a branch between the products' issue and the last wait:
+             * where the score finish branched, ptxas put the wait for P V at the
+             * branches' join, before the softmax, which then no longer ran under
+             * P V (SASS: every MUFU.EX2 after the WARPGROUP.DEPBAR). */
+            auto iteration = [&](auto plain) {
+                constexpr bool PLAIN = decltype(plain)::value;
+                tiles_landed(i, i - 1, false); /* K_i and V_{i-1} landed */
+                float s[NT][4];
+                zero_scores(s);
+                rescale_after<(SLACK > 0.0f)>(o, alpha);
+                pin_operands<P_TERMS>(o, pa, pl);
+                if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
+                pyfa_wgmma_fence();
+                my_turn();
+                issue_s(s, i & 1);
+                issue_pv((i - 1) & 1);
+                your_turn();
+                if constexpr (COPIES_UNDER_S) issue(i + 1, i, kt);
+                pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
+                pyfa_wgmma_pin(flat(s));
+                tma.release(false, i);
+                if constexpr (!PLAIN)
+                    finish_keys<DT, KV_MODE>(s, p, f, bi, tr, (int64_t)kt * BK, scale_log2, mrow, pos, t4);
+                softmax_scores<PLAIN>(s, m, l, alpha, SLACK, scale_log2);
+                pyfa_wgmma_wait<0>();
+                pin_operands<P_TERMS>(o, pa, pl);
+                tma.release(true, i - 1);
+#pragma unroll
+                for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
+            };
+#pragma unroll 1
+            for (; kt < bi.t_end; i++) {
+                tr = bi.rules(p, f, kt, BK);
+                if (raw_plain && plain_tile(f, tr))
+                    iteration(bool_tag<true>{});
+                else
+                    iteration(bool_tag<false>{});
+                kt = bi.next_tile(kt + 1);
+            }
+            tiles_landed(-1, i - 1, false); /* the last V */
             rescale_after<(SLACK > 0.0f)>(o, alpha);
             pin_operands<P_TERMS>(o, pa, pl);
-            if constexpr (!COPIES_UNDER_S) issue(i + 1, i, kt); /* K_{i+1}, V_i into the free stages */
             pyfa_wgmma_fence();
             my_turn();
-            issue_s(s, i & 1);
             issue_pv((i - 1) & 1);
             your_turn();
-            if constexpr (COPIES_UNDER_S) issue(i + 1, i, kt);
-            pyfa_wgmma_wait<1>(); /* S_i done; P V_{i-1} may still run */
-            pyfa_wgmma_pin(flat(s));
-            tma.release(false, i);
-            if constexpr (!PLAIN)
-                finish_keys<DT, KV_MODE>(s, p, f, bi, tr, (int64_t)kt * BK, scale_log2, mrow, pos, t4);
-            softmax_scores<PLAIN>(s, m, l, alpha, SLACK, scale_log2);
             pyfa_wgmma_wait<0>();
             pin_operands<P_TERMS>(o, pa, pl);
-            tma.release(true, i - 1);
-#pragma unroll
-            for (int t = 0; t < KP; t++) p_fragment<DT, P_TERMS>(s, t, pa[t], pl[t]);
-        };
-#pragma unroll 1
-        for (; kt < bi.t_end; i++) {
-            tr = bi.rules(p, f, kt, BK);
-            if (raw_plain && plain_tile(f, tr))
-                iteration(bool_tag<true>{});
-            else
-                iteration(bool_tag<false>{});
-            kt = bi.next_tile(kt + 1);
+            /* The last V stage, released for the next rank's copy (a grid launch's block ends here). */
+            if constexpr (PERSIST) tma.release(true, i - 1);
+            if (wg == 0) my_turn(); /* the last warpgroup's last pass, so the named barriers end balanced */
+            next_seq = i;
         }
-        tiles_landed(-1, i - 1); /* the last V */
-        rescale_after<(SLACK > 0.0f)>(o, alpha);
-        pin_operands<P_TERMS>(o, pa, pl);
-        pyfa_wgmma_fence();
-        my_turn();
-        issue_pv((i - 1) & 1);
-        your_turn();
-        pyfa_wgmma_wait<0>();
-        pin_operands<P_TERMS>(o, pa, pl);
-        if (wg == 0) my_turn(); /* the last warpgroup's last pass, so the named barriers end balanced */
-    }
-    pyfa_cp_async_wait<0>();
-    /* Q's TMA has landed before a block leaves or stores over Q (a block without key tiles never waited). */
-    if (q_tma()) pyfa_mbar_wait(&q_bar, 0);
+        pyfa_cp_async_wait<0>();
+        /* Q's TMA has landed before a block leaves or stores over Q (a block without key tiles never waited). */
+        if (q_tma()) pyfa_mbar_wait(q_full(r), q_parity(r));
 
-    if constexpr (SPLITS) {
-        if (bi.part >= 0 && !merge_split_parts<ND, BLOCK_THREADS>(a, *split, bi.part, bi.split_index, o, m, l, consumers_sync))
-            return; /* another part of this query tile merges */
+        if constexpr (SPLITS) {
+            if (bi.part >= 0 &&
+                !merge_split_parts<ND, BLOCK_THREADS>(a, *split, bi.part, bi.split_index, o, m, l, consumers_sync))
+                return next_seq; /* another part of this query tile merges */
+        }
+        /* Rectangular mode only: the packed modes' kernels (no producer, 255
+         * registers) spill with the staged store. Named barrier 8 + wg is
+         * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers').
+         * Where the threads copy Q their copies cross warpgroups, and a block
+         * without key tiles has not waited for every thread's: the consumers meet
+         * before any warpgroup stores over Q's rows (with Q by TMA every thread
+         * has waited for it above). A flag for "no key tile" kept through the loop
+         * cost the D 128 loop local loads. */
+        bool stored = false;
+        if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT) {
+            if (!q_tma()) consumers_sync();
+            stored = store_rows_staged<DT, D, BQ, Q_TMA>(a, p, f, bi, q_buffer(r), wg, 8 + wg, o, m, l, row, t4);
+        }
+        if (!stored) store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
+        if constexpr (PERSIST) {
+            /* The rank's Q buffer is free for rank r + 2's copy once every
+             * consumer warp has read back its staged rows (its products were
+             * waited for before): the threads' writes ordered before the async
+             * proxy's copy, then one arrival a warp. */
+            if (q_tma()) {
+                pyfa_fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) pyfa_mbar_arrive(q_free(r));
+            }
+        }
+        return next_seq;
+    };
+
+    if constexpr (PERSIST) {
+        int seq0 = 0;
+        for (uint32_t r = 0; rank_of(r) < ranks; r++) {
+            if (r > 0) {
+                bi = launch_block<PERSIST, KV_MODE>(p, a, f, BQ, BK, nullptr, rank_of(r));
+                set_bases();
+                set_rows();
+            }
+            seq0 = consume(r, seq0);
+        }
+    } else {
+        consume(0, 0);
     }
-    /* Rectangular mode only: the packed modes' kernels (no producer, 255
-     * registers) spill with the staged store. Named barrier 8 + wg is
-     * warpgroup wg's own (1 to CONSUMERS + 1 are the turns' and the consumers').
-     * Where the threads copy Q their copies cross warpgroups, and a block
-     * without key tiles has not waited for every thread's: the consumers meet
-     * before any warpgroup stores over Q's rows (with Q by TMA every thread
-     * has waited for it above). A flag for "no key tile" kept through the loop
-     * cost the D 128 loop local loads. */
-    bool stored = false;
-    if constexpr (ND % 8 == 0 && KV_MODE == PYFA_PREFILL_KV_RECT) {
-        if (!q_tma()) consumers_sync();
-        stored = store_rows_staged<DT, D, BQ, Q_TMA>(a, p, f, bi, sq, wg, 8 + wg, o, m, l, row, t4);
-    }
-    if (!stored) store_rows<DT>(a, p, f, bi, o, m, l, row, t4, 0, true);
 #else
     __trap(); /* the plan picks this tile on sm_90a only */
 #endif

@@ -13,6 +13,7 @@ PYFA_CUDA_KERNEL(kv_advance, "kv_append.cu", 32)
 /* the most of any specialisation; attn_prefill.cu's PYFA_MAX_THREADS_flash_attn_prefill gives each its own */
 PYFA_CUDA_KERNEL(flash_attn_prefill, "attn_prefill.cu",
                  PYFA_CUDA_PREFILL_WGMMA_MAX_THREADS)
+PYFA_CUDA_KERNEL(flash_attn_prefill_persistent, "attn_prefill.cu", PYFA_CUDA_PREFILL_WGMMA_MAX_THREADS)
 PYFA_CUDA_KERNEL(flash_attn_prefill_blk, "attn_prefill.cu", 128)
 PYFA_CUDA_KERNEL(merge_attention_states, "attn_prefill.cu", 128)
 PYFA_CUDA_KERNEL(hadamard_quantize_kv, "turboquant.cu", 32)

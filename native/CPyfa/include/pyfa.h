@@ -564,6 +564,7 @@ typedef struct pyfa_counters {
     uint64_t plans_created;
     uint64_t cluster_launches;      /* of the kernel launches, those of clusters of blocks (CUDA, sm_90) */
     uint64_t split_launches;        /* prefill dispatches whose blocks' keys were split (CUDA, sm_90) */
+    uint64_t persistent_launches;   /* prefill dispatches of persistent blocks, each running several of the grid's (CUDA, sm_90) */
 } pyfa_counters;
 int pyfa_counters_get(pyfa_counters *out);
 

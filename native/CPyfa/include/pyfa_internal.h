@@ -19,5 +19,6 @@ const float *pyfa_turboquant_codebook_table(uint32_t bits);
 #define PYFA_COUNT_PLAN 7
 #define PYFA_COUNT_CLUSTER_LAUNCH 8
 #define PYFA_COUNT_SPLIT_LAUNCH 9
-#define PYFA_COUNTER_KINDS 10
+#define PYFA_COUNT_PERSISTENT_LAUNCH 10
+#define PYFA_COUNTER_KINDS 11
 void pyfa_count(int kind);

@@ -59,7 +59,10 @@ private func specialisations(arch: String) throws -> [(name: String, constants: 
     let hopper = try KernelSpecialisations.prefill(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 },
                                                                   sm90a: true, prefillWgmma: 1))
     for (name, extra) in hopper {
-        guard let i = all.firstIndex(where: { $0.name == name }) else { continue }
+        guard let i = all.firstIndex(where: { $0.name == name }) else {
+            all.append((name, extra))
+            continue
+        }
         var seen = Set(all[i].constants)
         for c in extra where seen.insert(c).inserted { all[i].constants.append(c) }
     }

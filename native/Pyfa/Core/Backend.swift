@@ -103,6 +103,15 @@ public protocol BackendPlan {
     /// (FlashAttnPrefill.plan) and `geometry` that tile's; `masked`: a mask is bound.
     func prefillSplit(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
                       masked: Bool) -> pyfa_prefill_split?
+    /// Persistent blocks for a rectangular prefill that runs whole (flash_attn_prefill_params.h,
+    /// pyfa_prefill_persist; FlashAttnPrefill.persistentKernel): the launch's blocks and their
+    /// threadgroup memory, or nil to launch the grid. `p` with its tile fields filled and
+    /// `geometry` that tile's; `masked`: a mask is bound.
+    func prefillPersistent(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                           masked: Bool) -> (blocks: UInt32, threadgroupMemory: Int)?
+    /// Whether FlashAttnPrefill.persistentKernel serves head_dim at the I/O dtype (the
+    /// specialisations a compile check covers).
+    func prefillPersistentServes(headDim: UInt32, dtype: DType) -> Bool
     /// Threads and threadgroup memory of the blk pre-pass and of merge_attention_states.
     func prefillAux(headDim: UInt32) -> (threads: UInt32, threadgroupMemory: Int)
     /// Threads and threadgroup memory of the TurboQuant one-row-per-workgroup
@@ -139,6 +148,11 @@ extension BackendPlan {
     /// Prefill blocks run whole unless a backend splits them.
     public func prefillSplit(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
                              masked: Bool) -> pyfa_prefill_split? { nil }
+
+    /// Prefill launches its grid of blocks unless a backend runs them persistent.
+    public func prefillPersistent(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                                  masked: Bool) -> (blocks: UInt32, threadgroupMemory: Int)? { nil }
+    public func prefillPersistentServes(headDim: UInt32, dtype: DType) -> Bool { false }
 
     /// Split decodes end with the reduce dispatch unless a backend says otherwise.
     public func lastWorkgroupMerges(nwg: UInt32) -> Bool { false }

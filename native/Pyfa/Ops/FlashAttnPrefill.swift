@@ -10,6 +10,9 @@ import PyfaShaderCommon
 public enum FlashAttnPrefill {
     static let kernel = "flash_attn_prefill"
     static let blkKernel = "flash_attn_prefill_blk"
+    /// flash_attn_prefill's persistent blocks (flash_attn_prefill_params.h, pyfa_prefill_persist),
+    /// with the same function constants, where a backend's plan runs them (BackendPlan.prefillPersistent).
+    static let persistentKernel = "flash_attn_prefill_persistent"
     static let floatTypes: [DType] = attentionFloatTypes
 
     /// Checks the shape fields and fills the tile fields (block_q, block_k,
@@ -232,6 +235,17 @@ public enum FlashAttnPrefill {
                 .at(PYFA_PREFILL_ARG_SPLIT_STATES, .buffer(split.states)),
             ], grid: (split.split.blocks, 1, 1), threads: (geometry.threads, 1, 1),
                threadgroupMemory: geometry.threadgroupMemory)
+            return
+        }
+        if let persistent = encoder.device.backend.plan.prefillPersistent(p, dtype: q.dtype, geometry: geometry,
+                                                                          masked: mask != nil) {
+            // One-dimensional, without clusters (flash_attn_prefill_params.h, pyfa_prefill_persist).
+            let ranks = UInt32(p.num_q_blocks) * p.num_heads * p.batch  // the plan checked it fits
+            let persistentPipeline = try encoder.device.registry.pipeline(persistentKernel, constants: constants)
+            pyfa_count(PYFA_COUNT_PERSISTENT_LAUNCH)
+            try encoder.dispatch(persistentPipeline, args: args + [.at(PYFA_PREFILL_ARG_PERSIST, .value(pyfa_prefill_persist(ranks: ranks)))],
+                                 grid: (persistent.blocks, 1, 1), threads: (geometry.threads, 1, 1),
+                                 threadgroupMemory: persistent.threadgroupMemory)
             return
         }
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),

@@ -96,6 +96,7 @@ public enum KernelSpecialisations {
     /// constants list their dispatchers build, with each backend's tile.
     static func prefill(plan: BackendPlan) throws -> [(name: String, constants: [FunctionConstants])] {
         var attn: [FunctionConstants] = [], blk: [FunctionConstants] = [], merge: [FunctionConstants] = []
+        var persistent: [FunctionConstants] = []
         let masks: [(kind: Int32?, blk: [Bool])] = [
             (nil, [false]), (PYFA_MASK_ADDITIVE, [false, true]), (PYFA_MASK_BOOL, [false, true]),
         ]
@@ -110,10 +111,15 @@ public enum KernelSpecialisations {
                                 for hasBlk in mask.blk {
                                     for lse in flags {
                                         for out in outs {
-                                            attn.append(try FlashAttnPrefill.prefillConstants(
+                                            let c = try FlashAttnPrefill.prefillConstants(
                                                 dtype: dtype, headDim: d, blockQ: g.blockQ, blockK: g.blockK,
                                                 maskKind: mask.kind, causal: causal, window: window,
-                                                softcap: softcap, blk: hasBlk, lse: lse, out: out))
+                                                softcap: softcap, blk: hasBlk, lse: lse, out: out)
+                                            attn.append(c)
+                                            // Persistent blocks: unmasked calls (BackendPlan.prefillPersistent).
+                                            if mask.kind == nil && plan.prefillPersistentServes(headDim: d, dtype: dtype) {
+                                                persistent.append(c)
+                                            }
                                         }
                                     }
                                 }
@@ -133,7 +139,8 @@ public enum KernelSpecialisations {
                 for out in outs { merge.append(try MergeAttentionStates.constants(dtype: dtype, hasLse: lse, out: out)) }
             }
         }
-        return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
+        return [(FlashAttnPrefill.kernel, attn), (FlashAttnPrefill.persistentKernel, persistent),
+                (FlashAttnPrefill.blkKernel, blk), (MergeAttentionStates.kernel, merge)]
     }
 
     /// flash_attn_prefill in the packed modes (varlen, paged): no mask or blk.

@@ -9,6 +9,7 @@ final class PrefillLayoutTests: XCTestCase {
         XCTAssertEqual(MemoryLayout<pyfa_flash_attn_prefill_params>.offset(of: \.q_strides), 64)
         XCTAssertEqual(MemoryLayout<pyfa_merge_attn_params>.size, 40)
         XCTAssertEqual(MemoryLayout<pyfa_prefill_split>.size, 16)
+        XCTAssertEqual(MemoryLayout<pyfa_prefill_persist>.size, 4)
     }
 
     /// The plan fills the tile fields and sizes blk per mask plane.
@@ -127,6 +128,16 @@ final class PrefillLayoutTests: XCTestCase {
                     XCTAssertEqual(bq * d * 2 % 1024, 0, "Q ahead of the stages, D \(d)")
                     XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
                     XCTAssertLessThanOrEqual(keys, 256)
+                }
+                // Persistent blocks: the split's kernels (D <= 128 beside the producer) from D 80, whose Q
+                // TMA brings in every call, with a second Q tile after the V stages, 1 KiB aligned.
+                let persists = withProducer && d >= 80 && d <= 128
+                XCTAssertEqual(pyfa_cuda_prefill_persists(d, mode), persists ? 1 : 0, "D \(d) mode \(mode)")
+                if persists {
+                    XCTAssertEqual(pyfa_cuda_prefill_persistent_smem_bytes(d, mode),
+                                   pyfa_cuda_prefill_wgmma_smem_bytes(d, mode) + bq * d * 2)
+                    XCTAssertLessThanOrEqual(pyfa_cuda_prefill_persistent_smem_bytes(d, mode), 225 * 1024, "D \(d)")
+                    XCTAssertEqual(pyfa_cuda_prefill_wgmma_smem_bytes(d, mode) % 1024, 0, "the second Q tile, D \(d)")
                 }
                 // Clusters of two heads' blocks beside the producer from D 192 (tile_slot's cluster order takes 2).
                 XCTAssertEqual(pyfa_cuda_prefill_wgmma_cluster_heads(d, mode), withProducer && d >= 192 ? 2 : 1,

@@ -544,6 +544,37 @@ struct CUDAPlan: BackendPlan {
                                   state_floats: UInt32(pyfa_cuda_prefill_split_state_floats(D, rect)))
     }
 
+    /// PYFA_CUDA_PREFILL_PERSIST: unset, the rule (prefillPersistent); 0 / off never (-1 here); an
+    /// integer from 1 runs every call the persistent kernel serves in that many blocks (for tests:
+    /// each block then takes many ranks, also of small grids).
+    static let prefillPersistKnob: Int = {
+        let name = "PYFA_CUDA_PREFILL_PERSIST"
+        if !envFlag(name, true) { return -1 }
+        return max(0, envInt(name, 0))
+    }()
+
+    func prefillPersistentServes(headDim: UInt32, dtype: DType) -> Bool {
+        let D = Int32(headDim)
+        return pyfa_cuda_prefill_uses_wgmma(sm90a ? 1 : 0, Int32(clamping: prefillWgmma), Int32(dtype.size), D) != 0
+            && pyfa_cuda_prefill_persists(D, PYFA_PREFILL_KV_RECT) != 0
+    }
+
+    /// Persistent blocks (cuda_layout.h, pyfa_cuda_prefill_persists), one an SM, for unmasked
+    /// calls whose grid is more than one wave of them: each block then runs a rank of each wave in
+    /// turn, its start and end under its neighbours' work. A grid of a wave or less launches as it
+    /// is (the key split serves the grids that leave SMs idle).
+    func prefillPersistent(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
+                           masked: Bool) -> (blocks: UInt32, threadgroupMemory: Int)? {
+        let D = Int32(p.head_dim), rect = PYFA_PREFILL_KV_RECT
+        guard CUDAPlan.prefillPersistKnob >= 0, !masked, prefillPersistentServes(headDim: p.head_dim, dtype: dtype),
+              geometry.blockQ == UInt32(pyfa_cuda_prefill_wgmma_block_q(D, rect)) else { return nil }
+        let ranks = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
+        let forced = CUDAPlan.prefillPersistKnob > 0
+        let blocks = forced ? UInt64(CUDAPlan.prefillPersistKnob) : UInt64(smCount)
+        guard ranks <= UInt64(Int32.max), forced || ranks > blocks else { return nil }
+        return (UInt32(min(blocks, ranks)), Int(pyfa_cuda_prefill_persistent_smem_bytes(D, rect)))
+    }
+
     /// Whole warps covering a row, 32 to 128 (kv_append.cu's launch bound);
     /// the kernel strides over longer rows.
     func kvAppend(headDim: UInt32) -> UInt32 { min(128, max(32, (headDim + 31) / 32 * 32)) }

@@ -47,7 +47,7 @@ struct CUDATensorMaps {
     /// stages, as where the driver cannot build a map; tests exercise that path with it).
     static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
         let v = constants.values
-        guard kernel == FlashAttnPrefill.kernel, v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
+        guard kernel == FlashAttnPrefill.kernel || kernel == FlashAttnPrefill.persistentKernel, v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
         guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
               v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d, PYFA_PREFILL_KV_RECT),
