@@ -1,9 +1,9 @@
-"""The Hopper prefill's persistent blocks (flash_attn_prefill_persistent). For
-an unmasked rectangular call at D 80 to 128 whose grid is more than one wave
-of blocks, the CUDA backend launches one block an SM and each block runs a
-rank of every wave in turn: the producer copies the next rank's query tile
-(into a second buffer) and first K and V stages while the consumers finish the
-last rank. PYFA_CUDA_PREFILL_PERSIST=N runs every call the kernel serves in N
+"""The Hopper prefill's persistent blocks (flash_attn_prefill_persistent), which
+serve unmasked rectangular calls at D 80 to 128. Where the plan's rule takes
+them (D 128, more than one wave of blocks, at most 4K keys), the CUDA backend
+launches one block an SM and each block runs a rank of every wave in turn:
+the producer copies the next rank's query tile (into a second buffer) and
+first K and V stages while the consumers finish the last rank. PYFA_CUDA_PREFILL_PERSIST=N runs every call the kernel serves in N
 blocks, so small calls give each block many ranks (both Q buffers, the rings'
 sequence running on across ranks, ranks without key tiles); =0 launches the
 grid. Each run is a subprocess (the backend reads the knobs once). A
@@ -110,8 +110,9 @@ def test_persistent_blocks_equal_the_grid_and_the_reference(tmp_path, tma):
 
 
 def test_the_rule_takes_persistent_blocks_past_one_wave():
-    """Without the knob: a call of more ranks than SMs runs persistent blocks, one of fewer does
-    not, and a masked call never does."""
+    """Without the knob (cuda_layout.h, pyfa_cuda_prefill_persistent_pays): a D 128 call of more
+    ranks than SMs over at most 4K keys runs persistent blocks; one of fewer ranks, one over more
+    keys, one at D 96 and a masked call do not."""
     dev = pyfa.Device("cuda")
     if "sm_90a" not in dev.name:
         pytest.skip(f"the persistent kernel runs on sm_90a only; this device: {dev.name}")
@@ -130,4 +131,7 @@ def test_the_rule_takes_persistent_blocks_past_one_wave():
     pyfa.attention(*small, causal=True, layout="bshd", device=dev)
     mask = np.ones((ql, ql), dtype=bool)
     pyfa.attention(q, k, v, mask=mask, layout="bshd", device=dev)
+    long_k = np.concatenate([k, k], axis=1)[:, :4097]  # 33 key tiles
+    pyfa.attention(q, long_k, long_k, layout="bshd", device=dev)
+    pyfa.attention(*(x[..., :96].copy() for x in (q, k, v)), causal=True, layout="bshd", device=dev)
     assert count() == before + 1

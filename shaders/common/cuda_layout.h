@@ -350,6 +350,17 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;
     return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }
+/* Whether a call of `ranks` blocks of at most `key_tiles` key tiles each runs
+ * persistent blocks on `slots` SMs (pyfa_cuda_prefill_persists says which
+ * kernels can): more than one wave of blocks, at D 128, blocks of at most 32
+ * key tiles (4K keys), where each block's start and end weigh most and where
+ * it was measured faster than the grid launch (H200: 1K to 4K keys). Longer
+ * blocks (16K keys: 2-3% of a block is its start and end) and D 80 and 96
+ * keep the grid launch until measured; PYFA_CUDA_PREFILL_PERSIST=N forces the
+ * persistent kernel wherever it serves. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_pays(int32_t D, uint64_t ranks, uint64_t slots, uint32_t key_tiles) {
+    return D == 128 && ranks > slots && key_tiles <= 32;
+}
 /* A persistent block's: a second query tile after the V stages. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_smem_bytes(int32_t D, int32_t kv_mode) {
     return pyfa_cuda_prefill_wgmma_smem_bytes(D, kv_mode) + pyfa_cuda_prefill_wgmma_block_q(D, kv_mode) * D * 2;

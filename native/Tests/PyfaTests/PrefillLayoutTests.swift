@@ -152,6 +152,17 @@ final class PrefillLayoutTests: XCTestCase {
         }
     }
 
+    /// Persistent blocks where measured: D 128, more than one wave, blocks of at most 32 key tiles.
+    func testCudaPrefillPersistentRule() {
+        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 133, 132, 32), 1)
+        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 2048, 132, 8), 1)
+        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 132, 132, 32), 0, "one wave")
+        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 2048, 132, 33), 0, "blocks past 4K keys")
+        for d: Int32 in [64, 80, 96, 192, 256] {
+            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 2048, 132, 16), 0, "D \(d)")
+        }
+    }
+
     /// pyfa_cuda_prefill_block_rank (tile_slot's launch order): without a cluster the block's
     /// linear index; in clusters of 2 along the heads a bijection onto the same ranks in which the
     /// two blocks of a cluster take neighbouring ranks, and so (as tile_slot reads a rank) one

@@ -560,7 +560,7 @@ struct CUDAPlan: BackendPlan {
     }
 
     /// Persistent blocks (cuda_layout.h, pyfa_cuda_prefill_persists), one an SM, for unmasked
-    /// calls whose grid is more than one wave of them: each block then runs a rank of each wave in
+    /// calls where pyfa_cuda_prefill_persistent_pays: each block then runs a rank of each wave in
     /// turn, its start and end under its neighbours' work. A grid of a wave or less launches as it
     /// is (the key split serves the grids that leave SMs idle).
     func prefillPersistent(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
@@ -571,7 +571,10 @@ struct CUDAPlan: BackendPlan {
         let ranks = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
         let forced = CUDAPlan.prefillPersistKnob > 0
         let blocks = forced ? UInt64(CUDAPlan.prefillPersistKnob) : UInt64(smCount)
-        guard ranks <= UInt64(Int32.max), forced || ranks > blocks else { return nil }
+        // A block's key tiles at most: every key's (the causal bound and a window only shorten them).
+        let keyTiles = UInt32(clamping: (UInt64(p.kv_len) + UInt64(p.block_k) - 1) / UInt64(max(p.block_k, 1)))
+        guard ranks <= UInt64(Int32.max),
+              forced || pyfa_cuda_prefill_persistent_pays(D, ranks, UInt64(smCount), keyTiles) != 0 else { return nil }
         return (UInt32(min(blocks, ranks)), Int(pyfa_cuda_prefill_persistent_smem_bytes(D, rect)))
     }
 
