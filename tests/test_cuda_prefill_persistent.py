@@ -3,15 +3,18 @@ serve unmasked rectangular calls at D 80 to 128. Where the plan's rule takes
 them (D 128, more than one wave of blocks, at most 4K keys), the CUDA backend
 launches one block an SM and each block runs a rank of every wave in turn:
 the producer copies the next rank's query tile (into a second buffer) and
-first K and V stages while the consumers finish the last rank. PYFA_CUDA_PREFILL_PERSIST=N runs every call the kernel serves in N
+first K and V stages while the consumers finish the last rank.
+PYFA_CUDA_PREFILL_PERSIST=N (N >= 2) runs every call the kernel serves in N
 blocks, so small calls give each block many ranks (both Q buffers, the rings'
-sequence running on across ranks, ranks without key tiles); =0 launches the
-grid. Each run is a subprocess (the backend reads the knobs once). A
-persistent block runs each rank's arithmetic as the grid's block does, so its
-outputs and LSE must equal the grid launch's bit for bit; both are checked
-against the float64 reference by test_prefill's rule, with the copies by TMA
-and without (PYFA_CUDA_PREFILL_TMA=kv: the consumers copy Q; =0: they copy
-every tile).
+sequence running on across ranks, ranks without key tiles before and after
+ranks with them); =0 launches the grid. Each run is a subprocess (the backend
+reads the knobs once). A persistent block runs each rank's arithmetic as the
+grid's block does, so its outputs and LSE must equal the grid launch's bit for
+bit; both are checked against the float64 reference by test_prefill's rule.
+With every tensor map the persistent kernel runs its body with the maps; with
+PYFA_CUDA_PREFILL_TMA=kv (no map for q) or =0 (none) its body without them,
+whose consumers copy every tile (the grid kernel then copies q alone, or every
+tile).
 
 Skips without the cuda backend.
 """
@@ -32,7 +35,9 @@ if "cuda" not in pyfa.available_backends():
 
 # (D, dtype, B, H, Hkv, q_len, kv_len, layout, options): the head dims the kernel serves, both
 # dtypes and layouts, GQA; a window, a soft cap, q_offset, f32 out; causal calls with more queries
-# than keys (their first query tiles have no key tile); one call of fewer ranks than blocks.
+# than keys (their first query tiles, the last ranks, have no key tile); a window whose last query
+# tiles, the first ranks, see no key; a call of fewer ranks than the knob's blocks (the launch
+# takes one block a rank).
 CASES = [
     (128, "bfloat16", 2, 4, 2, 200, 333, "bhsd", {}),
     (128, "float16", 2, 4, 2, 200, 333, "bshd", {"causal": True}),
@@ -42,6 +47,7 @@ CASES = [
     (96, "float16", 1, 6, 2, 300, 300, "bshd", {"causal": True, "q_offset": -50}),
     (128, "float16", 2, 4, 2, 200, 333, "bhsd", {"out_dtype": "float32"}),
     (80, "bfloat16", 1, 1, 1, 256, 256, "bshd", {"causal": True}),
+    (128, "bfloat16", 2, 4, 2, 400, 333, "bhsd", {"causal": True, "window": 50, "q_offset": 233}),
 ]
 BLOCKS = 3
 
@@ -116,6 +122,10 @@ def test_the_rule_takes_persistent_blocks_past_one_wave():
     dev = pyfa.Device("cuda")
     if "sm_90a" not in dev.name:
         pytest.skip(f"the persistent kernel runs on sm_90a only; this device: {dev.name}")
+    knobs = [n for n in ("PYFA_CUDA_PREFILL_PERSIST", "PYFA_CUDA_PREFILL_WGMMA", "PYFA_CUDA_PREFILL_TMA")
+             if n in os.environ]
+    if knobs:
+        pytest.skip(f"the plan's rule without knobs; set here: {knobs}")
     rng = np.random.default_rng(5)
     H, D = 8, 128
     ql = 128 * (dev.compute_units // H + 1)  # (ql / 128) * H ranks > compute_units

@@ -455,14 +455,14 @@ __device__ __forceinline__ block_info<KV_MODE> launch_block(const pyfa_flash_att
  * CAUSAL: the entry's constant (pyfa_cuda_prefill_wgmma_q_tma reads it).
  * PERSIST: a persistent launch (flash_attn_prefill_persistent: the kernels
  * pyfa_cuda_prefill_persists names). Each block takes one rank of the grid's
- * `ranks` a round (rank_of), in turn. The K and V
- * rings' sequence numbers run on across ranks, so the producer copies the
- * next rank's stages while the consumers finish this one; Q has two buffers
- * (the second after the V stages), and the producer copies the next rank's
- * query tile into the other one as soon as the rank before this one has
- * released it (its output staged and stored). A block's start and end then
- * overlap its neighbours' work instead of leaving the tensor cores idle once a
- * rank. */
+ * `ranks` a round (rank_of), in turn. The K and V rings' sequence numbers run
+ * on across ranks, so the producer copies the next rank's stages while the
+ * consumers finish this one. Q has two buffers (the second after the V
+ * stages): once the producer has issued a rank's last K and V copies, it
+ * copies the next rank's query tile into the other buffer, which the rank
+ * before has released by then or releases when its output is stored. A
+ * block's start and end then overlap its neighbours' work instead of leaving
+ * the tensor cores idle once a rank. */
 template <int DT, int D, int KV_MODE, int CAUSAL, int MAPS = -1, bool PERSIST = false>
 __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, const flags f) {
     static_assert(MAPS == -1 || KV_MODE == PYFA_PREFILL_KV_RECT, "stage maps exist in rectangular mode only");
@@ -694,14 +694,14 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
             if (q_tma()) {
                 if (!PERSIST && threadIdx.x == 0) load_q(r);
             } else {
-                /* A persistent block's consumers meet first: their copies cross
-                 * warpgroups, and the other may still read rank r - 2's Q. */
-                if constexpr (PERSIST) consumers_sync();
                 load_swizzled_stage<D, BQ, BLOCK_THREADS, S::SPAN>(
                     q_buffer(r), [&](int rr) { return qbase + (int64_t)rr * qrow; }, qbase, bi.nq);
             }
         } else {
-            if constexpr (PERSIST) consumers_sync(); /* as above */
+            /* A persistent block's consumers (its body without the maps) meet
+             * first: their copies cross warpgroups, and the other may still
+             * read rank r - 2's Q. */
+            if constexpr (PERSIST) consumers_sync();
             load_core_tile_strided<D, BQ, BLOCK_THREADS>(q_buffer(r), qbase, qrow, bi.nq);
         }
         /* Q's copies in a group of their own where the producer copies K and V
@@ -925,6 +925,9 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
         return next_seq;
     };
 
+    /* The ranks in turn, as the producer's loop takes them, each also setting
+     * the lanes' rows (a helper for both loops changed ptxas's code of every
+     * body, the grid launch's too). */
     if constexpr (PERSIST) {
         int seq0 = 0;
         for (uint32_t r = 0; rank_of(r) < ranks; r++) {

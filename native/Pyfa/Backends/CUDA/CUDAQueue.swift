@@ -544,13 +544,14 @@ struct CUDAPlan: BackendPlan {
                                   state_floats: UInt32(pyfa_cuda_prefill_split_state_floats(D, rect)))
     }
 
-    /// PYFA_CUDA_PREFILL_PERSIST: unset, the rule (prefillPersistent); 0 / off never (-1 here); an
-    /// integer from 1 runs every call the persistent kernel serves in that many blocks (for tests:
-    /// each block then takes many ranks, also of small grids).
+    /// PYFA_CUDA_PREFILL_PERSIST: unset, 1 or on, the rule (prefillPersistent); 0 / off never (-1
+    /// here); an integer from 2 runs every call the persistent kernel serves in that many blocks
+    /// (for tests: each block then takes many ranks, also of small grids).
     static let prefillPersistKnob: Int = {
         let name = "PYFA_CUDA_PREFILL_PERSIST"
         if !envFlag(name, true) { return -1 }
-        return max(0, envInt(name, 0))
+        let n = envInt(name, 0)
+        return n >= 2 ? n : 0
     }()
 
     func prefillPersistentServes(headDim: UInt32, dtype: DType) -> Bool {
@@ -560,9 +561,11 @@ struct CUDAPlan: BackendPlan {
     }
 
     /// Persistent blocks (cuda_layout.h, pyfa_cuda_prefill_persists), one an SM, for unmasked
-    /// calls where pyfa_cuda_prefill_persistent_pays: each block then runs a rank of each wave in
-    /// turn, its start and end under its neighbours' work. A grid of a wave or less launches as it
-    /// is (the key split serves the grids that leave SMs idle).
+    /// calls where pyfa_cuda_prefill_persistent_pays and the launch can expect all three tensor
+    /// maps (the kernel's body without them copies every tile with the threads, untimed): each
+    /// block then runs a rank of each wave in turn, its start and end under its neighbours' work.
+    /// A grid of a wave or less launches as it is. A plan asks prefillSplit first, which may split
+    /// a grid whose last wave leaves SMs idle.
     func prefillPersistent(_ p: pyfa_flash_attn_prefill_params, dtype: DType, geometry: PrefillGeometry,
                            masked: Bool) -> (blocks: UInt32, threadgroupMemory: Int)? {
         let D = Int32(p.head_dim), rect = PYFA_PREFILL_KV_RECT
@@ -574,7 +577,8 @@ struct CUDAPlan: BackendPlan {
         // A block's key tiles at most: every key's (the causal bound and a window only shorten them).
         let keyTiles = UInt32(clamping: (UInt64(p.kv_len) + UInt64(p.block_k) - 1) / UInt64(max(p.block_k, 1)))
         guard ranks <= UInt64(Int32.max),
-              forced || pyfa_cuda_prefill_persistent_pays(D, ranks, UInt64(smCount), keyTiles) != 0 else { return nil }
+              forced || (pyfa_cuda_prefill_persistent_pays(D, ranks, UInt64(smCount), keyTiles) != 0 &&
+                         CUDATensorMaps.allPrefillMapsExpected(p)) else { return nil }
         return (UInt32(min(blocks, ranks)), Int(pyfa_cuda_prefill_persistent_smem_bytes(D, rect)))
     }
 

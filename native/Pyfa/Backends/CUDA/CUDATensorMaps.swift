@@ -39,15 +39,17 @@ struct CUDATensorMaps {
     /// PYFA_CUDA_PREFILL_TMA=kv: K's and V's maps only (the consumers copy Q, as where q's map cannot be built).
     static let queryMap = knob != "kv"
 
-    /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile)
-    /// in rectangular mode takes K and V stages by TMA at the head dims
-    /// pyfa_cuda_prefill_wgmma_tma names, and its query tile where
-    /// pyfa_cuda_prefill_wgmma_q_tma says (cuda_layout.h, PYFA_CUDA_PREFILL_ARG_TMAP_Q).
+    /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile;
+    /// the grid kernel and the persistent one) in rectangular mode takes K and
+    /// V stages by TMA at the head dims pyfa_cuda_prefill_wgmma_tma names, and
+    /// its query tile where pyfa_cuda_prefill_wgmma_q_tma says (cuda_layout.h,
+    /// PYFA_CUDA_PREFILL_ARG_TMAP_Q).
     /// PYFA_CUDA_PREFILL_TMA=0 leaves every map out (the kernels' cp.async
     /// stages, as where the driver cannot build a map; tests exercise that path with it).
     static func recipe(kernel: String, constants: FunctionConstants) -> CUDATensorMaps? {
         let v = constants.values
-        guard kernel == FlashAttnPrefill.kernel || kernel == FlashAttnPrefill.persistentKernel, v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
+        guard kernel == FlashAttnPrefill.kernel || kernel == FlashAttnPrefill.persistentKernel,
+              v.count == Int(PYFA_PREFILL_FC_COUNT), enabled else { return nil }
         let d = v[Int(PYFA_PREFILL_FC_HEAD_DIM)]
         guard pyfa_cuda_prefill_wgmma_tma(d) != 0, v[Int(PYFA_PREFILL_FC_DTYPE)] != DType.f32.rawValue,
               v[Int(PYFA_PREFILL_FC_BLOCK_Q)] == pyfa_cuda_prefill_wgmma_block_q(d, PYFA_PREFILL_KV_RECT),
@@ -109,6 +111,37 @@ struct CUDATensorMaps {
         return start + 128 * maps.count
     }
 
+    /// The byte strides of row, head and batch of a 16-bit [batch, heads, rows, headDim] view with
+    /// element strides (batch, head, row), or nil where TMA cannot view it: multiples of 16 below
+    /// 2^40 (TMA's rule), extents of at most 2^32. A dimension of extent 1 never advances, so it
+    /// takes the contiguous stride whatever the tensor's is.
+    static func strides(_ s: (Int64, Int64, Int64), rows: UInt64, heads: UInt64, batch: UInt64,
+                        headDim: Int) -> (UInt64, UInt64, UInt64)? {
+        guard rows > 0, heads > 0, batch > 0, max(rows, heads, batch) <= (1 << 32) else { return nil }
+        let row = UInt64(headDim * 2)
+        func legal(_ elements: Int64, extent: UInt64, contiguous: UInt64) -> UInt64? {
+            if extent == 1 { return contiguous }
+            let b = elements * 2
+            return b > 0 && b % 16 == 0 && b < (1 << 40) ? UInt64(b) : nil
+        }
+        guard let rowStride = legal(s.2, extent: rows, contiguous: row),
+              let headStride = legal(s.1, extent: heads, contiguous: row * rows),
+              let batchStride = legal(s.0, extent: batch, contiguous: row * rows * heads) else { return nil }
+        return (rowStride, headStride, batchStride)
+    }
+
+    /// Whether a rectangular prefill launch of `p` will carry q's, K's and V's maps, as far as is
+    /// known before its buffers are bound: the knobs allow them, the driver builds maps, and TMA
+    /// takes the strides of q, k and v. A launch whose buffer address is not 16-byte aligned still
+    /// leaves that map out (the persistent kernel then runs its body without maps).
+    static func allPrefillMapsExpected(_ p: pyfa_flash_attn_prefill_params) -> Bool {
+        guard enabled, queryMap, pyfa_cu.cuTensorMapEncodeTiled != nil else { return false }
+        let d = Int(p.head_dim), b = UInt64(p.batch)
+        return strides(p.q_strides, rows: UInt64(p.q_len), heads: UInt64(p.num_heads), batch: b, headDim: d) != nil
+            && strides(p.k_strides, rows: UInt64(p.kv_len), heads: UInt64(p.num_kv_heads), batch: b, headDim: d) != nil
+            && strides(p.v_strides, rows: UInt64(p.kv_len), heads: UInt64(p.num_kv_heads), batch: b, headDim: d) != nil
+    }
+
     /// One map into `dst` (128 bytes); false where TMA cannot view the tensor.
     private func encodeOne(_ m: Map, _ p: pyfa_flash_attn_prefill_params, _ address: UInt64,
                            _ encodeTiled: @convention(c) (UnsafeMutableRawPointer?, Int32, UInt32, UnsafeMutableRawPointer?,
@@ -117,19 +150,10 @@ struct CUDATensorMaps {
                                                           Int32, Int32, Int32, Int32) -> CUresult,
                            into dst: UnsafeMutableRawPointer) -> Bool {
         let rows = m.rows(p), heads = m.heads(p), batch = UInt64(p.batch)
-        guard address % 16 == 0, rows > 0, heads > 0, batch > 0, max(rows, heads, batch) <= (1 << 32) else { return false }
-        // Byte strides of row, head and batch: multiples of 16 below 2^40 (TMA's rule). A dimension
-        // of extent 1 never advances, so it takes the contiguous stride whatever the tensor's is.
-        let (sb, sh, sr) = m.strides(p)
-        let row = UInt64(headDim * 2)
-        func legal(_ elements: Int64, extent: UInt64, contiguous: UInt64) -> UInt64? {
-            if extent == 1 { return contiguous }
-            let b = elements * 2
-            return b > 0 && b % 16 == 0 && b < (1 << 40) ? UInt64(b) : nil
-        }
-        guard let rowStride = legal(sr, extent: rows, contiguous: row),
-              let headStride = legal(sh, extent: heads, contiguous: row * rows),
-              let batchStride = legal(sb, extent: batch, contiguous: row * rows * heads) else { return false }
+        guard address % 16 == 0,
+              let (rowStride, headStride, batchStride) = CUDATensorMaps.strides(m.strides(p), rows: rows, heads: heads,
+                                                                                 batch: batch, headDim: headDim)
+        else { return false }
         // Rows of one swizzle span (128, 64 or 32 bytes) per box row, the head dim's blocks of that span outside the rows.
         let span = Int(pyfa_cuda_prefill_wgmma_swizzle_bytes(Int32(headDim)))
         let blockElements = span / 2, blocks = headDim / blockElements
