@@ -167,15 +167,14 @@ struct tile_slot {
             split_index = j / sp.parts;
             rank = sp.first_rank + split_index;
         }
-        const uint32_t planes = p.num_heads * p.batch;
-        qtile = p.num_q_blocks - 1 - rank / planes;
-        const uint32_t plane = rank % planes;
-        h = plane % p.num_heads;
-        b = plane / p.num_heads;
+        place(p, rank);
     }
     /* A persistent launch's rank r of the 3-d grid (pyfa_prefill_persist): the
      * key split's rank order, without parts. */
-    __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, uint32_t rank) {
+    __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, uint32_t rank) { place(p, rank); }
+    /* The split's and the persistent launch's rank order: query tile slowest,
+     * highest first, then sequence, then head. */
+    __device__ __forceinline__ void place(const pyfa_flash_attn_prefill_params &p, uint32_t rank) {
         const uint32_t planes = p.num_heads * p.batch;
         qtile = p.num_q_blocks - 1 - rank / planes;
         const uint32_t plane = rank % planes;

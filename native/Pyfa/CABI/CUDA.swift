@@ -59,10 +59,7 @@ private func specialisations(arch: String) throws -> [(name: String, constants: 
     let hopper = try KernelSpecialisations.prefill(plan: CUDAPlan(smCount: 1, residentBlocks: { _, _, _ in 0 },
                                                                   sm90a: true, prefillWgmma: 1))
     for (name, extra) in hopper {
-        guard let i = all.firstIndex(where: { $0.name == name }) else {
-            all.append((name, extra))
-            continue
-        }
+        guard let i = all.firstIndex(where: { $0.name == name }) else { continue }
         var seen = Set(all[i].constants)
         for c in extra where seen.insert(c).inserted { all[i].constants.append(c) }
     }
