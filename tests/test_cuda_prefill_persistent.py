@@ -1,6 +1,6 @@
 """The Hopper prefill's persistent blocks (flash_attn_prefill_persistent), which
-serve unmasked rectangular calls at D 80 to 128. Where the plan's rule takes
-them (D 128, more than one wave of blocks, at most 4K keys), the CUDA backend
+serve unmasked rectangular calls at D 64 to 128. Where the plan's rule takes
+them (D 80 to 128, more than one wave of blocks), the CUDA backend
 launches one block an SM and each block runs a rank of every wave in turn:
 the producer copies the next rank's query tile (into a second buffer) and
 first K and V stages while the consumers finish the last rank.
@@ -48,6 +48,9 @@ CASES = [
     (128, "float16", 2, 4, 2, 200, 333, "bhsd", {"out_dtype": "float32"}),
     (80, "bfloat16", 1, 1, 1, 256, 256, "bshd", {"causal": True}),
     (128, "bfloat16", 2, 4, 2, 400, 333, "bhsd", {"causal": True, "window": 50, "q_offset": 233}),
+    (64, "bfloat16", 2, 4, 2, 200, 333, "bhsd", {}),
+    (64, "float16", 2, 6, 2, 500, 333, "bshd", {"causal": True}),
+    (64, "bfloat16", 1, 4, 1, 400, 400, "bshd", {"causal": True, "window": 64, "softcap": 20.0}),
 ]
 BLOCKS = 3
 
@@ -116,9 +119,9 @@ def test_persistent_blocks_equal_the_grid_and_the_reference(tmp_path, tma):
 
 
 def test_the_rule_takes_persistent_blocks_past_one_wave():
-    """Without the knob (cuda_layout.h, pyfa_cuda_prefill_persistent_pays): a D 128 call of more
-    ranks than SMs over at most 4K keys runs persistent blocks; one of fewer ranks, one over more
-    keys, one at D 96 and a masked call do not."""
+    """Without the knob (cuda_layout.h, pyfa_cuda_prefill_persistent_pays): a call at D 80 to 128
+    of more ranks than SMs runs persistent blocks, over any number of keys; one of fewer ranks, one
+    at D 64 and a masked call do not."""
     dev = pyfa.Device("cuda")
     if "sm_90a" not in dev.name:
         pytest.skip(f"the persistent kernel runs on sm_90a only; this device: {dev.name}")
@@ -141,7 +144,11 @@ def test_the_rule_takes_persistent_blocks_past_one_wave():
     pyfa.attention(*small, causal=True, layout="bshd", device=dev)
     mask = np.ones((ql, ql), dtype=bool)
     pyfa.attention(q, k, v, mask=mask, layout="bshd", device=dev)
-    long_k = np.concatenate([k, k], axis=1)[:, :4097]  # 33 key tiles
-    pyfa.attention(q, long_k, long_k, layout="bshd", device=dev)
-    pyfa.attention(*(x[..., :96].copy() for x in (q, k, v)), causal=True, layout="bshd", device=dev)
+    q64, k64, v64 = make(rng, 1, H, H // 2, 192 * (dev.compute_units // H + 1), 256, 64, pyfa.bfloat16, "bshd")
+    pyfa.attention(q64, k64, v64, layout="bshd", device=dev)  # more ranks of 192 rows than SMs, at D 64
     assert count() == before + 1
+    long_k = np.concatenate([k] * 4, axis=1)[:, :8193]  # 65 key tiles
+    pyfa.attention(q, long_k, long_k, layout="bshd", device=dev)
+    assert count() == before + 2
+    pyfa.attention(*(x[..., :96].copy() for x in (q, k, v)), causal=True, layout="bshd", device=dev)
+    assert count() == before + 3

@@ -199,12 +199,15 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_producer(int32_t D, int32_t kv_mo
 }
 /* Whether the kernel at D in KV mode kv_mode takes its query tile by TMA
  * (PYFA_CUDA_PREFILL_ARG_TMAP_Q): beside the producer, so that a block's
- * start does not wait for the consumers' copies of Q. At D 64 in causal calls
- * only (causal != 0): there plain calls took 7% less time with it (H200, bf16,
- * 16/8 heads, 4K and 16K; a causal block has half the key tiles on average,
- * so its start weighs more), non-causal ones 2-4% more. */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_q_tma(int32_t D, int32_t kv_mode, int32_t causal) {
-    return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D != 64 || causal != 0);
+ * start does not wait for the consumers' copies of Q. The grid launch
+ * (persistent == 0) at D 64 in causal calls only (causal != 0): there plain
+ * calls took 7% less time with it (H200, bf16, 16/8 heads, 4K and 16K; a
+ * causal block has half the key tiles on average, so its start weighs more),
+ * non-causal ones 2-4% more. Persistent blocks (flash_attn_prefill_persistent)
+ * take it in every call: their producer copies the next rank's query tile
+ * under the rank before. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_q_tma(int32_t D, int32_t kv_mode, int32_t causal, int32_t persistent) {
+    return pyfa_cuda_prefill_wgmma_producer(D, kv_mode) && (D != 64 || causal != 0 || persistent != 0);
 }
 /* Query rows a block: 64 a consumer warpgroup, two of them (128 rows) but
  * three (192) at D = 64 beside the producer, as FlashAttention-3 runs D 64 on
@@ -325,19 +328,16 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_splits(int32_t D, int32_t kv_mode) {
 }
 /* Whether flash_attn_prefill_persistent (flash_attn_prefill_params.h,
  * pyfa_prefill_persist) serves the kernel at D in KV mode kv_mode: the kernels
- * that take a key split, one block an SM, from D = 80, whose query tile TMA
- * brings in every call (pyfa_cuda_prefill_wgmma_q_tma) and whose shared memory
- * holds a second one. In a grid of more than one wave each block's start (its
- * Q tile, the first K and V stages) and end (the last P V, the output's
- * stores) leave the SM's tensor cores idle once a block: about three key
- * tiles' worth at D 128 (H200, stamped), 9% of a 4K non-causal block, more of
- * a short causal one. A persistent block copies the next rank's Q and first
- * stages under the last tiles of the one before. Against the grid launch
- * (H200, bf16, D 128, one run): B 8 32/8 heads 1K causal 221 -> 166 us, 2K
- * causal B 1 85 -> 71, 16/8 heads 4K causal 136 -> 116, 4K non-causal 219 ->
- * 211. */
+ * that take a key split, one block an SM, whose shared memory holds a second
+ * query tile, which TMA brings (pyfa_cuda_prefill_wgmma_q_tma, persistent).
+ * In a grid of more than one wave each block's start (its Q tile, the first K
+ * and V stages) and end (the last P V, the output's stores) leave the SM's
+ * tensor cores idle once a block: about three key tiles' worth at D 128
+ * (H200, stamped), 9% of a 4K non-causal block, more of a short causal one.
+ * A persistent block copies the next rank's Q and first stages under the
+ * last tiles of the one before. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persists(int32_t D, int32_t kv_mode) {
-    return pyfa_cuda_prefill_splits(D, kv_mode) && pyfa_cuda_prefill_wgmma_q_tma(D, kv_mode, 0);
+    return pyfa_cuda_prefill_splits(D, kv_mode) && pyfa_cuda_prefill_wgmma_q_tma(D, kv_mode, 0, 1);
 }
 /* Floats of one part's state (attn_prefill_wgmma.cuh, merge_split_parts):
  * per consumer thread its output accumulators (D / 2 floats of 2 rows) and
@@ -350,16 +350,21 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_
     const int32_t exchange = D > PYFA_CUDA_PREFILL_WGMMA_MAX_HEAD_DIM ? 2 * bq * keys * 4 : 0;
     return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }
-/* Whether a call of `ranks` blocks of at most `key_tiles` key tiles each runs
- * persistent blocks on `slots` SMs (pyfa_cuda_prefill_persists says which
- * kernels can): more than one wave of blocks, at D 128, blocks of at most 32
- * key tiles (4K keys), where each block's start and end weigh most and where
- * it was measured faster than the grid launch (H200: 1K to 4K keys). Longer
- * blocks (16K keys: 2-3% of a block is its start and end) and D 80 and 96
- * keep the grid launch until measured; PYFA_CUDA_PREFILL_PERSIST=N forces the
- * persistent kernel wherever it serves. */
-PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_pays(int32_t D, uint64_t ranks, uint64_t slots, uint32_t key_tiles) {
-    return D == 128 && ranks > slots && key_tiles <= 32;
+/* Whether a call of `ranks` blocks runs persistent blocks on `slots` SMs
+ * (pyfa_cuda_prefill_persists says which kernels can): more than one wave of
+ * blocks at D 80 to 128, where they measured faster than the grid launch or
+ * level with it over 1K to 16K keys (H200, bf16, public calls, 16/8 heads,
+ * two alternated runs, us a call against the grid's): D 128 16K causal
+ * 1,644-1,782 against 1,880-1,976, 4K causal 115-124 against 134-144, 4K
+ * non-causal 207 against 216-217, 16K non-causal level (3,606-3,715 against
+ * 3,636-3,652); D 96 and 80 4-8% less time at 4K; B 8, 32/8 heads, 1K causal
+ * 166-168 against 204 (D 96). At D 64 (192-row tiles, whose query tile the
+ * grid launch copies with the threads in non-causal calls) they measured
+ * level at 4K and 16K, 1-3% slower at 16K non-causal and 6-9% faster at B 8
+ * 1K causal (188 against 200-206 us), so D 64 keeps the grid launch. PYFA_CUDA_PREFILL_PERSIST=N forces the persistent kernel
+ * wherever it serves. */
+PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_pays(int32_t D, uint64_t ranks, uint64_t slots) {
+    return D >= 80 && D <= 128 && ranks > slots;
 }
 /* A persistent block's: a second query tile after the V stages. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_smem_bytes(int32_t D, int32_t kv_mode) {

@@ -18,7 +18,8 @@
  * wgmma reads whole 128-byte core matrices, free of bank conflicts. The
  * tile copies (load_core_tile) read whole 32-byte sectors of global memory.
  * Tiles TMA may bring (K and V stages from D 64; Q beside the producer from
- * D 80, and at D 64 in causal calls: pyfa_cuda_prefill_wgmma_q_tma) sit in
+ * D 80, and at D 64 in causal calls and persistent blocks:
+ * pyfa_cuda_prefill_wgmma_q_tma) sit in
  * the swizzled layout TMA writes (load_swizzled_stage where the threads copy
  * them instead).
  *
@@ -541,7 +542,7 @@ __device__ PYFA_PREFILL_IMPL_INLINE void prefill_wgmma(const pyfa_cuda_args &a, 
      * apart), brought by one TMA copy where the backend encoded q's tensor map
      * (PYFA_CUDA_PREFILL_ARG_TMAP_Q), else by the consumers' copies. Elsewhere
      * core matrices by the consumers' copies. */
-    constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE, CAUSAL) != 0 && MAPS != 0;
+    constexpr bool Q_TMA = pyfa_cuda_prefill_wgmma_q_tma(D, KV_MODE, CAUSAL, PERSIST) != 0 && MAPS != 0;
     const uint64_t q_desc0 = Q_TMA ? swizzled_kmajor<S::SPAN>(smem_addr(sq) + wg * 64 * S::SPAN)
                                    : kmajor(smem_addr(sq) + wg * 8 * GROUP);
     uint64_t k_desc, v_desc;

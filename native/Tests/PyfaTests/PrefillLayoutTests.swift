@@ -85,10 +85,14 @@ final class PrefillLayoutTests: XCTestCase {
                 let modeBk = pyfa_cuda_prefill_wgmma_block_k(d, mode), keys = pyfa_cuda_prefill_wgmma_stage_keys(d, mode)
                 let withProducer = producer && mode == rect
                 XCTAssertEqual(pyfa_cuda_prefill_wgmma_producer(d, mode), withProducer ? 1 : 0, "D \(d) mode \(mode)")
-                // The query tile by TMA beside the producer: from D 80, and at D 64 in causal calls only.
+                // The query tile by TMA beside the producer: from D 80, and at D 64 in causal calls and
+                // persistent blocks only.
                 for causal: Int32 in [0, 1] {
-                    XCTAssertEqual(pyfa_cuda_prefill_wgmma_q_tma(d, mode, causal), withProducer && (d != 64 || causal == 1) ? 1 : 0,
-                                   "D \(d) mode \(mode) causal \(causal)")
+                    for persistent: Int32 in [0, 1] {
+                        XCTAssertEqual(pyfa_cuda_prefill_wgmma_q_tma(d, mode, causal, persistent),
+                                       withProducer && (d != 64 || causal == 1 || persistent == 1) ? 1 : 0,
+                                       "D \(d) mode \(mode) causal \(causal) persistent \(persistent)")
+                    }
                 }
                 XCTAssertEqual(modeBk, withProducer ? producerBk[d, default: 0] : d > 128 || d <= 64 ? 64 : 128, "D \(d) mode \(mode)")
                 // Query rows: 64 a consumer warpgroup; three of them at D 64 beside the producer,
@@ -129,9 +133,9 @@ final class PrefillLayoutTests: XCTestCase {
                     XCTAssertEqual(keys * d * 2 % 1024, 0, "a stage, D \(d)")
                     XCTAssertLessThanOrEqual(keys, 256)
                 }
-                // Persistent blocks: the split's kernels (D <= 128 beside the producer) from D 80, whose Q
-                // TMA brings in every call, with a second Q tile after the V stages, 1 KiB aligned.
-                let persists = withProducer && d >= 80 && d <= 128
+                // Persistent blocks: the split's kernels (D <= 128 beside the producer), whose Q TMA
+                // brings in every call, with a second Q tile after the V stages, 1 KiB aligned.
+                let persists = withProducer && d <= 128
                 XCTAssertEqual(pyfa_cuda_prefill_persists(d, mode), persists ? 1 : 0, "D \(d) mode \(mode)")
                 if persists {
                     XCTAssertEqual(pyfa_cuda_prefill_persistent_smem_bytes(d, mode),
@@ -152,14 +156,15 @@ final class PrefillLayoutTests: XCTestCase {
         }
     }
 
-    /// Persistent blocks where measured: D 128, more than one wave, blocks of at most 32 key tiles.
+    /// Persistent blocks where measured: D 80 to 128, more than one wave, whatever the keys.
     func testCudaPrefillPersistentRule() {
-        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 133, 132, 32), 1)
-        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 2048, 132, 8), 1)
-        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 132, 132, 32), 0, "one wave")
-        XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(128, 2048, 132, 33), 0, "blocks past 4K keys")
-        for d: Int32 in [64, 80, 96, 192, 256] {
-            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 2048, 132, 16), 0, "D \(d)")
+        for d: Int32 in [80, 96, 112, 128] {
+            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 133, 132), 1, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 2048, 132), 1, "D \(d)")
+            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 132, 132), 0, "D \(d): one wave")
+        }
+        for d: Int32 in [64, 192, 256] {
+            XCTAssertEqual(pyfa_cuda_prefill_persistent_pays(d, 2048, 132), 0, "D \(d)")
         }
     }
 

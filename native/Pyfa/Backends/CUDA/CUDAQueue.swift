@@ -574,10 +574,8 @@ struct CUDAPlan: BackendPlan {
         let ranks = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
         let forced = CUDAPlan.prefillPersistKnob > 0
         let blocks = forced ? UInt64(CUDAPlan.prefillPersistKnob) : UInt64(smCount)
-        // A block's key tiles at most: every key's (the causal bound and a window only shorten them).
-        let keyTiles = UInt32(clamping: (UInt64(p.kv_len) + UInt64(p.block_k) - 1) / UInt64(max(p.block_k, 1)))
         guard ranks <= UInt64(Int32.max),
-              forced || (pyfa_cuda_prefill_persistent_pays(D, ranks, UInt64(smCount), keyTiles) != 0 &&
+              forced || (pyfa_cuda_prefill_persistent_pays(D, ranks, UInt64(smCount)) != 0 &&
                          CUDATensorMaps.allPrefillMapsExpected(p)) else { return nil }
         return (UInt32(min(blocks, ranks)), Int(pyfa_cuda_prefill_persistent_smem_bytes(D, rect)))
     }

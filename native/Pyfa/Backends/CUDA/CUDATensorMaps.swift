@@ -42,7 +42,7 @@ struct CUDATensorMaps {
     /// The maps of a pipeline: the warpgroup-MMA prefill (16-bit, its tile;
     /// the grid kernel and the persistent one) in rectangular mode takes K and
     /// V stages by TMA at the head dims pyfa_cuda_prefill_wgmma_tma names, and
-    /// its query tile where pyfa_cuda_prefill_wgmma_q_tma says (cuda_layout.h,
+    /// its query tile where pyfa_cuda_prefill_wgmma_q_tma says for the kernel (cuda_layout.h,
     /// PYFA_CUDA_PREFILL_ARG_TMAP_Q).
     /// PYFA_CUDA_PREFILL_TMA=0 leaves every map out (the kernels' cp.async
     /// stages, as where the driver cannot build a map; tests exercise that path with it).
@@ -64,7 +64,8 @@ struct CUDATensorMaps {
             Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_V, bufferSlot: PYFA_PREFILL_ARG_V, rows: kv, heads: kvHeads,
                 strides: { ($0.v_strides.0, $0.v_strides.1, $0.v_strides.2) }, boxRows: box),
         ]
-        if queryMap && pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT, v[Int(PYFA_PREFILL_FC_DO_CAUSAL)]) != 0 {
+        let persistent: Int32 = kernel == FlashAttnPrefill.persistentKernel ? 1 : 0
+        if queryMap && pyfa_cuda_prefill_wgmma_q_tma(d, PYFA_PREFILL_KV_RECT, v[Int(PYFA_PREFILL_FC_DO_CAUSAL)], persistent) != 0 {
             maps.append(Map(slot: PYFA_CUDA_PREFILL_ARG_TMAP_Q, bufferSlot: PYFA_PREFILL_ARG_Q,
                             rows: { UInt64($0.q_len) }, heads: { UInt64($0.num_heads) },
                             strides: { ($0.q_strides.0, $0.q_strides.1, $0.q_strides.2) },
