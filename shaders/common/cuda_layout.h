@@ -357,10 +357,10 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_
  * two alternated runs, us a call against the grid's): D 128 16K causal
  * 1,644-1,782 against 1,880-1,976, 4K causal 115-124 against 134-144, 4K
  * non-causal 207 against 216-217, 16K non-causal level (3,606-3,715 against
- * 3,636-3,652); D 96 and 80 4-8% less time at 4K; B 8, 32/8 heads, 1K causal
+ * 3,636-3,652); D 96 and 80 3-13% less time at 4K; B 8, 32/8 heads, 1K causal
  * 166-168 against 204 (D 96). At D 64 (192-row tiles, whose query tile the
  * grid launch copies with the threads in non-causal calls) they measured
- * level at 4K and 16K, 1-3% slower at 16K non-causal and 6-9% faster at B 8
+ * level at 4K and 16K, up to 5% slower at 16K non-causal, 6-9% faster at B 8
  * 1K causal (188 against 200-206 us), so D 64 keeps the grid launch. PYFA_CUDA_PREFILL_PERSIST=N forces the persistent kernel
  * wherever it serves. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_pays(int32_t D, uint64_t ranks, uint64_t slots) {
