@@ -121,7 +121,8 @@ def test_persistent_blocks_equal_the_grid_and_the_reference(tmp_path, tma):
 def test_the_rule_takes_persistent_blocks_past_one_wave():
     """Without the knob (cuda_layout.h, pyfa_cuda_prefill_persistent_pays): a call at D 80 to 128
     of more ranks than SMs runs persistent blocks, over any number of keys; one of fewer ranks, one
-    at D 64 and a masked call do not."""
+    at D 64 and a masked call do not. The inputs are numpy arrays, whose calls bind no key split
+    (a plan's call of just over one wave over many key tiles may split its last wave's keys instead)."""
     dev = pyfa.Device("cuda")
     if "sm_90a" not in dev.name:
         pytest.skip(f"the persistent kernel runs on sm_90a only; this device: {dev.name}")

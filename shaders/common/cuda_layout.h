@@ -177,7 +177,9 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_uses_wgmma(int32_t sm90a, int32_t knob,
  * the box {S / 2 elements, BQ rows, 2 D / S, 1, 1} with S-byte swizzling of
  * the 5-d view {S / 2, q_len, 2 D / S, num_heads, batch} of q (strides as
  * K's), one map a launch beside K's and V's; where it is absent (a view TMA
- * refuses, PYFA_CUDA_PREFILL_TMA=kv) the consumers copy Q into the same layout. */
+ * refuses, PYFA_CUDA_PREFILL_TMA=kv) the consumers copy Q: into the same
+ * layout in the grid kernel's body that takes the stage maps, as core
+ * matrices in the bodies without maps (attn_prefill_wgmma.cuh). */
 #define PYFA_CUDA_PREFILL_ARG_TMAP_Q 18
 /* Whether the warpgroup-MMA paths keep K and V stages in a swizzled layout
  * (and take them by TMA in rectangular mode): from D = 64 on (in the packed
@@ -351,18 +353,22 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_
     return (bq + 2 * PYFA_CUDA_PREFILL_WGMMA_KV_STAGES * keys) * D * 2 + exchange;
 }
 /* Whether a call of `ranks` blocks runs persistent blocks on `slots` SMs
- * (pyfa_cuda_prefill_persists says which kernels can): more than one wave of
- * blocks at D 80 to 128, where they measured faster than the grid launch or
- * level with it over 1K to 16K keys (H200, bf16, public calls, 16/8 heads,
- * two alternated runs, us a call against the grid's): D 128 16K causal
- * 1,644-1,782 against 1,880-1,976, 4K causal 115-124 against 134-144, 4K
- * non-causal 207 against 216-217, 16K non-causal level (3,606-3,715 against
- * 3,636-3,652); D 96 and 80 3-13% less time at 4K; B 8, 32/8 heads, 1K causal
- * 166-168 against 204 (D 96). At D 64 (192-row tiles, whose query tile the
- * grid launch copies with the threads in non-causal calls) they measured
- * level at 4K and 16K, up to 5% slower at 16K non-causal, 6-9% faster at B 8
- * 1K causal (188 against 200-206 us), so D 64 keeps the grid launch. PYFA_CUDA_PREFILL_PERSIST=N forces the persistent kernel
- * wherever it serves. */
+ * (pyfa_cuda_prefill_persists says which kernels can; a plan asks for a key
+ * split first): more than one wave of blocks at D 80 to 128. Measured on the
+ * H200 (bf16, public calls, 16/8 heads, four alternated runs, two a side; us a
+ * call, persistent against the grid launch): D 128 16K causal 1,644-1,782
+ * against 1,880-1,976, 4K causal 115-124 against 134-144, 4K non-causal
+ * 206-207 against 216-217, 8K and 16K non-causal level; D 96 and 80 at 4K
+ * 3-13% less time, D 96 16K causal and B 8, 32/8 heads, 1K causal (166-168
+ * against 204) too. Other lengths at D 80 and 96, and lengths past 16K, are
+ * taken by extension: a block's start and end, which the persistent blocks
+ * overlap, only weigh less as its key tiles grow, and where they weigh least
+ * (16K non-causal) the two launches were level. At D 64 (192-row tiles, whose
+ * query tile the grid launch copies with the threads in non-causal calls)
+ * they measured level at 4K and at 16K causal, up to 5% slower at 16K
+ * non-causal and 6-9% faster at B 8 1K causal (188-189 against 200-206 us),
+ * so D 64 keeps the grid launch. PYFA_CUDA_PREFILL_PERSIST=N forces the
+ * persistent kernel wherever it serves. */
 PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_persistent_pays(int32_t D, uint64_t ranks, uint64_t slots) {
     return D >= 80 && D <= 128 && ranks > slots;
 }

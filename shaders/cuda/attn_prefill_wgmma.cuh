@@ -21,7 +21,8 @@
  * D 80, and at D 64 in causal calls and persistent blocks:
  * pyfa_cuda_prefill_wgmma_q_tma) sit in
  * the swizzled layout TMA writes (load_swizzled_stage where the threads copy
- * them instead).
+ * them instead), except Q in a body without the maps (MAPS 0), which keeps
+ * core matrices.
  *
  * Per key tile: S = Q Kᵀ as KD products m64nBKk16 from shared memory, the
  * scores finished and the online softmax run in registers by the mma path's
