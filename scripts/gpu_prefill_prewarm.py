@@ -9,9 +9,9 @@ between processes).
     python3 scripts/gpu_prefill_prewarm.py [--persist 3] [--timeout 240] [--jobs N] [CASE ...]
 
 A CASE is D,dtype,causal,window,softcap,lse,out_f32 (e.g. 128,bfloat16,1,0,0,0,0); without any,
-the unmasked cases of scripts/gpu_prefill_peers.py and benchmarks/cuda_prefill_sweep.py (bf16, no
-LSE, causal and not, D 64 to 256) and of tests/test_cuda_prefill_persistent.py's CASES. Each case
-runs once per value of --persist (PYFA_CUDA_PREFILL_PERSIST). A call compiles the grid kernel's
+the unmasked cases of scripts/gpu_prefill_peers.py and benchmarks/cuda_prefill_sweep.py (bf16,
+no LSE, causal and not, D 64, 80, 96, 128 and 256) and of tests/test_cuda_prefill_persistent.py's
+CASES. Each case runs once per value of --persist (PYFA_CUDA_PREFILL_PERSIST). A call compiles the grid kernel's
 specialisation before it picks its launch, so the default, 3 (three persistent blocks), compiles
 both the grid kernel and, where it serves (D 64 to 128 on sm_90a), the persistent one. Prints one
 line per case that failed, timed out or was not started before the deadline, then a count; exits 1
@@ -87,6 +87,12 @@ def main():
                 running.append((knob, case, subprocess.Popen([sys.executable, "-c", CALL, repr(case)], env=env,
                                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                              text=True)))
+            for item in [r for r in running if r[2].poll() is not None]:
+                running.remove(item)
+                knob, case, proc = item
+                out, _ = proc.communicate()
+                if proc.returncode != 0:
+                    failed.append(f"persist={knob} {case}: exit {proc.returncode}: {out.strip()[-300:]}")
             if time.time() >= deadline:
                 for knob, case, proc in running:
                     proc.kill()
@@ -95,12 +101,6 @@ def main():
                 failed += [f"persist={knob} {case}: not started before the deadline" for knob, case in waiting]
                 running, waiting = [], []
                 break
-            for item in [r for r in running if r[2].poll() is not None]:
-                running.remove(item)
-                knob, case, proc = item
-                out, _ = proc.communicate()
-                if proc.returncode != 0:
-                    failed.append(f"persist={knob} {case}: exit {proc.returncode}: {out.strip()[-300:]}")
             time.sleep(0.05)
     finally:
         for _, _, proc in running:

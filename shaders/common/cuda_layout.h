@@ -359,8 +359,8 @@ PYFA_LAYOUT_FN int32_t pyfa_cuda_prefill_wgmma_smem_bytes(int32_t D, int32_t kv_
  * call, persistent against the grid launch): D 128 16K causal 1,644-1,782
  * against 1,880-1,976, 4K causal 115-124 against 134-144, 4K non-causal
  * 206-207 against 216-217, 8K and 16K non-causal level; D 96 and 80 at 4K
- * 3-13% less time, D 96 16K causal and B 8, 32/8 heads, 1K causal (166-168
- * against 204) too. Other lengths at D 80 and 96, and lengths past 16K, are
+ * 3-13% less time, D 96 B 8, 32/8 heads, 1K causal too (166-168 against
+ * 204), D 96 16K causal level. Other lengths at D 80 and 96, and lengths past 16K, are
  * taken by extension: a block's start and end, which the persistent blocks
  * overlap, only weigh less as its key tiles grow, and where they weigh least
  * (16K non-causal) the two launches were level. At D 64 (192-row tiles, whose
