@@ -18,6 +18,7 @@ line per case that failed, timed out or was not started before the deadline, the
 if any.
 """
 import argparse
+import ast
 import os
 import subprocess
 import sys
@@ -25,11 +26,18 @@ import time
 from pathlib import Path
 
 TIMINGS = [(d, "bfloat16", c, 0, 0, 0, 0) for d in (64, 80, 96, 128, 256) for c in (0, 1)]
-PERSISTENT_TESTS = [
-    (128, "bfloat16", 0, 0, 0, 1, 0), (128, "float16", 1, 0, 0, 1, 0), (96, "bfloat16", 1, 100, 0, 1, 0),
-    (80, "float16", 0, 0, 30, 1, 0), (128, "bfloat16", 1, 0, 0, 1, 0), (96, "float16", 1, 0, 0, 1, 0),
-    (128, "float16", 0, 0, 0, 1, 1), (80, "bfloat16", 1, 0, 0, 1, 0), (128, "bfloat16", 1, 50, 0, 1, 0),
-    (64, "bfloat16", 0, 0, 0, 1, 0), (64, "float16", 1, 0, 0, 1, 0), (64, "bfloat16", 1, 64, 20, 1, 0)]
+PERSISTENT_TESTS = Path(__file__).resolve().parents[1] / "tests" / "test_cuda_prefill_persistent.py"
+
+
+def persistent_test_cases():
+    """The test file's CASES as prewarm cases (read from its source: importing it needs pytest and
+    skips without a GPU). Its calls all return LSE; q_offset and shapes pick no specialisation."""
+    tree = ast.parse(PERSISTENT_TESTS.read_text())
+    cases = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "CASES" for t in node.targets))
+    return [(D, dtype, int(opts.get("causal", False)), opts.get("window", 0), opts.get("softcap", 0), 1,
+             int(opts.get("out_dtype") == "float32")) for D, dtype, *_, opts in cases]
+
 
 CALL = r"""
 import sys, numpy as np, pyfa
@@ -72,7 +80,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds for all the calls together")
     ap.add_argument("--jobs", type=positive, default=os.cpu_count() or 4, help="processes at once")
     args = ap.parse_args()
-    cases = args.cases or sorted(set(TIMINGS + PERSISTENT_TESTS))
+    cases = args.cases or sorted(set(TIMINGS + persistent_test_cases()))
     env0 = dict(os.environ)
     env0["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
                                                      env0.get("PYTHONPATH")) if p)
