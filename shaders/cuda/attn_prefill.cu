@@ -145,9 +145,11 @@ __device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { 
  * batch), and blocks start in about the order of their linear index; that
  * index is read with the query tile slowest and highest first, so under
  * causal masking the tiles with the most keys start first across every head
- * and sequence and the shortest start last (longest-processing-time-first).
- * Read x-fastest, a head's long tiles started after every earlier head's
- * short ones and ran on after them (4K causal: 512 blocks on 132 SMs).
+ * and sequence and the shortest start last (longest-processing-time-first),
+ * in sections of heads whose K and V fit L2 (cuda_layout.h,
+ * pyfa_cuda_prefill_rank_slot). Read x-fastest, a head's long tiles started
+ * after every earlier head's short ones and ran on after them (4K causal: 512
+ * blocks on 132 SMs).
  * Launched in clusters of 2 along y (cuda_layout.h,
  * pyfa_cuda_prefill_wgmma_cluster_heads) the index is the cluster's, times
  * 2, plus the block's rank in it (pyfa_cuda_prefill_block_rank): the two
@@ -172,27 +174,25 @@ struct tile_slot {
     /* A persistent launch's rank r of the 3-d grid (pyfa_prefill_persist): the
      * key split's rank order, without parts. */
     __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, uint32_t rank) { place(p, rank); }
-    /* The split's and the persistent launch's rank order: query tile slowest,
-     * highest first, then sequence, then head. */
-    __device__ __forceinline__ void place(const pyfa_flash_attn_prefill_params &p, uint32_t rank) {
+    /* Every launch's rank order (pyfa_cuda_prefill_rank_slot): query tile
+     * slowest, highest first, then sequence, then head, in sections of heads. */
+    __device__ __forceinline__ void place(const pyfa_flash_attn_prefill_params &p, uint64_t rank) {
         const uint32_t planes = p.num_heads * p.batch;
-        qtile = p.num_q_blocks - 1 - rank / planes;
-        const uint32_t plane = rank % planes;
+        const uint64_t slot = pyfa_cuda_prefill_rank_slot(
+            rank, p.num_q_blocks, planes,
+            pyfa_cuda_prefill_section_planes(planes, p.num_heads / p.num_kv_heads, p.kv_len, p.head_dim));
+        qtile = (uint32_t)(slot >> 32);
+        const uint32_t plane = (uint32_t)slot;
         h = plane % p.num_heads;
         b = plane / p.num_heads;
     }
-    __device__ __forceinline__ explicit tile_slot(uint32_t num_q_blocks) {
-        const uint64_t planes = (uint64_t)gridDim.y * gridDim.z;
+    /* A grid launch's block (the grid is (num_q_blocks, num_heads, batch)). */
+    __device__ __forceinline__ explicit tile_slot(const pyfa_flash_attn_prefill_params &p) {
         uint32_t cluster_y = 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(cluster_y));
 #endif
-        const uint64_t rank =
-            pyfa_cuda_prefill_block_rank(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, cluster_y);
-        qtile = num_q_blocks - 1 - (uint32_t)(rank / planes);
-        const uint32_t plane = (uint32_t)(rank % planes);
-        h = plane % gridDim.y;
-        b = plane / gridDim.y;
+        place(p, pyfa_cuda_prefill_block_rank(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, cluster_y));
     }
 };
 
@@ -217,7 +217,7 @@ struct block_info {
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
                                           const flags &f, uint32_t BQ, uint32_t BK, uint32_t,
                                           const pyfa_prefill_split * = nullptr) {
-        const tile_slot slot(p.num_q_blocks);
+        const tile_slot slot(p);
         qtile = slot.qtile;
         h = slot.h;
         b = slot.b;
@@ -311,7 +311,7 @@ struct block_info<PYFA_PREFILL_KV_RECT> {
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
                                           const flags &f, uint32_t BQ, uint32_t BK, uint32_t es,
                                           const pyfa_prefill_split *split = nullptr)
-        : block_info(p, a, f, BQ, BK, es, split != nullptr ? tile_slot(p, *split) : tile_slot(p.num_q_blocks), split) {}
+        : block_info(p, a, f, BQ, BK, es, split != nullptr ? tile_slot(p, *split) : tile_slot(p), split) {}
     /* The block of `slot` (a persistent launch's rank: split nullptr). */
     __device__ __forceinline__ block_info(const pyfa_flash_attn_prefill_params &p, const pyfa_cuda_args &a,
                                           const flags &f, uint32_t BQ, uint32_t BK, uint32_t es, const tile_slot &slot,

@@ -178,9 +178,10 @@ final class PrefillLayoutTests: XCTestCase {
         for (gx, gy, gz) in [(1, 2, 1), (3, 4, 2), (5, 16, 3), (2, 32, 1), (7, 6, 2)] as [(UInt32, UInt32, UInt32)] {
             let total = Int(gx * gy * gz), planes = UInt64(gy * gz)
             var seen = [Bool](repeating: false, count: total)
-            func slot(_ r: UInt64) -> (qtile: UInt64, h: UInt64, b: UInt64) {
-                let plane = r % planes
-                return (r / planes, plane % UInt64(gy), plane / UInt64(gy))
+            func slot(_ r: UInt64, _ section: UInt32) -> (qtile: UInt64, h: UInt64, b: UInt64) {
+                let s = pyfa_cuda_prefill_rank_slot(r, gx, UInt32(planes), section)
+                let plane = s & 0xffff_ffff
+                return (s >> 32, plane % UInt64(gy), plane / UInt64(gy))
             }
             for z in 0..<gz {
                 for y in 0..<gy {
@@ -197,18 +198,72 @@ final class PrefillLayoutTests: XCTestCase {
                         let partner = pyfa_cuda_prefill_block_rank(x, y + 1, z, gx, gy, 2)
                         XCTAssertEqual(r % 2, 0)
                         XCTAssertEqual(partner, r + 1)
-                        let (a, b) = (slot(r), slot(partner))
-                        XCTAssertEqual(a.qtile, b.qtile)
-                        XCTAssertEqual(a.b, b.b)
-                        XCTAssertEqual(a.h % 2, 0)
-                        XCTAssertEqual(b.h, a.h + 1)
-                        for group in [2, 4, 8] as [UInt64] where UInt64(gy) % group == 0 {
-                            XCTAssertEqual(a.h / group, b.h / group, "one KV head at \(group) query heads per KV head")
+                        // sections of whole KV heads at 2 query heads each (every plane: one section)
+                        for section in [UInt32(planes), 2, 4] where UInt32(planes) % 2 == 0 || section == UInt32(planes) {
+                            let (a, b) = (slot(r, section), slot(partner, section))
+                            XCTAssertEqual(a.qtile, b.qtile)
+                            XCTAssertEqual(a.b, b.b)
+                            XCTAssertEqual(a.h % 2, 0)
+                            XCTAssertEqual(b.h, a.h + 1)
+                            for group in [2, 4, 8] as [UInt64] where UInt64(gy) % group == 0 {
+                                XCTAssertEqual(a.h / group, b.h / group, "one KV head at \(group) query heads per KV head")
+                            }
                         }
                     }
                 }
             }
             XCTAssertTrue(seen.allSatisfy { $0 }, "every rank taken, grid (\(gx), \(gy), \(gz))")
+        }
+    }
+
+    /// pyfa_cuda_prefill_section_planes: whole KV heads whose K and V fit 32 MiB, at least one,
+    /// at most every plane (a call that fits keeps its order).
+    func testCudaPrefillSectionsHoldL2sWorthOfKV() {
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128), 8)   // 8 MiB a KV head: 4 of them
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 256), 4)   // 16 MiB: 2
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128), 16)   // 2 MiB: all 8 fit
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128), 16)   // B 4: 8 of 32 KV heads
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(32, 4, 32768, 128), 8)   // 16 MiB: 2 KV heads of 4 query heads
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(8, 4, 1 << 20, 512), 4)  // 2 GiB a KV head: one
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(1, 1, 1 << 20, 512), 1)
+    }
+
+    /// pyfa_cuda_prefill_rank_slot: a bijection from the ranks onto (query tile, plane); within a
+    /// section the query tile runs slowest, highest first (the order without sections when the
+    /// section holds every plane); sections take their planes in order; where sections and
+    /// planes are even, ranks 2c and 2c + 1 take one query tile, an even plane and the next.
+    func testCudaPrefillRankOrderInSections() {
+        for (tiles, planes, section) in [(1, 1, 1), (5, 16, 16), (5, 16, 8), (7, 16, 6), (3, 10, 4), (128, 16, 8),
+                                         (4, 64, 16), (9, 6, 1), (2, 12, 12)] as [(UInt32, UInt32, UInt32)] {
+            let total = Int(tiles * planes)
+            var seen = [Bool](repeating: false, count: total)
+            var last: (section: UInt64, qtile: UInt64)? = nil
+            for r in 0..<UInt64(total) {
+                let s = pyfa_cuda_prefill_rank_slot(r, tiles, planes, section)
+                let (qtile, plane) = (s >> 32, s & 0xffff_ffff)
+                XCTAssertLessThan(qtile, UInt64(tiles))
+                XCTAssertLessThan(plane, UInt64(planes))
+                guard qtile < UInt64(tiles) && plane < UInt64(planes) else { continue }
+                let i = Int(qtile * UInt64(planes) + plane)
+                XCTAssertFalse(seen[i], "(\(qtile), \(plane)) twice: \(tiles) tiles, \(planes) planes, sections of \(section)")
+                seen[i] = true
+                let sec = plane / UInt64(section)
+                if let (ls, lq) = last {
+                    XCTAssertTrue(sec > ls || (sec == ls && qtile <= lq), "rank \(r): sections in order, tiles descending in one")
+                }
+                last = (sec, qtile)
+                if section == planes {
+                    XCTAssertEqual(qtile, UInt64(tiles) - 1 - r / UInt64(planes))
+                    XCTAssertEqual(plane, r % UInt64(planes))
+                }
+                if section % 2 == 0 && planes % 2 == 0 && r % 2 == 1 {
+                    let before = pyfa_cuda_prefill_rank_slot(r - 1, tiles, planes, section)
+                    XCTAssertEqual(before >> 32, qtile, "a cluster's two ranks: one query tile")
+                    XCTAssertEqual((before & 0xffff_ffff) % 2, 0)
+                    XCTAssertEqual(before & 0xffff_ffff, plane - 1)
+                }
+            }
+            XCTAssertTrue(seen.allSatisfy { $0 }, "every slot taken: \(tiles) tiles, \(planes) planes, sections of \(section)")
         }
     }
 
