@@ -293,35 +293,44 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
  * query tile slowest (highest first, so that under causal masking the longest
  * tiles start first), then sequence, then head; read over every head at once,
  * the blocks in flight read the K and V of every KV head at once, and past
- * L2's size those rows are fetched from DRAM again and again (H200, bf16, 16/8
- * heads, D 128, 16K non-causal, Nsight Compute: 1.14 GB of DRAM reads a call
- * that holds 0.2 GB, where cuDNN's kernel reads about that). So the order takes
- * the query heads (planes: a sequence's heads, then the next sequence's) in
- * sections whose K and V (kv_len keys of head_dim 16-bit values each, a whole
- * number of KV heads) fit PYFA_CUDA_PREFILL_L2_SECTION_BYTES, as
- * FlashAttention-3's scheduler does, and runs each section in the order above:
- * 0.61 GB read there, and 2-4% less time at D 256 16K, B 4 D 128 8K and D 128
- * 32K causal (D 128 16K level; docs/cuda/NOTES.md, "The rank order in
- * sections of L2's size"). A call whose K and V fit is one section: the order
- * it had. */
-#define PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32ull << 20)
+ * L2's size (50 MB on H100 and H200) those rows are fetched from DRAM again
+ * (H200, bf16, 16/8 heads, D 128, 16K non-causal, Nsight Compute: 1.14 GB of
+ * DRAM reads a call that holds 0.2 GB, where cuDNN's kernel reads about
+ * that). Where the call's K and V exceed twice PYFA_CUDA_PREFILL_L2_SECTION_BYTES
+ * the order takes the query heads (planes: a sequence's heads, then the next
+ * sequence's) in sections whose K and V (kv_len keys of head_dim 16-bit values
+ * each, a whole number of KV heads) fit that size, as FlashAttention-3's
+ * scheduler does, and runs each section in the order above: 2-4% less time at
+ * 128 MB of K and V (D 256 16K, B 4 D 128 8K and D 128 32K causal, 16/8 and
+ * 32/8 heads). At 64 MB (D 128 16K) sections halved the DRAM reads (0.61 GB)
+ * and measured level non-causal, level to 5% slower causal, so calls up to
+ * twice the section keep one section, the order they had (docs/cuda/NOTES.md,
+ * "The rank order in sections of L2's size"). */
+#define PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32u << 20)
 PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32_t group, uint32_t kv_len,
                                                          uint32_t head_dim) {
     const uint64_t per_kv_head = (uint64_t)kv_len * head_dim * 4u; /* K and V rows */
-    const uint64_t kv_heads = per_kv_head == 0 ? planes : PYFA_CUDA_PREFILL_L2_SECTION_BYTES / per_kv_head;
-    const uint64_t section = (kv_heads < 1 ? 1 : kv_heads) * (group < 1 ? 1 : group);
+    if (per_kv_head * (planes / (group < 1 ? 1u : group)) <= 2ull * PYFA_CUDA_PREFILL_L2_SECTION_BYTES) return planes;
+    const uint32_t kv_heads = per_kv_head == 0 ? planes
+                              : per_kv_head >= PYFA_CUDA_PREFILL_L2_SECTION_BYTES
+                                  ? 1u
+                                  : PYFA_CUDA_PREFILL_L2_SECTION_BYTES / (uint32_t)per_kv_head;
+    const uint64_t section = (uint64_t)kv_heads * (group < 1 ? 1u : group);
     return section >= planes ? planes : (uint32_t)section;
 }
 /* Rank `rank` of num_q_blocks * planes in that order, for sections of
  * `section` planes (pyfa_cuda_prefill_section_planes; the last may hold
  * fewer): its query tile << 32 | its plane. Sections are whole KV heads, so
  * where the query heads per KV head are even, ranks 2c and 2c + 1 take one
- * query tile, an even plane and the next (a cluster's two blocks). */
-PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_rank_slot(uint64_t rank, uint32_t num_q_blocks, uint32_t planes,
+ * query tile, an even plane and the next (a cluster's two blocks). In 32-bit
+ * arithmetic (64-bit divisions are calls that cost the kernels registers): a
+ * launch has fewer than 2^32 blocks, since every block writes its own output
+ * rows (flash_attn_prefill's validation) and 2^32 of them would be 2^45 bytes. */
+PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_rank_slot(uint32_t rank, uint32_t num_q_blocks, uint32_t planes,
                                                     uint32_t section) {
-    const uint64_t first = rank / ((uint64_t)section * num_q_blocks) * section; /* the section's first plane */
-    const uint64_t width = planes - first < section ? planes - first : section;
-    const uint64_t j = rank - first * num_q_blocks;
+    const uint32_t first = rank / (section * num_q_blocks) * section; /* the section's first plane */
+    const uint32_t width = planes - first < section ? planes - first : section;
+    const uint32_t j = rank - first * num_q_blocks;
     return (uint64_t)(num_q_blocks - 1 - j / width) << 32 | (first + j % width);
 }
 /* Key-split prefill (flash_attn_prefill_params.h, pyfa_prefill_split), for

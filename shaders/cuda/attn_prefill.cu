@@ -176,7 +176,7 @@ struct tile_slot {
     __device__ __forceinline__ tile_slot(const pyfa_flash_attn_prefill_params &p, uint32_t rank) { place(p, rank); }
     /* Every launch's rank order (pyfa_cuda_prefill_rank_slot): query tile
      * slowest, highest first, then sequence, then head, in sections of heads. */
-    __device__ __forceinline__ void place(const pyfa_flash_attn_prefill_params &p, uint64_t rank) {
+    __device__ __forceinline__ void place(const pyfa_flash_attn_prefill_params &p, uint32_t rank) {
         const uint32_t planes = p.num_heads * p.batch;
         const uint64_t slot = pyfa_cuda_prefill_rank_slot(
             rank, p.num_q_blocks, planes,
@@ -192,7 +192,8 @@ struct tile_slot {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(cluster_y));
 #endif
-        place(p, pyfa_cuda_prefill_block_rank(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, cluster_y));
+        place(p, (uint32_t)pyfa_cuda_prefill_block_rank(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y,
+                                                         cluster_y)); /* below 2^32: pyfa_cuda_prefill_rank_slot */
     }
 };
 

@@ -179,7 +179,7 @@ final class PrefillLayoutTests: XCTestCase {
             let total = Int(gx * gy * gz), planes = UInt64(gy * gz)
             var seen = [Bool](repeating: false, count: total)
             func slot(_ r: UInt64, _ section: UInt32) -> (qtile: UInt64, h: UInt64, b: UInt64) {
-                let s = pyfa_cuda_prefill_rank_slot(r, gx, UInt32(planes), section)
+                let s = pyfa_cuda_prefill_rank_slot(UInt32(r), gx, UInt32(planes), section)
                 let plane = s & 0xffff_ffff
                 return (s >> 32, plane % UInt64(gy), plane / UInt64(gy))
             }
@@ -217,9 +217,10 @@ final class PrefillLayoutTests: XCTestCase {
     }
 
     /// pyfa_cuda_prefill_section_planes: whole KV heads whose K and V fit 32 MiB, at least one,
-    /// at most every plane (a call that fits keeps its order).
+    /// at most every plane; a call whose K and V fit 64 MiB keeps one section (its order).
     func testCudaPrefillSectionsHoldL2sWorthOfKV() {
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128), 8)   // 8 MiB a KV head: 4 of them
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128), 16)  // 64 MiB in all: one section
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16385, 128), 6)   // past it: 3 KV heads of just over 8 MiB
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 256), 4)   // 16 MiB: 2
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128), 16)   // 2 MiB: all 8 fit
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128), 16)   // B 4: 8 of 32 KV heads
@@ -238,7 +239,7 @@ final class PrefillLayoutTests: XCTestCase {
             let total = Int(tiles * planes)
             var seen = [Bool](repeating: false, count: total)
             var last: (section: UInt64, qtile: UInt64)? = nil
-            for r in 0..<UInt64(total) {
+            for r in 0..<UInt32(total) {
                 let s = pyfa_cuda_prefill_rank_slot(r, tiles, planes, section)
                 let (qtile, plane) = (s >> 32, s & 0xffff_ffff)
                 XCTAssertLessThan(qtile, UInt64(tiles))
@@ -253,8 +254,8 @@ final class PrefillLayoutTests: XCTestCase {
                 }
                 last = (sec, qtile)
                 if section == planes {
-                    XCTAssertEqual(qtile, UInt64(tiles) - 1 - r / UInt64(planes))
-                    XCTAssertEqual(plane, r % UInt64(planes))
+                    XCTAssertEqual(qtile, UInt64(tiles) - 1 - UInt64(r) / UInt64(planes))
+                    XCTAssertEqual(plane, UInt64(r) % UInt64(planes))
                 }
                 if section % 2 == 0 && planes % 2 == 0 && r % 2 == 1 {
                     let before = pyfa_cuda_prefill_rank_slot(r - 1, tiles, planes, section)
