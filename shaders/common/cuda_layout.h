@@ -300,12 +300,13 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
  * the order takes the query heads (planes: a sequence's heads, then the next
  * sequence's) in sections whose K and V (kv_len keys of head_dim 16-bit values
  * each, a whole number of KV heads) fit that size, as FlashAttention-3's
- * scheduler does, and runs each section in the order above: 2-4% less time at
- * 128 MB of K and V (D 256 16K, B 4 D 128 8K and D 128 32K causal, 16/8 and
- * 32/8 heads). At 64 MB (D 128 16K) sections halved the DRAM reads (0.61 GB)
- * and measured level non-causal, level to 5% slower causal, so calls up to
- * twice the section keep one section, the order they had (docs/cuda/NOTES.md,
- * "The rank order in sections of L2's size"). */
+ * scheduler does, and runs each section in the order above. At 128 MB of K
+ * and V it took 4% less time at B 4 D 128 8K non-causal, 3% at D 128 32K
+ * causal (32/8 heads), 2-3% at D 256 16K non-causal, and D 256 16K causal
+ * moved within its spread. At 64 MB (D 128 16K) sections halved the DRAM
+ * reads (0.61 GB) and measured level non-causal, level to 5% slower causal,
+ * so calls up to twice the section keep one section, the order they had
+ * (docs/cuda/NOTES.md, "The rank order in sections of L2's size"). */
 #define PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32u << 20)
 PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32_t group, uint32_t kv_len,
                                                          uint32_t head_dim) {
