@@ -18,7 +18,7 @@ mkdir -p "$dest/shaders" && cp -r shaders/common "$dest/shaders/"  # tests read 
 # tests/test_readme.py runs the README's CUDA snippets there; test_api_docs.py checks the API page.
 mkdir -p "$dest/docs" && cp README.md "$dest/" && cp docs/API.md "$dest/docs/" && cp scripts/gen_api_docs.py "$dest/scripts/"
 cp scripts/gpu_run.sh scripts/gpu_*_check.py scripts/gpu_tq_profile.py scripts/gpu_tq_sweep.sh scripts/serving_report.py \
-    scripts/hf_generate_bench.py scripts/hf_attention_bench.py scripts/hf_prefill_profile.py scripts/gpu_token_major_bench.py scripts/gpu_prefill_power.py scripts/gpu_prefill_split_bench.py scripts/gpu_decode_knobs.sh scripts/gpu_paged_bench.py scripts/gpu_wgmma_probe.py scripts/gpu_call_overhead.py scripts/gpu_host_profile.py scripts/gpu_tq_attend_time.py scripts/gpu_decode_profile.py scripts/gpu_prefill_profile.py scripts/gpu_prefill_peers.py scripts/gpu_prefill_timeline.py \
+    scripts/hf_generate_bench.py scripts/hf_attention_bench.py scripts/hf_prefill_profile.py scripts/gpu_token_major_bench.py scripts/gpu_prefill_power.py scripts/gpu_prefill_split_bench.py scripts/gpu_decode_knobs.sh scripts/gpu_paged_bench.py scripts/gpu_wgmma_probe.py scripts/gpu_call_overhead.py scripts/gpu_host_profile.py scripts/gpu_tq_attend_time.py scripts/gpu_decode_profile.py scripts/gpu_prefill_profile.py scripts/gpu_prefill_peers.py scripts/gpu_prefill_timeline.py scripts/gpu_prefill_prewarm.py scripts/gpu_prefill_ncu.sh \
     "$dest/scripts/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 if [ -n "${PYFA_WHEELS_DIR:-}" ]; then

@@ -18,6 +18,8 @@ or CUDA-event timings (TFLOP/s) without one.
                                                            instead (its own backend choice; causal
                                                            and a mask combined into one bool mask;
                                                            K and V repeated to q's heads)
+    python3 scripts/gpu_prefill_profile.py --cudnn ...  torch SDPA held to its cuDNN backend (enable_gqa,
+                                                        as scripts/gpu_prefill_peers.py calls it)
     python3 scripts/gpu_prefill_profile.py --fa4 ...   FlashAttention-4's public call on the same
                                                        inputs instead (rectangular shapes only; a
                                                        profile of the strongest peer beside ours)
@@ -70,8 +72,8 @@ def run(Hq, Hkv, D, L, causal, packed=0, options=None):
     options = options or {}
     if options and (packed or "--fa4" in sys.argv):
         raise SystemExit("--shape options apply to pyfa.attention and --sdpa only (not varlen shapes or --fa4)")
-    if packed and ("--fa4" in sys.argv or "--sdpa" in sys.argv):
-        raise SystemExit("--fa4 and --sdpa time rectangular shapes only")
+    if packed and ("--fa4" in sys.argv or "--sdpa" in sys.argv or "--cudnn" in sys.argv):
+        raise SystemExit("--fa4, --sdpa and --cudnn time rectangular shapes only")
     dev = pyfa.Device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     if packed:
@@ -109,6 +111,16 @@ def run(Hq, Hkv, D, L, causal, packed=0, options=None):
             def call():
                 return torch.nn.functional.scaled_dot_product_attention(
                     q, kx, vx, attn_mask=mask, is_causal=bool(causal) and mask is None)
+        elif "--cudnn" in sys.argv:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            if options:
+                raise SystemExit("--cudnn takes no options")
+
+            def call():  # as scripts/gpu_prefill_peers.py calls it
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                                                            enable_gqa=True)
         elif "--fa4" in sys.argv:
             from flash_attn.cute import flash_attn_func
 
@@ -133,7 +145,8 @@ def run(Hq, Hkv, D, L, causal, packed=0, options=None):
     what = f"varlen {packed} x {L // packed}" if packed else f"L={L}"
     if options:
         what += " " + ",".join(f"{k}={v}" for k, v in options.items())
-    who = "FlashAttention-4" if "--fa4" in sys.argv else "torch SDPA" if "--sdpa" in sys.argv else "pyfa"
+    who = ("FlashAttention-4" if "--fa4" in sys.argv else "torch SDPA" if "--sdpa" in sys.argv
+           else "cuDNN (torch SDPA)" if "--cudnn" in sys.argv else "pyfa")
     print(f"{who} Hq/Hkv {Hq}/{Hkv} D={D} {what} causal={bool(causal)}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.1f} TFLOP/s")
     if "--kernels" in sys.argv:
         print_kernel_times(call)
