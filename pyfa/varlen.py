@@ -34,6 +34,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
         may have no rows. With GPU inputs they may be GPU int32 arrays (then ``max_seqlen_q`` and
         ``max_seqlen_k`` are required, and the kernels clamp the values instead of checking them).
     max_seqlen_q, max_seqlen_k : the longest sequence's rows / keys (default: from the host values).
+        The launch tiles every sequence as the longest: its query tiles times the heads times the
+        sequences must be at most 2^32 - 1 (PyfaError naming max_seqlen_q otherwise).
     causal : bottom-right per sequence, as flash-attn's varlen: query row ``i`` of sequence ``b`` sits at
         position ``kv_len_b - q_len_b + i`` and sees keys ``j <= kv_len_b - q_len_b + i``.
     window : None or a positive int: a query at position ``p`` sees keys with ``p - j < window``
@@ -114,7 +116,9 @@ def paged_attention(q, k_pages, v_pages, block_table, cu_seqlens_q, kv_len, *, p
         the metadata may be GPU int32 arrays (then ``max_seqlen_q`` is required; the kernels clamp
         device values: an entry outside the pool reads the last page).
     page_layout : "nhd" or "hnd".
-    max_seqlen_q : the longest sequence's new rows (default: from the host values).
+    max_seqlen_q : the longest sequence's new rows (default: from the host values); as in
+        varlen_attention, its query tiles times the heads times the sequences must be at most
+        2^32 - 1.
     causal : query row ``i`` of sequence ``b`` sits at position ``kv_len_b - q_len_b + i`` (default True).
     window, softcap, scale, out, out_dtype : as :func:`pyfa.varlen_attention`.
     return_lse : also return the float32 LSE ``[H, total_q]``.

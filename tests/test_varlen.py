@@ -283,6 +283,9 @@ def _base(rng):
     (lambda a: a.update(max_seqlen_q=3), "cu_seqlens_q: sequence 1 has 4 rows, more than max_seqlen_q (3)"),
     (lambda a: a.update(max_seqlen_k=4), "cu_seqlens_k: sequence 0 has 5 rows, more than max_seqlen_k (4)"),
     (lambda a: a.update(max_seqlen_q=0), "max_seqlen_q"),
+    # 600 sequences, most empty, under a declared longest of 2^31 - 1 rows: too many tiles to rank in 32 bits
+    (lambda a: a.update(cq=cu([3, 4] + [0] * 598), ck=cu([5, 4] + [0] * 598), max_seqlen_q=2**31 - 1),
+     "with 2 heads and 600 sequences; must be at most 4294967295"),
     (lambda a: a.update(k=a["k"].astype(np.float16)), "k: dtype float16 differs from q's"),
     (lambda a: a.update(v=a["v"][:, :, :32].copy()), "v: shape"),
     (lambda a: a.update(k=a["k"][:, :, :32].copy(), v=a["v"][:, :, :32].copy()), "k: head_dim 32 differs"),

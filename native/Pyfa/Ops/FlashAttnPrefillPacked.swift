@@ -101,6 +101,12 @@ public enum FlashAttnPrefillPacked {
         let paged = mode == PYFA_PREFILL_KV_PAGED
         let q = try Check.buffer(q, "q", dtypes: FlashAttnPrefill.floatTypes, elements: 0, rows: true)
         let (geometry, _) = try FlashAttnPrefill.plan(encoder.device, &p, dtype: q.dtype, kvMode: mode)
+        // A grid of (query tile, head, sequence) tiles over the declared longest sequence: the kernels
+        // read a tile's rank in 32 bits (cuda_layout.h, pyfa_cuda_prefill_rank_slot).
+        let tiles = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
+        try require(tiles <= UInt64(UInt32.max),
+                    "max_seqlen_q: \(p.q_len) rows make \(p.num_q_blocks) query tiles of \(p.block_q) a head and sequence, "
+                    + "\(tiles) with \(p.num_heads) heads and \(p.batch) sequences; must be at most \(UInt32.max)")
         let B = Int(p.batch), D = Int(p.head_dim)
         try Check.buffer(q, "q", dtypes: [q.dtype],
                          elements: packedExtent(p.q_strides, heads: p.num_heads, rows: packed.total_q, headDim: p.head_dim, "q"), rows: true)
