@@ -295,18 +295,19 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
  * the blocks in flight read the K and V of every KV head at once, and past
  * L2's size (50 MB on H100 and H200) those rows are fetched from DRAM again
  * (H200, bf16, 16/8 heads, D 128, 16K non-causal, Nsight Compute: 1.14 GB of
- * DRAM reads a call that holds 0.2 GB, where cuDNN's kernel reads about
+ * DRAM reads a call that holds 0.2 GB, where cuDNN's kernel moves about
  * that). Where the call's K and V exceed twice PYFA_CUDA_PREFILL_L2_SECTION_BYTES
  * the order takes the query heads (planes: a sequence's heads, then the next
  * sequence's) in sections whose K and V (kv_len keys of head_dim 16-bit values
  * each, a whole number of KV heads) fit that size, as FlashAttention-3's
  * scheduler does, and runs each section in the order above. At 128 MB of K
- * and V it took 4% less time at B 4 D 128 8K non-causal, 3% at D 128 32K
- * causal (32/8 heads), 2-3% at D 256 16K non-causal, and D 256 16K causal
- * moved within its spread. At 64 MB (D 128 16K) sections halved the DRAM
- * reads (0.61 GB) and measured level non-causal, level to 5% slower causal,
- * so calls up to twice the section keep one section, the order they had
- * (docs/cuda/NOTES.md, "The rank order in sections of L2's size"). */
+ * and V a first form (sections from 32 MiB) took 4% less time at B 4 D 128 8K
+ * non-causal and 3% at D 128 32K causal (32/8 heads); D 256 16K, causal and
+ * not, moved 2-3% on average, within their spreads. At 64 MB (D 128 16K)
+ * sections halved the DRAM reads (0.61 GB) and measured level non-causal,
+ * level to 5% slower causal, so calls up to twice the section keep one
+ * section, the order they had (docs/cuda/NOTES.md, "The rank order in
+ * sections of L2's size"). */
 #define PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32u << 20)
 PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32_t group, uint32_t kv_len,
                                                          uint32_t head_dim) {
@@ -325,8 +326,12 @@ PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32
  * where the query heads per KV head are even, ranks 2c and 2c + 1 take one
  * query tile, an even plane and the next (a cluster's two blocks). In 32-bit
  * arithmetic (64-bit divisions are calls that cost the kernels registers): a
- * launch has fewer than 2^32 blocks, since every block writes its own output
- * rows (flash_attn_prefill's validation) and 2^32 of them would be 2^45 bytes. */
+ * launch has fewer than 2^32 blocks. In rectangular mode every block writes
+ * output rows of its own (flash_attn_prefill's validation), and 2^32 blocks
+ * would write at least 2^39 bytes; the packed modes, whose q_len is the
+ * declared longest sequence, refuse grids of 2^32 tiles or more
+ * (FlashAttnPrefillPacked.encode); persistent and key-split launches have at
+ * most INT32_MAX ranks (their plans' rule). */
 PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_rank_slot(uint32_t rank, uint32_t num_q_blocks, uint32_t planes,
                                                     uint32_t section) {
     const uint32_t first = rank / (section * num_q_blocks) * section; /* the section's first plane */
