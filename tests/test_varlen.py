@@ -265,6 +265,18 @@ def test_plan_rules(dev, field, value, message):
     assert message in ffi.string(lib.pyfa_last_error()).decode()
 
 
+def test_plan_refuses_a_grid_of_2_to_the_32_tiles(dev):
+    """A plan for 600 sequences under a declared longest of 2^31 - 1 rows is refused where it is
+    made (not at each run)."""
+    desc = ffi.new("pyfa_varlen_prefill_plan_desc *")
+    _fill_attn(desc.attn, 600, 2, 1, 64, 2**31 - 1, 8)
+    desc.kv_mode = lib.PYFA_PREFILL_KV_VARLEN
+    desc.dtype = desc.out_dtype = pyfa.dtypes.code(np.float32)
+    plan = ffi.new("pyfa_plan **")
+    assert lib.pyfa_varlen_prefill_plan_new(plan, dev.handle, desc) != 0
+    assert "max_seqlen_q: 2147483647 rows make" in ffi.string(lib.pyfa_last_error()).decode()
+
+
 # Bad input -> PyfaError naming the argument and the rule.
 def _base(rng):
     q, k, v = make(rng, [3, 4], [5, 4], 2, 1, 64, np.float32)
@@ -283,9 +295,6 @@ def _base(rng):
     (lambda a: a.update(max_seqlen_q=3), "cu_seqlens_q: sequence 1 has 4 rows, more than max_seqlen_q (3)"),
     (lambda a: a.update(max_seqlen_k=4), "cu_seqlens_k: sequence 0 has 5 rows, more than max_seqlen_k (4)"),
     (lambda a: a.update(max_seqlen_q=0), "max_seqlen_q"),
-    # 600 sequences, most empty, under a declared longest of 2^31 - 1 rows: too many tiles to rank in 32 bits
-    (lambda a: a.update(cq=cu([3, 4] + [0] * 598), ck=cu([5, 4] + [0] * 598), max_seqlen_q=2**31 - 1),
-     "with 2 heads and 600 sequences; must be at most 4294967295"),
     (lambda a: a.update(k=a["k"].astype(np.float16)), "k: dtype float16 differs from q's"),
     (lambda a: a.update(v=a["v"][:, :, :32].copy()), "v: shape"),
     (lambda a: a.update(k=a["k"][:, :, :32].copy(), v=a["v"][:, :, :32].copy()), "k: head_dim 32 differs"),
@@ -302,6 +311,16 @@ def test_bad_input(dev, rng, change, message):
     kw = {key: a[key] for key in ("max_seqlen_q", "max_seqlen_k", "window", "out", "out_dtype") if key in a}
     with pytest.raises(pyfa.PyfaError, match=re.escape(message)):
         pyfa.varlen_attention(a["q"], a["k"], a["v"], a["cq"], a["ck"], causal=True, device=dev, **kw)
+
+
+def test_a_grid_of_2_to_the_32_tiles_is_refused(dev, rng):
+    """600 sequences, most of them empty, under a declared longest of 2^31 - 1 rows: more query
+    tiles x heads x sequences than the kernels count in 32 bits; refused, naming max_seqlen_q."""
+    q, k, v, _, _ = _base(rng)
+    with pytest.raises(pyfa.PyfaError, match=r"max_seqlen_q: 2147483647 rows make \d+ query tiles .*"
+                                             r"x heads \(2\) x sequences \(600\) = \d+ must be at most 4294967295"):
+        pyfa.varlen_attention(q, k, v, cu([3, 4] + [0] * 598), cu([5, 4] + [0] * 598), causal=True,
+                              max_seqlen_q=2**31 - 1, device=dev)
 
 
 def test_total_k_zero(dev, rng):

@@ -179,7 +179,9 @@ int pyfa_merge_attention_states(pyfa_encoder *encoder, const pyfa_merge_attn_par
  * (masks are refused). Metadata buffers are int32; host-visible values are
  * checked (cu_seqlens from 0, non-decreasing, ending at packed->total_q /
  * total_k; q_len_b <= kv_len_b; block_table entries in range), device values
- * clamped. lse (may be NULL): f32 [num_heads, total_q]. */
+ * clamped. The launch tiles every sequence as the longest: query tiles of
+ * q_len x num_heads x batch must be at most 2^32 - 1. lse (may be NULL): f32
+ * [num_heads, total_q]. */
 int pyfa_flash_attn_prefill_varlen(pyfa_encoder *encoder, const pyfa_flash_attn_prefill_params *params,
                                    const pyfa_prefill_packed *packed, pyfa_buffer *q, pyfa_buffer *k, pyfa_buffer *v,
                                    pyfa_buffer *cu_seqlens_q, pyfa_buffer *cu_seqlens_k, pyfa_buffer *out,

@@ -101,12 +101,7 @@ public enum FlashAttnPrefillPacked {
         let paged = mode == PYFA_PREFILL_KV_PAGED
         let q = try Check.buffer(q, "q", dtypes: FlashAttnPrefill.floatTypes, elements: 0, rows: true)
         let (geometry, _) = try FlashAttnPrefill.plan(encoder.device, &p, dtype: q.dtype, kvMode: mode)
-        // A grid of (query tile, head, sequence) tiles over the declared longest sequence: the kernels
-        // read a tile's rank in 32 bits (cuda_layout.h, pyfa_cuda_prefill_rank_slot).
-        let tiles = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
-        try require(tiles <= UInt64(UInt32.max),
-                    "max_seqlen_q: \(p.q_len) rows make \(p.num_q_blocks) query tiles of \(p.block_q) a head and sequence, "
-                    + "\(tiles) with \(p.num_heads) heads and \(p.batch) sequences; must be at most \(UInt32.max)")
+        try checkTiles(p)
         let B = Int(p.batch), D = Int(p.head_dim)
         try Check.buffer(q, "q", dtypes: [q.dtype],
                          elements: packedExtent(p.q_strides, heads: p.num_heads, rows: packed.total_q, headDim: p.head_dim, "q"), rows: true)
@@ -171,6 +166,17 @@ public enum FlashAttnPrefillPacked {
         encoder.setOpKind(.attention)
         try encoder.dispatch(pipeline, args: args, grid: (p.num_q_blocks, p.num_heads, p.batch),
                              threads: (geometry.threads, 1, 1), threadgroupMemory: geometry.threadgroupMemory)
+    }
+
+    /// The launch's tiles (params with the plan's tile): a (query tile, head, sequence) grid over
+    /// the declared longest sequence, whose ranks the kernels count in 32 bits (cuda_layout.h,
+    /// pyfa_cuda_prefill_rank_slot). Checked where a plan is made and where a call is encoded.
+    static func checkTiles(_ p: pyfa_flash_attn_prefill_params) throws {
+        let tiles = UInt64(p.num_q_blocks) * UInt64(p.num_heads) * UInt64(p.batch)
+        try require(tiles <= UInt64(UInt32.max),
+                    "max_seqlen_q: \(p.q_len) rows make \(p.num_q_blocks) query tiles of \(p.block_q) a head and sequence; "
+                    + "query tiles x heads (\(p.num_heads)) x sequences (\(p.batch)) = \(tiles) must be at most \(UInt32.max) "
+                    + "(the kernels count tiles in 32 bits): lower max_seqlen_q or split the batch")
     }
 
     /// The metadata rules on the values the host can read (see the type's comment).

@@ -27,6 +27,7 @@ public final class PackedPrefillPlan: OpPlan {
         let probe = pyfa_prefill_packed(total_q: 1, total_k: mode == PYFA_PREFILL_KV_VARLEN ? 1 : 0, reserved: (0, 0))
         try FlashAttnPrefillPacked.validate(p, mode: mode, packed: probe, pages: pages)
         _ = try FlashAttnPrefill.plan(device, &p, dtype: dtype, kvMode: mode)
+        try FlashAttnPrefillPacked.checkTiles(p)
         params = p
         try super.init(device: device, workspaceBytes: 0)
         // Compiled now, so no run compiles.
