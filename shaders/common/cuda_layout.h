@@ -312,12 +312,13 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
 PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32_t group, uint32_t kv_len,
                                                          uint32_t head_dim) {
     const uint64_t per_kv_head = (uint64_t)kv_len * head_dim * 4u; /* K and V rows */
-    if (per_kv_head * (planes / (group < 1 ? 1u : group)) <= 2ull * PYFA_CUDA_PREFILL_L2_SECTION_BYTES) return planes;
-    const uint32_t kv_heads = per_kv_head == 0 ? planes
-                              : per_kv_head >= PYFA_CUDA_PREFILL_L2_SECTION_BYTES
+    const uint32_t g = group < 1 ? 1u : group;
+    if (per_kv_head * (planes / g) <= 2ull * PYFA_CUDA_PREFILL_L2_SECTION_BYTES) return planes;
+    /* past here per_kv_head > 0: at least one KV head a section */
+    const uint32_t kv_heads = per_kv_head >= PYFA_CUDA_PREFILL_L2_SECTION_BYTES
                                   ? 1u
                                   : PYFA_CUDA_PREFILL_L2_SECTION_BYTES / (uint32_t)per_kv_head;
-    const uint64_t section = (uint64_t)kv_heads * (group < 1 ? 1u : group);
+    const uint64_t section = (uint64_t)kv_heads * g;
     return section >= planes ? planes : (uint32_t)section;
 }
 /* Rank `rank` of num_q_blocks * planes in that order, for sections of
