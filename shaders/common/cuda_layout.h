@@ -296,28 +296,38 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
  * L2's size (50 MB on H100 and H200) those rows are fetched from DRAM again
  * (H200, bf16, 16/8 heads, D 128, 16K non-causal, Nsight Compute: 1.14 GB of
  * DRAM reads a call that holds 0.2 GB, where cuDNN's kernel moves about
- * that). Where the call's K and V exceed twice PYFA_CUDA_PREFILL_L2_SECTION_BYTES
- * the order takes the query heads (planes: a sequence's heads, then the next
+ * that). Where the call's K and V exceed twice the section's bytes the order
+ * takes the query heads (planes: a sequence's heads, then the next
  * sequence's) in sections whose K and V (kv_len keys of head_dim 16-bit values
- * each, a whole number of KV heads) fit that size, as FlashAttention-3's
- * scheduler does, and runs each section in the order above. At 128 MB of K
- * and V a first form (sections from 32 MiB) took 4% less time at B 4 D 128 8K
- * non-causal and 3% at D 128 32K causal (32/8 heads); D 256 16K, causal and
- * not, moved 2-3% on average, within their spreads. At 64 MB (D 128 16K)
- * sections halved the DRAM reads (0.61 GB) and measured level non-causal,
- * level to 5% slower causal, so calls up to twice the section keep one
- * section, the order they had (docs/cuda/NOTES.md, "The rank order in
- * sections of L2's size"). */
+ * each, a whole number of KV heads) fit them, as FlashAttention-3's scheduler
+ * does, and runs each section in the order above.
+ * Non-causal calls (causal == 0: without a window every block visits every
+ * key tile) take
+ * sections of PYFA_CUDA_PREFILL_L2_SECTION_BYTES_UNIFORM (8 MiB, one KV head
+ * of 16K keys at D 128) from 16 MiB. Against the causal calls' rule for every
+ * call (H200, bf16, 16/8 heads, us a public call, three alternated runs a
+ * side): D 128 16K 3,694-3,789 -> 3,514-3,598, B 4 D 128 8K 3,724-4,034 ->
+ * 3,655-3,800; level at D 64 16K, D 128 8K, D 256 4K and 16K, and B 8 (32/8
+ * heads) D 128 1K. Sections of 16 MiB measured as those of 8 at D 128 16K and
+ * up to 6% slower at D 64 16K and B 4 D 128 8K. Causal calls take
+ * PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32 MiB) from 64 MiB: there the longest
+ * tiles first balance the blocks only across a whole section, and sections
+ * of 8 MiB made D 128 16K causal 40-60% slower (2,555-2,570 against
+ * 1,602-1,825 us; 16 MiB 2,031-2,088). At 128 MB of K and V a first form of
+ * the causal rule (sections from 32 MiB) took 3% less time at D 128 32K
+ * causal (32/8 heads); at 64 MB (D 128 16K) it measured level to 5% slower,
+ * so causal calls up to twice the section keep one section
+ * (docs/cuda/NOTES.md, "The rank order in sections of L2's size"). */
 #define PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32u << 20)
+#define PYFA_CUDA_PREFILL_L2_SECTION_BYTES_UNIFORM (8u << 20)
 PYFA_LAYOUT_FN uint32_t pyfa_cuda_prefill_section_planes(uint32_t planes, uint32_t group, uint32_t kv_len,
-                                                         uint32_t head_dim) {
+                                                         uint32_t head_dim, uint32_t causal) {
     const uint64_t per_kv_head = (uint64_t)kv_len * head_dim * 4u; /* K and V rows */
+    const uint32_t bytes = causal != 0 ? PYFA_CUDA_PREFILL_L2_SECTION_BYTES : PYFA_CUDA_PREFILL_L2_SECTION_BYTES_UNIFORM;
     const uint32_t g = group < 1 ? 1u : group;
-    if (per_kv_head * (planes / g) <= 2ull * PYFA_CUDA_PREFILL_L2_SECTION_BYTES) return planes;
+    if (per_kv_head * (planes / g) <= 2ull * bytes) return planes;
     /* past here per_kv_head > 0: at least one KV head a section */
-    const uint32_t kv_heads = per_kv_head >= PYFA_CUDA_PREFILL_L2_SECTION_BYTES
-                                  ? 1u
-                                  : PYFA_CUDA_PREFILL_L2_SECTION_BYTES / (uint32_t)per_kv_head;
+    const uint32_t kv_heads = per_kv_head >= bytes ? 1u : bytes / (uint32_t)per_kv_head;
     const uint64_t section = (uint64_t)kv_heads * g;
     return section >= planes ? planes : (uint32_t)section;
 }

@@ -180,7 +180,7 @@ struct tile_slot {
         const uint32_t planes = p.num_heads * p.batch;
         const uint64_t slot = pyfa_cuda_prefill_rank_slot(
             rank, p.num_q_blocks, planes,
-            pyfa_cuda_prefill_section_planes(planes, p.num_heads / p.num_kv_heads, p.kv_len, p.head_dim));
+            pyfa_cuda_prefill_section_planes(planes, p.num_heads / p.num_kv_heads, p.kv_len, p.head_dim, p.causal));
         qtile = (uint32_t)(slot >> 32);
         const uint32_t plane = (uint32_t)slot;
         h = plane % p.num_heads;

@@ -216,17 +216,28 @@ final class PrefillLayoutTests: XCTestCase {
         }
     }
 
-    /// pyfa_cuda_prefill_section_planes: whole KV heads whose K and V fit 32 MiB, at least one,
-    /// at most every plane; a call whose K and V fit 64 MiB keeps one section (its order).
+    /// pyfa_cuda_prefill_section_planes: whole KV heads whose K and V fit the section's bytes
+    /// (32 MiB causal, 8 MiB not), at least one, at most every plane; a call whose K and V fit
+    /// twice the section keeps one section (its order).
     func testCudaPrefillSectionsHoldL2sWorthOfKV() {
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128), 16)  // 64 MiB in all: one section
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16385, 128), 6)   // past it: 3 KV heads of just over 8 MiB
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 256), 4)   // 16 MiB: 2
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128), 16)   // 2 MiB: all 8 fit
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128), 16)   // B 4: 8 of 32 KV heads
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(32, 4, 32768, 128), 8)   // 16 MiB: 2 KV heads of 4 query heads
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(8, 4, 1 << 20, 512), 4)  // 2 GiB a KV head: one
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(1, 1, 1 << 20, 512), 1)
+        let causal: UInt32 = 1, uniform: UInt32 = 0
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128, causal), 16)  // 64 MiB in all: one section
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16385, 128, causal), 6)   // past it: 3 KV heads of just over 8 MiB
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 256, causal), 4)   // 16 MiB: 2
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128, causal), 16)   // 2 MiB: all 8 fit
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128, causal), 16)   // B 4: 8 of 32 KV heads
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(32, 4, 32768, 128, causal), 8)   // 16 MiB: 2 KV heads of 4 query heads
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(8, 4, 1 << 20, 512, causal), 4)  // 2 GiB a KV head: one
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(1, 1, 1 << 20, 512, causal), 1)
+        // Non-causal: 8 MiB sections past 16 MiB.
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128, uniform), 2)  // 8 MiB a KV head: one
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16385, 128, uniform), 2)  // just over 8 MiB: still one
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128, uniform), 16)  // 16 MiB in all: one section
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4097, 128, uniform), 6)   // past it: 3 KV heads of 2 MiB
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 256, uniform), 4)   // 4 MiB a KV head: 2
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128, uniform), 4)   // B 4: 2 of 32 KV heads
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 1024, 64, uniform), 16)   // 4 MiB in all
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(0, 2, 1 << 20, 128, uniform), 0) // no planes: none
     }
 
     /// pyfa_cuda_prefill_rank_slot: a bijection from the ranks onto (query tile, plane); within a
