@@ -302,15 +302,14 @@ PYFA_LAYOUT_FN uint64_t pyfa_cuda_prefill_block_rank(uint32_t x, uint32_t y, uin
  * each, a whole number of KV heads) fit them, as FlashAttention-3's scheduler
  * does, and runs each section in the order above.
  * Non-causal calls (causal == 0: without a window every block visits every
- * key tile) take
- * sections of PYFA_CUDA_PREFILL_L2_SECTION_BYTES_UNIFORM (8 MiB, one KV head
- * of 16K keys at D 128) from 16 MiB. Against the causal calls' rule for every
+ * key tile) take sections of PYFA_CUDA_PREFILL_L2_SECTION_BYTES_UNIFORM (8 MiB,
+ * one KV head of 16K keys at D 128) past 16 MiB. Against the causal calls' rule for every
  * call (H200, bf16, 16/8 heads, us a public call, three alternated runs a
  * side): D 128 16K 3,694-3,789 -> 3,514-3,598, B 4 D 128 8K 3,724-4,034 ->
  * 3,655-3,800; level at D 64 16K, D 128 8K, D 256 4K and 16K, and B 8 (32/8
  * heads) D 128 1K. Sections of 16 MiB measured as those of 8 at D 128 16K and
- * up to 6% slower at D 64 16K and B 4 D 128 8K. Causal calls take
- * PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32 MiB) from 64 MiB: there the longest
+ * up to 6% slower at D 64 16K, up to 3% at B 4 D 128 8K. Causal calls take
+ * PYFA_CUDA_PREFILL_L2_SECTION_BYTES (32 MiB) past 64 MiB: there the longest
  * tiles first balance the blocks only across a whole section, and sections
  * of 8 MiB made D 128 16K causal 40-60% slower (2,555-2,570 against
  * 1,602-1,825 us; 16 MiB 2,031-2,088). At 128 MB of K and V a first form of

@@ -233,10 +233,10 @@ final class PrefillLayoutTests: XCTestCase {
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16384, 128, uniform), 2)  // 8 MiB a KV head: one
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 16385, 128, uniform), 2)  // just over 8 MiB: still one
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 128, uniform), 16)  // 16 MiB in all: one section
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4097, 128, uniform), 6)   // past it: 3 KV heads of 2 MiB
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4097, 128, uniform), 6)   // past it: 3 KV heads of just over 2 MiB
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 4096, 256, uniform), 4)   // 4 MiB a KV head: 2
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(64, 2, 8192, 128, uniform), 4)   // B 4: 2 of 32 KV heads
-        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 1024, 64, uniform), 16)   // 4 MiB in all
+        XCTAssertEqual(pyfa_cuda_prefill_section_planes(16, 2, 1024, 64, uniform), 16)   // 2 MiB in all
         XCTAssertEqual(pyfa_cuda_prefill_section_planes(0, 2, 1 << 20, 128, uniform), 0) // no planes: none
     }
 
